@@ -1,0 +1,351 @@
+/* Probe, block choice and exact attention for one KV head group. */
+#include <stdlib.h>
+#include <string.h>
+
+#include "attend.h"
+
+/* One allocation, carved into aligned pieces. */
+typedef struct { size_t off; } layout;
+
+static size_t take(layout *l, size_t bytes)
+{
+    const size_t at = (l->off + 63) & ~(size_t)63;
+    l->off = at + bytes;
+    return at;
+}
+
+sa_scratch *sa_scratch_new(int G, int D, int group_size, int NB, int n_sel,
+                           int block_size, int max_tok)
+{
+    const size_t g = (size_t)G, ng = (size_t)(D / group_size), nb = (size_t)NB;
+    layout l = {sizeof(sa_scratch)};
+    size_t o_qq = take(&l, g * D), o_qd = take(&l, g * ng * sizeof(float));
+    size_t o_qsub = take(&l, g * D * sizeof(float)), o_qqsub = take(&l, g * D);
+    size_t o_qdsub = take(&l, g * ng * sizeof(float));
+    size_t o_probe = take(&l, g * nb * sizeof(float));
+    size_t o_ptmp = take(&l, g * (size_t)block_size * sizeof(float));
+    size_t o_val = take(&l, nb * sizeof(double)), o_score = take(&l, nb * sizeof(double)), o_top = take(&l, nb * sizeof(int32_t));
+    size_t o_used = take(&l, nb), o_sel = take(&l, (size_t)n_sel * sizeof(int32_t));
+    size_t o_chosen = take(&l, g * nb);
+    size_t o_scores = take(&l, g * (size_t)max_tok * sizeof(float));
+    size_t o_sp = take(&l, g * sizeof(float *)), o_pp = take(&l, g * sizeof(float *));
+    size_t o_op = take(&l, g * sizeof(float *)), o_z = take(&l, g * sizeof(float));
+    size_t o_off = take(&l, g * sizeof(int)), o_heads = take(&l, g * sizeof(int));
+    char *base = aligned_alloc(64, (l.off + 63) & ~(size_t)63);
+    if (!base)
+        return NULL;
+    sa_scratch *s = (sa_scratch *)base;
+    *s = (sa_scratch){
+        .G = G, .D = D, .NB = NB, .n_sel = n_sel, .max_tok = max_tok,
+        .qq = (int8_t *)(base + o_qq), .qd = (float *)(base + o_qd),
+        .qsub = (float *)(base + o_qsub), .qqsub = (int8_t *)(base + o_qqsub),
+        .qdsub = (float *)(base + o_qdsub), .probe = (float *)(base + o_probe),
+        .probe_tmp = (float *)(base + o_ptmp), .val = (double *)(base + o_val), .score = (double *)(base + o_score),
+        .top = (int32_t *)(base + o_top), .used = (uint8_t *)(base + o_used),
+        .sel = (int32_t *)(base + o_sel), .chosen = (uint8_t *)(base + o_chosen),
+        .scores = (float *)(base + o_scores),
+        .sp = (float **)(base + o_sp), .pp = (const float **)(base + o_pp),
+        .op = (float **)(base + o_op), .z = (float *)(base + o_z),
+        .off = (int *)(base + o_off), .heads = (int *)(base + o_heads),
+    };
+    return s;
+}
+
+void sa_scratch_free(sa_scratch *s) { free(s); }
+
+sa_scratch **sa_scratch_array(int n_workers, int G, int D, int group_size, int NB,
+                              int n_sel, int block_size, int max_tok)
+{
+    sa_scratch **arr = calloc((size_t)n_workers, sizeof *arr);
+    if (!arr)
+        return NULL;
+    for (int w = 0; w < n_workers; w++) {
+        arr[w] = sa_scratch_new(G, D, group_size, NB, n_sel, block_size, max_tok);
+        if (!arr[w]) {
+            sa_scratch_array_free(arr, n_workers);
+            return NULL;
+        }
+    }
+    return arr;
+}
+
+void sa_scratch_array_free(sa_scratch **s, int n_workers)
+{
+    if (!s)
+        return;
+    for (int w = 0; w < n_workers; w++)
+        sa_scratch_free(s[w]);
+    free(s);
+}
+
+void sa_quantize_group(sa_scratch *s, const float *q, int group_size)
+{
+    const int ng = s->D / group_size;
+    for (int g = 0; g < s->G; g++)
+        sa_quantize_row(q + (ptrdiff_t)g * s->D, s->D, group_size,
+                        s->qq + (ptrdiff_t)g * s->D, s->qd + (ptrdiff_t)g * ng);
+}
+
+/* Scores of the first `cnt` heads listed in `heads` against n rows of K
+ * starting at `row`, every `step` rows; outputs go to s->sp[0..cnt). */
+static void score_rows(const sa_kernels *kern, sa_scratch *s, const sa_kv *k, int kh,
+                       const float *qf, const int *heads, int cnt, int row, int step,
+                       int n)
+{
+    const int D = s->D;
+    const int all = cnt == s->G;
+    if (k->dtype == SA_DTYPE_F32) {
+        const float *q = qf;
+        if (!all) {
+            for (int j = 0; j < cnt; j++)
+                memcpy(s->qsub + (ptrdiff_t)j * D, qf + (ptrdiff_t)heads[j] * D,
+                       (size_t)D * sizeof(float));
+            q = s->qsub;
+        }
+        kern->scores_f32(q, cnt, D, sa_kv_f32_row(k, kh, row), (ptrdiff_t)step * D, n,
+                         s->sp);
+    } else {
+        const int ng = D / k->group_size;
+        const int8_t *qq = s->qq;
+        const float *qd = s->qd;
+        if (!all) {
+            for (int j = 0; j < cnt; j++) {
+                memcpy(s->qqsub + (ptrdiff_t)j * D, s->qq + (ptrdiff_t)heads[j] * D,
+                       (size_t)D);
+                memcpy(s->qdsub + (ptrdiff_t)j * ng, s->qd + (ptrdiff_t)heads[j] * ng,
+                       (size_t)ng * sizeof(float));
+            }
+            qq = s->qqsub;
+            qd = s->qdsub;
+        }
+        kern->scores_q8(qq, qd, cnt, D, k->group_size, sa_kv_q8_row(k, kh, row),
+                        sa_kv_scale_row(k, kh, row), (ptrdiff_t)step * D,
+                        (ptrdiff_t)step * ng, n, s->sp);
+    }
+}
+
+void sa_probe_group(const sa_kernels *kern, sa_scratch *s, const sa_kv *k, int kh,
+                    const float *qf, int seq_len, int block_size, int n_probe)
+{
+    const int G = s->G, NB = s->NB;
+    for (int g = 0; g < G; g++) {
+        s->heads[g] = g;
+        s->sp[g] = s->probe_tmp + (ptrdiff_t)g * block_size;
+    }
+    for (int b = 0; b < NB; b++) {
+        const int p0 = b * block_size;
+        const int p_end = sa_min(p0 + block_size, seq_len);
+        const int step = sa_max(1, (p_end - p0) / n_probe);
+        const int cnt = sa_ceil_div(p_end - p0, step);
+        score_rows(kern, s, k, kh, qf, s->heads, G, p0, step, cnt);
+        for (int g = 0; g < G; g++) {
+            const float *d = s->sp[g];
+            float best = d[0];
+            for (int i = 1; i < cnt; i++)
+                best = d[i] > best ? d[i] : best;
+            s->probe[(ptrdiff_t)g * NB + b] = best;
+        }
+    }
+}
+
+/* Append to s->top the `want` best unused blocks by s->val (larger first,
+ * ties to the lower index), best first.  One pass; an insertion happens only
+ * when a block beats the current worst, and a later (higher) index never
+ * beats an equal value. */
+static int rank_unused(sa_scratch *s, int want, int32_t *top)
+{
+    int n = 0;
+    if (want <= 0)
+        return 0;
+    for (int b = 0; b < s->NB; b++) {
+        if (s->used[b])
+            continue;
+        const double v = s->val[b];
+        if (n == want && !(v > s->val[top[n - 1]]))
+            continue;
+        int i = n < want ? n++ : n - 1;
+        while (i > 0 && v > s->val[top[i - 1]]) {
+            top[i] = top[i - 1];
+            i--;
+        }
+        top[i] = b;
+    }
+    return n;
+}
+
+static int cmp_int32(const void *a, const void *b)
+{
+    const int32_t x = *(const int32_t *)a, y = *(const int32_t *)b;
+    return (x > y) - (x < y);
+}
+
+/* SPEC §2 steps 3-5 and §6: sinks, importance reserve, score fill, recency,
+ * ranking by `score` (NB values).  Leaves the ascending choice in s->sel. */
+static void choose_one(sa_scratch *s, const sa_select_params *p, const double *imp_sum,
+                       const double *score)
+{
+    const int NB = s->NB, total = s->n_sel;
+    int n = 0;
+    memset(s->used, 0, (size_t)NB);
+    const int sinks = sa_min(p->sink_blocks, total);
+    for (int b = 0; b < sinks; b++) {
+        s->sel[n++] = b;
+        s->used[b] = 1;
+    }
+    if (imp_sum && p->importance_blocks > 0) {
+        memcpy(s->val, imp_sum, (size_t)NB * sizeof(double));
+        const int got = rank_unused(s, sa_min(p->importance_blocks, total - n), s->top);
+        for (int i = 0; i < got; i++) {
+            s->sel[n++] = s->top[i];
+            s->used[s->top[i]] = 1;
+        }
+    }
+    memcpy(s->val, score, (size_t)NB * sizeof(double));
+    const int got = rank_unused(s, total - n, s->top);
+    /* Recency insurance: the last score pick is the lowest score (ties: the
+     * higher index), exactly the last entry of the ranked list. */
+    if (p->recency && got > 0 && !s->used[NB - 1]) {
+        int last_in = 0;
+        for (int i = 0; i < got; i++)
+            last_in |= s->top[i] == NB - 1;
+        if (!last_in)
+            s->top[got - 1] = NB - 1;
+    }
+    for (int i = 0; i < got; i++)
+        s->sel[n++] = s->top[i];
+    qsort(s->sel, (size_t)n, sizeof(int32_t), cmp_int32);
+}
+
+void sa_choose_group(sa_scratch *s, const sa_select_params *p, const double *imp_sum,
+                     int32_t *blocks)
+{
+    const int G = s->G, NB = s->NB, n_sel = s->n_sel;
+    const int shared = p->share == SA_SHARE_GROUP;
+    memset(s->chosen, 0, (size_t)G * NB);
+    for (int g = 0; g < G; g++) {
+        if (!shared || g == 0) {
+            /* share="group" ranks the sum of the group's scores, summed in
+             * double in head order; otherwise each head ranks its own. */
+            for (int b = 0; b < NB; b++) {
+                double acc = s->probe[(ptrdiff_t)g * NB + b];
+                if (shared)
+                    for (int h = 1; h < G; h++)
+                        acc += s->probe[(ptrdiff_t)h * NB + b];
+                s->score[b] = acc;
+            }
+            choose_one(s, p, imp_sum, s->score);
+        }
+        for (int i = 0; i < n_sel; i++)
+            s->chosen[(ptrdiff_t)g * NB + s->sel[i]] = 1;
+        if (blocks)
+            memcpy(blocks + (ptrdiff_t)g * n_sel, s->sel, (size_t)n_sel * sizeof(int32_t));
+    }
+}
+
+/* The next run of consecutive blocks chosen by the same set of heads, from
+ * block *b on: heads in s->heads, count returned (0 at the end), blocks
+ * [*b, *e).  Merging runs keeps kernel calls long, and makes sparse decode
+ * with every block chosen issue exactly dense decode's calls. */
+static int next_run(const sa_scratch *s, int *b, int *e)
+{
+    const int G = s->G, NB = s->NB;
+    for (; *b < NB; (*b)++) {
+        int cnt = 0;
+        for (int g = 0; g < G; g++)
+            if (s->chosen[(ptrdiff_t)g * NB + *b])
+                s->heads[cnt++] = g;
+        if (!cnt)
+            continue;
+        int end = *b + 1;
+        for (; end < NB; end++) {
+            int same = 1;
+            for (int g = 0; g < G && same; g++)
+                same = s->chosen[(ptrdiff_t)g * NB + end] == s->chosen[(ptrdiff_t)g * NB + *b];
+            if (!same)
+                break;
+        }
+        *e = end;
+        return cnt;
+    }
+    return 0;
+}
+
+void sa_attend_group(const sa_kernels *kern, sa_scratch *s, const sa_kv *k,
+                     const sa_kv *v, int kh, const float *qf, int seq_len, int bs,
+                     float scale, float *out, ptrdiff_t out_head_stride)
+{
+    const int G = s->G, D = s->D;
+    int b, e, cnt;
+    for (int g = 0; g < G; g++)
+        s->off[g] = 0;
+
+    for (b = 0; (cnt = next_run(s, &b, &e)) > 0; b = e) {
+        const int r0 = b * bs, n = sa_min(e * bs, seq_len) - r0;
+        for (int j = 0; j < cnt; j++)
+            s->sp[j] = s->scores + (ptrdiff_t)s->heads[j] * s->max_tok + s->off[s->heads[j]];
+        score_rows(kern, s, k, kh, qf, s->heads, cnt, r0, 1, n);
+        for (int j = 0; j < cnt; j++)
+            s->off[s->heads[j]] += n;
+    }
+    for (int g = 0; g < G; g++) {
+        s->z[g] = kern->softmax_exp(s->scores + (ptrdiff_t)g * s->max_tok, s->off[g], scale);
+        memset(out + g * out_head_stride, 0, (size_t)D * sizeof(float));
+        s->off[g] = 0;
+    }
+    for (b = 0; (cnt = next_run(s, &b, &e)) > 0; b = e) {
+        const int r0 = b * bs, n = sa_min(e * bs, seq_len) - r0;
+        for (int j = 0; j < cnt; j++) {
+            const int g = s->heads[j];
+            s->pp[j] = s->scores + (ptrdiff_t)g * s->max_tok + s->off[g];
+            s->op[j] = out + g * out_head_stride;
+            s->off[g] += n;
+        }
+        if (v->dtype == SA_DTYPE_F32) {
+            kern->accumulate_v_f32(s->op, s->pp, cnt, D, sa_kv_f32_row(v, kh, r0), D, n);
+        } else {
+            const int ng = D / v->group_size;
+            kern->accumulate_v_q8(s->op, s->pp, cnt, D, v->group_size,
+                                  sa_kv_q8_row(v, kh, r0), sa_kv_scale_row(v, kh, r0), D,
+                                  ng, n);
+        }
+    }
+    for (int g = 0; g < G; g++)
+        for (int d = 0; d < D; d++)
+            out[g * out_head_stride + d] /= s->z[g];
+}
+
+double *sa_importance_sums(const float *importance, int seq_len, int block_size, int NB)
+{
+    double *sums = malloc((size_t)NB * sizeof(double));
+    if (!sums)
+        return NULL;
+    for (int b = 0; b < NB; b++) {
+        double acc = 0.0;
+        for (int t = b * block_size; t < sa_min((b + 1) * block_size, seq_len); t++)
+            acc += importance[t];
+        sums[b] = acc;
+    }
+    return sums;
+}
+
+int sa_check_select_params(const sa_select_params *p)
+{
+    if (!p)
+        return SA_ERR_NULL;
+    if (p->block_size < 1 || p->k_blocks < 1 || p->n_probe < 1 || p->importance_blocks < 0 ||
+        p->sink_blocks < 0 || (p->recency != 0 && p->recency != 1) ||
+        (p->share != SA_SHARE_HEAD && p->share != SA_SHARE_GROUP))
+        return SA_ERR_PARAM;
+    return SA_OK;
+}
+
+int sa_check_query(const float *q, int n_heads, const sa_kv *k, int64_t n_rows_q)
+{
+    if (!q)
+        return SA_ERR_NULL;
+    if (n_heads < 1)
+        return SA_ERR_SHAPE;
+    if (n_heads % k->n_kv_heads)
+        return SA_ERR_GQA;
+    return sa_check_finite(q, n_rows_q * k->head_dim);
+}

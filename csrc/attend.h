@@ -1,0 +1,70 @@
+/*
+ * The per-KV-head machinery shared by selection, decode and prefill: one
+ * scratch arena per worker, the probe, the block choice, and exact attention
+ * over chosen blocks.  A "group" is one KV head with its G query heads.
+ */
+#ifndef SA_ATTEND_H
+#define SA_ATTEND_H
+
+#include "internal.h"
+
+typedef struct sa_scratch {
+    int G, D, NB, n_sel, max_tok;
+    int8_t *qq;        /* G*D   quantised query rows of the group (q8 KV) */
+    float *qd;         /* G*ng  their scales */
+    float *qsub;       /* G*D   query rows of the heads sharing a run */
+    int8_t *qqsub;     /* G*D */
+    float *qdsub;      /* G*ng */
+    float *probe;      /* G*NB  probe score per head and block */
+    float *probe_tmp;  /* G*BS  sampled dots of one block */
+    double *val;       /* NB    the values a choice ranks by */
+    double *score;     /* NB    the probe score (or group sum) being ranked */
+    int32_t *top;      /* NB    the ranked picks */
+    uint8_t *used;     /* NB */
+    int32_t *sel;      /* n_sel */
+    uint8_t *chosen;   /* G*NB  chosen[g*NB + b] */
+    float *scores;     /* G*max_tok: scores, then softmax weights */
+    float **sp;        /* G pointers handed to kernels */
+    const float **pp;  /* G */
+    float **op;        /* G */
+    float *z;          /* G softmax sums */
+    int *off;          /* G tokens scored so far per head */
+    int *heads;        /* G heads of the current run */
+} sa_scratch;
+
+/* One arena per worker; sizes from the call.  block_size is the probe
+ * block (for probe_tmp), max_tok the most tokens one head attends to. */
+sa_scratch *sa_scratch_new(int G, int D, int group_size, int NB, int n_sel,
+                           int block_size, int max_tok);
+void sa_scratch_free(sa_scratch *s);
+sa_scratch **sa_scratch_array(int n_workers, int G, int D, int group_size, int NB,
+                              int n_sel, int block_size, int max_tok);
+void sa_scratch_array_free(sa_scratch **s, int n_workers);
+
+/* Quantise the G query rows at q (G x D compact) into s->qq / s->qd. */
+void sa_quantize_group(sa_scratch *s, const float *q, int group_size);
+
+/* probe[g*NB + b] for the G heads of KV head kh. */
+void sa_probe_group(const sa_kernels *kern, sa_scratch *s, const sa_kv *k, int kh,
+                    const float *qf, int seq_len, int block_size, int n_probe);
+
+/* Fill s->chosen for the G heads of KV head kh (sparse selection), and write
+ * each head's ascending block list to blocks[g * n_sel] if blocks != NULL. */
+void sa_choose_group(sa_scratch *s, const sa_select_params *sp, const double *imp_sum,
+                     int32_t *blocks);
+
+/* Exact attention of the G query rows qf over the chosen blocks of size bs:
+ * head g's output row is out + g * out_head_stride (written, not added to).  Leaves the softmax weights of
+ * head g in s->scores + g * s->max_tok and the sums in s->z. */
+void sa_attend_group(const sa_kernels *kern, sa_scratch *s, const sa_kv *k,
+                     const sa_kv *v, int kh, const float *qf, int seq_len, int bs,
+                     float scale, float *out, ptrdiff_t out_head_stride);
+
+/* Per-block importance sums (double), NB of them. */
+double *sa_importance_sums(const float *importance, int seq_len, int block_size, int NB);
+
+/* Argument checks shared by select / decode. */
+int sa_check_select_params(const sa_select_params *p);
+int sa_check_query(const float *q, int n_heads, const sa_kv *k, int64_t n_rows_q);
+
+#endif

@@ -1,0 +1,69 @@
+/* Status texts and the argument checks every entry point shares. */
+#include <math.h>
+
+#include "internal.h"
+
+const char *sa_strerror(int status)
+{
+    switch (status) {
+    case SA_OK: return "ok";
+    case SA_ERR_NULL: return "a required array is missing (NULL pointer)";
+    case SA_ERR_SHAPE: return "a dimension is < 1 or shapes are inconsistent";
+    case SA_ERR_DTYPE: return "unknown KV dtype, or K and V differ in dtype";
+    case SA_ERR_SEQ_LEN: return "seq_len is < 1 or beyond the rows the KV holds";
+    case SA_ERR_PARAM: return "a selection parameter is out of range";
+    case SA_ERR_GROUP: return "q8 group_size does not divide head_dim";
+    case SA_ERR_GQA: return "n_heads is not a multiple of n_kv_heads";
+    case SA_ERR_NOMEM: return "out of memory for scratch buffers";
+    case SA_ERR_THREAD: return "could not start a worker thread";
+    case SA_ERR_ISA: return "unknown ISA name, or one this CPU cannot run";
+    case SA_ERR_NONFINITE: return "input holds NaN or Inf";
+    case SA_ERR_IMPORTANCE: return "importance is shorter than seq_len";
+    case SA_ERR_SCALE: return "scale must be finite and > 0";
+    default: return "unknown status";
+    }
+}
+
+int sa_check_kv(const sa_kv *kv)
+{
+    if (!kv)
+        return SA_ERR_NULL;
+    if (kv->n_kv_heads < 1 || kv->head_dim < 1 || kv->n_rows < 0 ||
+        kv->head_stride < kv->n_rows || kv->head_stride < 1)
+        return SA_ERR_SHAPE;
+    if (kv->dtype == SA_DTYPE_F32) {
+        if (!kv->f32)
+            return SA_ERR_NULL;
+    } else if (kv->dtype == SA_DTYPE_Q8) {
+        if (!kv->q8 || !kv->scales)
+            return SA_ERR_NULL;
+        if (kv->group_size < 1 || kv->head_dim % kv->group_size)
+            return SA_ERR_GROUP;
+    } else {
+        return SA_ERR_DTYPE;
+    }
+    return SA_OK;
+}
+
+int sa_check_kv_pair(const sa_kv *k, const sa_kv *v)
+{
+    int rc = sa_check_kv(k);
+    if (rc)
+        return rc;
+    rc = sa_check_kv(v);
+    if (rc)
+        return rc;
+    if (k->dtype != v->dtype)
+        return SA_ERR_DTYPE;
+    if (k->n_kv_heads != v->n_kv_heads || k->head_dim != v->head_dim)
+        return SA_ERR_SHAPE;
+    return SA_OK;
+}
+
+int sa_check_finite(const float *x, int64_t n)
+{
+    for (int64_t i = 0; i < n; i++)
+        if (!isfinite(x[i]))
+            return SA_ERR_NONFINITE;
+    return SA_OK;
+}

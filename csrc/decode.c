@@ -1,0 +1,162 @@
+/*
+ * One decode step of one layer: probe, block selection and exact attention
+ * over the chosen blocks, for every query head, split over KV heads.
+ * probe_scores, select_blocks and dense decode are the same walk stopped
+ * earlier or with every block chosen.
+ */
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "attend.h"
+
+enum mode { PROBE_ONLY, SELECT_ONLY, ATTEND };
+
+typedef struct {
+    enum mode mode;
+    const sa_kernels *kern;
+    const float *q;
+    int G;
+    const sa_kv *k, *v;
+    int seq_len, block_size, n_probe;
+    const sa_select_params *params; /* NULL: every block (dense) */
+    const double *imp_sum;
+    float scale;
+    float *probe_out;               /* PROBE_ONLY: [H, NB] */
+    int32_t *blocks;                /* [H, n_sel] or NULL */
+    float *out;                     /* [H, D] */
+    sa_scratch **scratch;
+} decode_ctx;
+
+static int decode_item(void *arg, int kh, int worker)
+{
+    decode_ctx *c = arg;
+    sa_scratch *s = c->scratch[worker];
+    const int G = c->G, D = s->D, NB = s->NB;
+    const float *qf = c->q + (ptrdiff_t)kh * G * D; /* a group's heads are adjacent */
+
+    if (c->k->dtype == SA_DTYPE_Q8)
+        sa_quantize_group(s, qf, c->k->group_size);
+
+    if (c->mode == PROBE_ONLY) {
+        sa_probe_group(c->kern, s, c->k, kh, qf, c->seq_len, c->block_size, c->n_probe);
+        memcpy(c->probe_out + (ptrdiff_t)kh * G * NB, s->probe, (size_t)G * NB * sizeof(float));
+        return SA_OK;
+    }
+    int32_t *blocks = c->blocks ? c->blocks + (ptrdiff_t)kh * G * s->n_sel : NULL;
+    if (!c->params || s->n_sel == NB) {
+        /* Every block is chosen: the probe could not change anything. */
+        memset(s->chosen, 1, (size_t)G * NB);
+        if (blocks)
+            for (int g = 0; g < G; g++)
+                for (int b = 0; b < NB; b++)
+                    blocks[(ptrdiff_t)g * NB + b] = b;
+    } else {
+        sa_probe_group(c->kern, s, c->k, kh, qf, c->seq_len, c->block_size, c->n_probe);
+        sa_choose_group(s, c->params, c->imp_sum, blocks);
+    }
+    if (c->mode == SELECT_ONLY)
+        return SA_OK;
+    sa_attend_group(c->kern, s, c->k, c->v, kh, qf, c->seq_len, c->block_size, c->scale,
+                    c->out + (ptrdiff_t)kh * G * D, D);
+    return SA_OK;
+}
+
+static int run(decode_ctx *c, int n_heads, int threads, const float *importance,
+               int64_t n_importance)
+{
+    const sa_kv *k = c->k;
+    int rc = sa_check_kv(k);
+    if (rc)
+        return rc;
+    if (c->v && (rc = sa_check_kv_pair(k, c->v)))
+        return rc;
+    if ((rc = sa_check_query(c->q, n_heads, k, n_heads)))
+        return rc;
+    if (c->seq_len < 1 || c->seq_len > k->n_rows || (c->v && c->seq_len > c->v->n_rows))
+        return SA_ERR_SEQ_LEN;
+    if (c->block_size < 1 || c->n_probe < 1)
+        return SA_ERR_PARAM;
+    if (c->mode != PROBE_ONLY && c->params && (rc = sa_check_select_params(c->params)))
+        return rc;
+    if (c->mode == ATTEND && !(isfinite(c->scale) && c->scale > 0.0f))
+        return SA_ERR_SCALE;
+    if (c->mode == ATTEND && !c->out)
+        return SA_ERR_NULL;
+    if (importance && n_importance < c->seq_len)
+        return SA_ERR_IMPORTANCE;
+
+    const int Hkv = k->n_kv_heads, G = n_heads / Hkv, D = k->head_dim;
+    const int gs = k->dtype == SA_DTYPE_Q8 ? k->group_size : 1;
+    const int NB = sa_ceil_div(c->seq_len, c->block_size);
+    const int n_sel = c->params ? sa_min(c->params->k_blocks, NB) : NB;
+    const int max_tok = sa_min(n_sel * c->block_size, c->seq_len);
+    c->G = G;
+    c->kern = sa_active_kernels();
+
+    double *imp_sum = NULL;
+    if (importance && c->params && c->mode != PROBE_ONLY && n_sel < NB) {
+        if (!(imp_sum = sa_importance_sums(importance, c->seq_len, c->block_size, NB)))
+            return SA_ERR_NOMEM;
+    }
+    c->imp_sum = imp_sum;
+    const int workers = sa_workers_for(Hkv, threads);
+    c->scratch = sa_scratch_array(workers, G, D, gs, NB, n_sel, c->block_size,
+                                  c->mode == ATTEND ? max_tok : 1);
+    if (!c->scratch) {
+        free(imp_sum);
+        return SA_ERR_NOMEM;
+    }
+    rc = sa_parallel_for(Hkv, workers, decode_item, c);
+    sa_scratch_array_free(c->scratch, workers);
+    free(imp_sum);
+    return rc;
+}
+
+int sa_probe_scores(const float *q, int n_heads, const sa_kv *k, int seq_len,
+                    int block_size, int n_probe, float *probe, int threads)
+{
+    if (!probe)
+        return SA_ERR_NULL;
+    decode_ctx c = {.mode = PROBE_ONLY, .q = q, .k = k, .seq_len = seq_len,
+                    .block_size = block_size, .n_probe = n_probe, .probe_out = probe};
+    return run(&c, n_heads, threads, NULL, 0);
+}
+
+int sa_select_blocks(const float *q, int n_heads, const sa_kv *k, int seq_len,
+                     const sa_select_params *params, const float *importance,
+                     int64_t n_importance, int32_t *blocks, int threads)
+{
+    if (!params || !blocks)
+        return SA_ERR_NULL;
+    decode_ctx c = {.mode = SELECT_ONLY, .q = q, .k = k, .seq_len = seq_len,
+                    .block_size = params->block_size, .n_probe = params->n_probe,
+                    .params = params, .blocks = blocks};
+    return run(&c, n_heads, threads, importance, n_importance);
+}
+
+int sa_sparse_decode(const float *q, int n_heads, const sa_kv *k, const sa_kv *v,
+                     int seq_len, const sa_select_params *params,
+                     const float *importance, int64_t n_importance, float scale,
+                     float *out, int32_t *blocks, int threads)
+{
+    if (!params || !v)
+        return SA_ERR_NULL;
+    decode_ctx c = {.mode = ATTEND, .q = q, .k = k, .v = v, .seq_len = seq_len,
+                    .block_size = params->block_size, .n_probe = params->n_probe,
+                    .params = params, .scale = scale, .out = out, .blocks = blocks};
+    return run(&c, n_heads, threads, importance, n_importance);
+}
+
+int sa_dense_decode(const float *q, int n_heads, const sa_kv *k, const sa_kv *v,
+                    int seq_len, float scale, float *out, int threads)
+{
+    if (!v)
+        return SA_ERR_NULL;
+    /* One block spanning the context: a single run, the same kernel calls
+     * as sparse decode with every block chosen. */
+    decode_ctx c = {.mode = ATTEND, .q = q, .k = k, .v = v, .seq_len = seq_len,
+                    .block_size = seq_len > 0 ? seq_len : 1, .n_probe = 1,
+                    .scale = scale, .out = out};
+    return run(&c, n_heads, threads, NULL, 0);
+}

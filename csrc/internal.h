@@ -1,0 +1,42 @@
+/* Helpers shared by the ISA-free parts of the core (not part of the API). */
+#ifndef SA_INTERNAL_H
+#define SA_INTERNAL_H
+
+#include "kernels.h"
+#include "sparse_attn.h"
+
+/* Run fn(ctx, item, worker) for item in [0, n_items) on up to n_workers
+ * threads.  Items are split into contiguous chunks, one per worker; worker 0
+ * is the calling thread.  Returns SA_OK or the first failing status in item
+ * order, so the status does not depend on the thread count either. */
+typedef int (*sa_item_fn)(void *ctx, int item, int worker);
+int sa_parallel_for(int n_items, int n_workers, sa_item_fn fn, void *ctx);
+
+/* The number of workers a call will really use. */
+int sa_workers_for(int n_items, int threads);
+
+/* Checks shared by every entry point that reads K/V. */
+int sa_check_kv(const sa_kv *kv);
+int sa_check_kv_pair(const sa_kv *k, const sa_kv *v);
+int sa_check_finite(const float *x, int64_t n);
+
+static inline int sa_min(int a, int b) { return a < b ? a : b; }
+static inline int sa_max(int a, int b) { return a > b ? a : b; }
+static inline int sa_ceil_div(int a, int b) { return (a + b - 1) / b; }
+
+/* Row pointers into a KV tensor. */
+static inline const float *sa_kv_f32_row(const sa_kv *kv, int kh, int row)
+{
+    return kv->f32 + ((ptrdiff_t)kh * kv->head_stride + row) * kv->head_dim;
+}
+static inline const int8_t *sa_kv_q8_row(const sa_kv *kv, int kh, int row)
+{
+    return kv->q8 + ((ptrdiff_t)kh * kv->head_stride + row) * kv->head_dim;
+}
+static inline const float *sa_kv_scale_row(const sa_kv *kv, int kh, int row)
+{
+    const int ng = kv->head_dim / kv->group_size;
+    return kv->scales + ((ptrdiff_t)kh * kv->head_stride + row) * ng;
+}
+
+#endif

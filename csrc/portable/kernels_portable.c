@@ -1,0 +1,119 @@
+/*
+ * Portable kernels: plain C the compiler can vectorise, always built, always
+ * the path the SIMD variants are tested against.
+ *
+ * Float dots keep SA_LANES independent partial sums reduced by a fixed tree,
+ * which lets the compiler use vector registers without reassociating (no
+ * -ffast-math) and keeps the result independent of the caller's batching.
+ */
+#include <math.h>
+
+#include "../kernels.h"
+
+#define SA_LANES 8
+
+static float dot_f32(const float *a, const float *b, int n)
+{
+    float acc[SA_LANES] = {0};
+    int i = 0;
+    for (; i + SA_LANES <= n; i += SA_LANES)
+        for (int j = 0; j < SA_LANES; j++)
+            acc[j] += a[i + j] * b[i + j];
+    for (; i < n; i++)
+        acc[0] += a[i] * b[i];
+    float s01 = acc[0] + acc[1], s23 = acc[2] + acc[3];
+    float s45 = acc[4] + acc[5], s67 = acc[6] + acc[7];
+    return (s01 + s23) + (s45 + s67);
+}
+
+static void scores_f32(const float *q, int G, int D, const float *k,
+                       ptrdiff_t row_stride, int n, float *const *s)
+{
+    for (int t = 0; t < n; t++) {
+        const float *row = k + (ptrdiff_t)t * row_stride;
+        for (int g = 0; g < G; g++)
+            s[g][t] = dot_f32(q + (ptrdiff_t)g * D, row, D);
+    }
+}
+
+static float dot_q8(const int8_t *a, const float *da, const int8_t *b,
+                    const float *db, int D, int gs)
+{
+    float acc = 0.0f;
+    for (int g = 0, i0 = 0; i0 < D; g++, i0 += gs) {
+        int32_t isum = 0;
+        for (int i = i0; i < i0 + gs; i++)
+            isum += (int32_t)a[i] * (int32_t)b[i];
+        acc += (da[g] * db[g]) * (float)isum;
+    }
+    return acc;
+}
+
+static void scores_q8(const int8_t *qq, const float *qd, int G, int D, int gs,
+                      const int8_t *k, const float *kd, ptrdiff_t row_stride,
+                      ptrdiff_t scale_stride, int n, float *const *s)
+{
+    const int ng = D / gs;
+    for (int t = 0; t < n; t++) {
+        const int8_t *row = k + (ptrdiff_t)t * row_stride;
+        const float *rd = kd + (ptrdiff_t)t * scale_stride;
+        for (int g = 0; g < G; g++)
+            s[g][t] = dot_q8(qq + (ptrdiff_t)g * D, qd + (ptrdiff_t)g * ng, row, rd, D, gs);
+    }
+}
+
+static float softmax_exp(float *s, int n, float scale)
+{
+    float m = s[0];
+    for (int t = 1; t < n; t++)
+        m = s[t] > m ? s[t] : m;
+    const float shift = scale * m;
+    double sum = 0.0;
+    for (int t = 0; t < n; t++) {
+        s[t] = expf(scale * s[t] - shift);
+        sum += s[t];
+    }
+    return (float)sum;
+}
+
+static void accumulate_v_f32(float *const *out, const float *const *p, int G, int D,
+                             const float *v, ptrdiff_t row_stride, int n)
+{
+    for (int t = 0; t < n; t++) {
+        const float *row = v + (ptrdiff_t)t * row_stride;
+        for (int g = 0; g < G; g++) {
+            const float w = p[g][t];
+            float *o = out[g];
+            for (int d = 0; d < D; d++)
+                o[d] += w * row[d];
+        }
+    }
+}
+
+static void accumulate_v_q8(float *const *out, const float *const *p, int G, int D,
+                            int gs, const int8_t *v, const float *vd,
+                            ptrdiff_t row_stride, ptrdiff_t scale_stride, int n)
+{
+    for (int t = 0; t < n; t++) {
+        const int8_t *row = v + (ptrdiff_t)t * row_stride;
+        const float *rd = vd + (ptrdiff_t)t * scale_stride;
+        for (int g = 0; g < G; g++) {
+            const float pt = p[g][t];
+            float *o = out[g];
+            for (int d0 = 0, grp = 0; d0 < D; d0 += gs, grp++) {
+                const float w = pt * rd[grp];
+                for (int d = d0; d < d0 + gs; d++)
+                    o[d] += w * (float)row[d];
+            }
+        }
+    }
+}
+
+const sa_kernels sa_kernels_portable = {
+    .name = "portable",
+    .scores_f32 = scores_f32,
+    .scores_q8 = scores_q8,
+    .softmax_exp = softmax_exp,
+    .accumulate_v_f32 = accumulate_v_f32,
+    .accumulate_v_q8 = accumulate_v_q8,
+};

@@ -1,0 +1,128 @@
+/*
+ * sparse_attn — the whole C API.
+ *
+ * Every entry point returns an int status (SA_OK == 0); sa_strerror() turns a
+ * status into the text the Python layer raises with.  Nothing here keeps
+ * scratch state between calls: the functions are reentrant and run with the
+ * GIL released.
+ *
+ * Layouts (SPEC §1):
+ *   q (decode)   float32 [n_heads, head_dim]
+ *   q (prefill)  float32 [n_heads, T, head_dim]
+ *   K, V         sa_kv: [n_kv_heads, head_stride rows, head_dim], rows contiguous;
+ *                head_stride >= the number of valid rows (the rest is capacity)
+ *   importance   float32 [>= seq_len]
+ *
+ * The block between the cdef markers is what build_ffi.py hands to cffi, so it
+ * must stay plain declarations (no includes, no expressions in #defines).
+ */
+#ifndef SPARSE_ATTN_H
+#define SPARSE_ATTN_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+/* cdef-begin */
+enum sa_status {
+    SA_OK = 0,
+    SA_ERR_NULL = 1,          /* a required pointer is NULL */
+    SA_ERR_SHAPE = 2,         /* a dimension is < 1 or inconsistent */
+    SA_ERR_DTYPE = 3,         /* unknown KV dtype or K/V dtype mismatch */
+    SA_ERR_SEQ_LEN = 4,       /* seq_len < 1 or beyond the KV's rows */
+    SA_ERR_PARAM = 5,         /* a selection parameter out of range */
+    SA_ERR_GROUP = 6,         /* q8 group size does not divide head_dim */
+    SA_ERR_GQA = 7,           /* n_heads is not a multiple of n_kv_heads */
+    SA_ERR_NOMEM = 8,         /* scratch allocation failed */
+    SA_ERR_THREAD = 9,        /* a worker thread could not be started */
+    SA_ERR_ISA = 10,          /* unknown ISA name, or one this CPU cannot run */
+    SA_ERR_NONFINITE = 11,    /* NaN or Inf where finite values are required */
+    SA_ERR_IMPORTANCE = 12,   /* importance shorter than seq_len */
+    SA_ERR_SCALE = 13         /* scale not finite or not > 0 */
+};
+
+enum sa_dtype { SA_DTYPE_F32 = 0, SA_DTYPE_Q8 = 1 };
+enum sa_share { SA_SHARE_HEAD = 0, SA_SHARE_GROUP = 1 };
+
+/* A K or V tensor.  For SA_DTYPE_F32 `f32` is used; for SA_DTYPE_Q8 `q8` and
+ * `scales` ([n_kv_heads, head_stride, head_dim / group_size]) are. */
+typedef struct sa_kv {
+    int dtype;
+    int n_kv_heads;
+    int head_stride;          /* rows between the starts of two KV heads */
+    int n_rows;               /* rows that may be read per head (<= head_stride) */
+    int head_dim;
+    int group_size;           /* q8 only */
+    const float *f32;
+    const int8_t *q8;
+    const float *scales;
+} sa_kv;
+
+/* Block selection (SPEC §2 and §6).  The seed's rule is block_size 32,
+ * k_blocks 32, n_probe 8, recency 1, importance_blocks (k_blocks+1)/2,
+ * sink_blocks 0, share SA_SHARE_HEAD. */
+typedef struct sa_select_params {
+    int block_size;
+    int k_blocks;
+    int n_probe;
+    int recency;              /* 0 or 1 */
+    int importance_blocks;    /* size of the importance reserve in blocks, used
+                                 only when importance is given */
+    int sink_blocks;          /* leading blocks always chosen */
+    int share;                /* enum sa_share */
+} sa_select_params;
+
+const char *sa_strerror(int status);
+
+/* ISA dispatch.  sa_isa_name() names the kernels in use; sa_set_isa() picks a
+ * path by name ("portable", "avx2", "avx512-vnni", "neon", "neon-dotprod");
+ * sa_isa_available() says whether this CPU can run it (1) or not (0). */
+const char *sa_isa_name(void);
+int sa_set_isa(const char *name);
+int sa_isa_available(const char *name);
+int sa_isa_count(void);
+const char *sa_isa_name_at(int index);
+
+/* SPEC §4: quantise n_rows rows of dim floats, group by group. */
+int sa_quantize_q8(const float *x, int64_t n_rows, int dim, int group_size,
+                   int8_t *q, float *scales);
+
+/* probe[h * n_blocks + b] = max over sampled positions of dot(q_h, K[kh, pos]). */
+int sa_probe_scores(const float *q, int n_heads, const sa_kv *k, int seq_len,
+                    int block_size, int n_probe, float *probe, int threads);
+
+/* blocks[h * n_sel + i], ascending per head, n_sel = min(k_blocks, n_blocks).
+ * importance may be NULL (n_importance is then ignored). */
+int sa_select_blocks(const float *q, int n_heads, const sa_kv *k, int seq_len,
+                     const sa_select_params *params, const float *importance,
+                     int64_t n_importance, int32_t *blocks, int threads);
+
+/* out [n_heads, head_dim]; blocks may be NULL. */
+int sa_sparse_decode(const float *q, int n_heads, const sa_kv *k, const sa_kv *v,
+                     int seq_len, const sa_select_params *params,
+                     const float *importance, int64_t n_importance, float scale,
+                     float *out, int32_t *blocks, int threads);
+
+int sa_dense_decode(const float *q, int n_heads, const sa_kv *k, const sa_kv *v,
+                    int seq_len, float scale, float *out, int threads);
+
+/* q [n_heads, T, head_dim]; queries sit at positions [start, start+T) and the
+ * query at position p attends to keys 0..p.  out [n_heads, T, head_dim];
+ * importance [start+T] receives sum over heads and query rows of the softmax
+ * weights each key got. */
+int sa_prefill(const float *q, int n_heads, int T, const sa_kv *k, const sa_kv *v,
+               int start, float scale, float *out, float *importance, int threads);
+
+/* Write rows [at, at+T) of every KV head of a cache tensor from new[n_kv_heads,
+ * T, head_dim], quantising when the cache is q8.  Rejects non-finite input
+ * before writing anything. */
+int sa_kv_write(const sa_kv *dst, int at, const float *src, int T);
+
+/* The design card's kernels on their own, for microbenchmarks:
+ * q8 dot of one quantised query against n rows of a q8 matrix,
+ * and out += sum_t p[t] * v[t] over n rows of a float32 or q8 V. */
+int sa_kernel_q8_dot(const int8_t *q, const float *q_scales, int dim, int group_size,
+                     const int8_t *rows, const float *row_scales, int n, float *out);
+int sa_kernel_accumulate_v(const float *p, const sa_kv *v, int n, float *out);
+/* cdef-end */
+
+#endif

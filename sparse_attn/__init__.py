@@ -1,0 +1,28 @@
+"""sparse_attn: block-sparse top-k attention for long-context decoding.
+
+The KV is split into blocks (32 tokens by default); a cheap probe scores
+every block, the best ``k_blocks`` are chosen by the rules of SPEC §2, and
+exact softmax attention runs over those blocks only, on a float32 or int8
+(q8) KV cache.  The C core picks its kernels (portable, AVX2, AVX-512 VNNI,
+NEON, NEON dotprod) at import from what the CPU reports;
+``SPARSE_ATTN_ISA=<name>`` forces a lower one.
+"""
+import os as _os
+
+from ._api import (Q8, accumulate_v, available_isas, built_isas, dense_decode, isa,
+                   prefill, probe_scores, q8_dot, quantize_q8, select_blocks, set_isa,
+                   sparse_decode)
+from ._checks import ArgumentError, ArgumentTypeError, KernelError, SparseAttnError
+from .cache import KVCache
+
+__version__ = "0.1.0"
+
+__all__ = [
+    "Q8", "KVCache", "quantize_q8", "probe_scores", "select_blocks", "sparse_decode",
+    "dense_decode", "prefill", "q8_dot", "accumulate_v", "isa", "set_isa",
+    "available_isas", "built_isas", "SparseAttnError", "ArgumentError",
+    "ArgumentTypeError", "KernelError",
+]
+
+if _os.environ.get("SPARSE_ATTN_ISA"):
+    set_isa(_os.environ["SPARSE_ATTN_ISA"])

@@ -1,0 +1,199 @@
+"""The numpy reference: SPEC.md written as plain numpy, float64 inside.
+
+This is what the tests trust.  It is written to be read next to the spec,
+not to be fast; every function takes the same arguments as its C-backed
+twin in ``sparse_attn`` (without ``threads``).  q8 quantisation is done in
+float32 exactly as the C core does it, so that q8 results can be compared
+against "a reference that quantizes the same way" (SPEC §5).
+"""
+import math
+
+import numpy as np
+
+from ._api import Q8
+from ._checks import importance_blocks
+
+
+# --------------------------------------------------------------------------- §4 q8
+
+def round_half_away(x):
+    """C's roundf: round to nearest, ties away from zero (exact in float32)."""
+    whole = np.trunc(x)
+    frac = x - whole                       # exact for float32
+    return whole + np.where(np.abs(frac) >= 0.5, np.sign(x), 0).astype(x.dtype)
+
+
+def quantize_q8(x, group_size=32):
+    x = np.asarray(x, np.float32)
+    groups = x.reshape(x.shape[:-1] + (-1, group_size))
+    amax = np.abs(groups).max(axis=-1)
+    d = (amax / np.float32(127)).astype(np.float32)
+    inv = np.where(d != 0, np.float32(1) / np.where(d != 0, d, 1), 0).astype(np.float32)
+    q = round_half_away((groups * inv[..., None]).astype(np.float32))
+    q = np.clip(q, -127, 127).astype(np.int8).reshape(x.shape)
+    return Q8(q, d, group_size)
+
+
+def q8_dot(q, rows):
+    """SPEC §4 dot of a Q8 [D] with Q8 rows [N, D], float64."""
+    g = q.group_size
+    qi = q.data.astype(np.int64).reshape(-1, g)
+    ri = rows.data.astype(np.int64).reshape(rows.shape[0], -1, g)
+    isum = (ri * qi[None]).sum(axis=-1)                     # exact integer per group
+    return (isum * (q.scales.astype(np.float64)[None] * rows.scales.astype(np.float64))).sum(-1)
+
+
+def accumulate_v(p, v, out=None):
+    vals = v.dequantize() if isinstance(v, Q8) else v
+    res = np.asarray(p, np.float64) @ np.asarray(vals, np.float64)
+    if out is not None:
+        res = res + out
+    return res
+
+
+# --------------------------------------------------------------------------- helpers
+
+def _kv_head_dot(q_h, kv, kh, rows):
+    """Raw dot of one query head with K[kh, rows] (q8: the quantised dot)."""
+    if isinstance(kv, Q8):
+        qq = quantize_q8(q_h.astype(np.float32), kv.group_size)
+        return q8_dot(qq, Q8(kv.data[kh, rows], kv.scales[kh, rows], kv.group_size))
+    return kv[kh, rows].astype(np.float64) @ q_h.astype(np.float64)
+
+
+def _values(v, kh, rows):
+    if isinstance(v, Q8):
+        return Q8(v.data[kh, rows], v.scales[kh, rows], v.group_size).dequantize().astype(np.float64)
+    return v[kh, rows].astype(np.float64)
+
+
+def _n_kv(kv):
+    return kv.shape[0]
+
+
+def _rows(kv):
+    return kv.shape[1]
+
+
+def _block_bounds(b, block_size, seq_len):
+    return b * block_size, min((b + 1) * block_size, seq_len)
+
+
+# --------------------------------------------------------------------------- §2
+
+def probe_scores(q, k, *, seq_len=None, block_size=32, n_probe=8):
+    seq_len = _rows(k) if seq_len is None else seq_len
+    n_heads, group = q.shape[0], q.shape[0] // _n_kv(k)
+    nb = math.ceil(seq_len / block_size)
+    probe = np.empty((n_heads, nb))
+    for h in range(n_heads):
+        for b in range(nb):
+            p0, p_end = _block_bounds(b, block_size, seq_len)
+            step = max(1, (p_end - p0) // n_probe)
+            positions = np.arange(p0, p_end, step)
+            probe[h, b] = _kv_head_dot(q[h], k, h // group, positions).max()
+    return probe
+
+
+def _greedy(values, used, count):
+    """Pick `count` unused indices by largest value, ties to the lower index."""
+    picks = []
+    for _ in range(count):
+        best = None
+        for j in range(len(values)):
+            if used[j]:
+                continue
+            if best is None or values[j] > values[best]:
+                best = j
+        if best is None:
+            break
+        used[best] = True
+        picks.append(best)
+    return picks
+
+
+def _choose(score, nb, k_blocks, imp_sum, recency, reserve, sink_blocks):
+    """SPEC §2 steps 3-5 with §6's sinks and reserve size, for one score row."""
+    total = min(k_blocks, nb)
+    used = [False] * nb
+    chosen = []
+    for b in range(min(sink_blocks, total)):
+        used[b] = True
+        chosen.append(b)
+    if imp_sum is not None:
+        chosen += _greedy(imp_sum, used, min(reserve, total - len(chosen)))
+    fill = _greedy(score, used, total - len(chosen))
+    if recency and fill and not used[nb - 1]:
+        fill[-1] = nb - 1          # the last fill pick: lowest score, higher index on ties
+    return sorted(chosen + fill)
+
+
+def select_blocks(q, k, *, seq_len=None, k_blocks=32, block_size=32, n_probe=8,
+                  importance=None, recency=True, importance_fraction=0.5, sink_blocks=0,
+                  share="head"):
+    seq_len = _rows(k) if seq_len is None else seq_len
+    n_heads, group = q.shape[0], q.shape[0] // _n_kv(k)
+    nb = math.ceil(seq_len / block_size)
+    probe = probe_scores(q, k, seq_len=seq_len, block_size=block_size, n_probe=n_probe)
+    imp_sum = None
+    if importance is not None:
+        imp = np.asarray(importance[:seq_len], np.float64)
+        imp_sum = [imp[slice(*_block_bounds(b, block_size, seq_len))].sum() for b in range(nb)]
+    reserve = importance_blocks(importance_fraction, k_blocks)
+    out = []
+    for h in range(n_heads):
+        if share == "group":
+            kh = h // group
+            score = probe[kh * group:(kh + 1) * group].sum(axis=0)
+        else:
+            score = probe[h]
+        out.append(_choose(list(score), nb, k_blocks, imp_sum, recency, reserve, sink_blocks))
+    return np.array(out, np.int32)
+
+
+def _attend(q_h, k, v, kh, tokens, scale):
+    s = scale * _kv_head_dot(q_h, k, kh, tokens)
+    p = np.exp(s - s.max())
+    return (p @ _values(v, kh, tokens)) / p.sum(), p / p.sum()
+
+
+def sparse_decode(q, k, v, *, seq_len=None, k_blocks=32, block_size=32, n_probe=8,
+                  importance=None, recency=True, scale=None, importance_fraction=0.5,
+                  sink_blocks=0, share="head", return_blocks=False):
+    seq_len = _rows(k) if seq_len is None else seq_len
+    scale = 1 / math.sqrt(q.shape[-1]) if scale is None else scale
+    group = q.shape[0] // _n_kv(k)
+    blocks = select_blocks(q, k, seq_len=seq_len, k_blocks=k_blocks, block_size=block_size,
+                           n_probe=n_probe, importance=importance, recency=recency,
+                           importance_fraction=importance_fraction, sink_blocks=sink_blocks,
+                           share=share)
+    out = np.empty(q.shape)
+    for h in range(q.shape[0]):
+        tokens = np.concatenate([np.arange(*_block_bounds(b, block_size, seq_len))
+                                 for b in blocks[h]])
+        out[h] = _attend(q[h], k, v, h // group, tokens, scale)[0]
+    return (out, blocks) if return_blocks else out
+
+
+def dense_decode(q, k, v, *, seq_len=None, scale=None):
+    seq_len = _rows(k) if seq_len is None else seq_len
+    scale = 1 / math.sqrt(q.shape[-1]) if scale is None else scale
+    group = q.shape[0] // _n_kv(k)
+    return np.stack([_attend(q[h], k, v, h // group, np.arange(seq_len), scale)[0]
+                     for h in range(q.shape[0])])
+
+
+# --------------------------------------------------------------------------- §3
+
+def prefill(q, k, v, *, start=0, scale=None):
+    n_heads, T, D = q.shape
+    scale = 1 / math.sqrt(D) if scale is None else scale
+    group = n_heads // _n_kv(k)
+    out = np.empty(q.shape)
+    importance = np.zeros(start + T)
+    for h in range(n_heads):
+        for t in range(T):
+            keys = np.arange(start + t + 1)
+            out[h, t], p = _attend(q[h, t], k, v, h // group, keys, scale)
+            importance[keys] += p
+    return out, importance
