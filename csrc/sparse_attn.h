@@ -123,6 +123,11 @@ int sa_kv_write(const sa_kv *dst, int at, const float *src, int T);
 int sa_kernel_q8_dot(const int8_t *q, const float *q_scales, int dim, int group_size,
                      const int8_t *rows, const float *row_scales, int n, float *out);
 int sa_kernel_accumulate_v(const float *p, const sa_kv *v, int n, float *out);
+
+/* The benchmark's bandwidth probe: read n_bytes of buf once, split over up to
+ * `threads` threads (at most 64); *checksum receives the sum of its 64-bit
+ * words so the reads happen. */
+int sa_stream_read(const void *buf, int64_t n_bytes, int threads, uint64_t *checksum);
 /* cdef-end */
 
 #endif

@@ -85,7 +85,7 @@ def needle_context(seq_len, *, n_heads=16, n_kv_heads=8, head_dim=128, seed=0,
     sqrt_d = np.sqrt(D)
 
     # Four orthonormal directions per KV head: sink, recent, needle key, needle value.
-    basis = np.linalg.qr(rng.standard_normal((Hkv, D, 4)))[0]
+    basis = np.linalg.qr(rng.standard_normal((Hkv, D, 4)))[0].astype(np.float32)
     u_sink, u_recent, u_needle, w_needle = (basis[:, :, i] for i in range(4))
 
     nb = -(-S // block_size)
@@ -96,8 +96,8 @@ def needle_context(seq_len, *, n_heads=16, n_kv_heads=8, head_dim=128, seed=0,
     # A key component alpha * sqrt(D) * u met by a query component beta * u
     # adds alpha * beta to the logit (scale 1/sqrt(D)); background logits are
     # about N(0, 0.4^2).
-    k = rng.standard_normal((Hkv, S, D))
-    v = rng.standard_normal((Hkv, S, D))
+    k = rng.standard_normal((Hkv, S, D), dtype=np.float32)
+    v = rng.standard_normal((Hkv, S, D), dtype=np.float32)
     k[:, :n_sinks] += 2.0 * sqrt_d * u_sink[:, None]
     k[:, S - n_recent:] += 1.0 * sqrt_d * u_recent[:, None]
     k[:, needle.start:needle.stop] += needle_strength / 3.0 * sqrt_d * u_needle[:, None]
@@ -110,7 +110,7 @@ def needle_context(seq_len, *, n_heads=16, n_kv_heads=8, head_dim=128, seed=0,
 
     # Prompt queries look at the sinks (logit 5) and the recent tail (1.5),
     # never for the needle, so prefill importance does not point at it.
-    prompt_q = (0.3 * rng.standard_normal((H, T, D))
+    prompt_q = (0.3 * rng.standard_normal((H, T, D), dtype=np.float32)
                 + 2.5 * u_sink[kv_of][:, None] + 1.5 * u_recent[kv_of][:, None])
     # The question leans on sinks (4) and recency (1.5) too; retrieval heads
     # also look for the needle (logit needle_strength, 14 by default).
@@ -119,5 +119,5 @@ def needle_context(seq_len, *, n_heads=16, n_kv_heads=8, head_dim=128, seed=0,
     question_q[retrieval] += 3.0 * u_needle[kv_of][retrieval]
 
     f32 = np.float32
-    return NeedleContext(k.astype(f32), v.astype(f32), prompt_q.astype(f32),
-                         question_q.astype(f32), needle, block_size, retrieval)
+    return NeedleContext(k, v, prompt_q.astype(f32, copy=False), question_q.astype(f32),
+                         needle, block_size, retrieval)
