@@ -39,3 +39,29 @@ def test_env_thread_default(monkeypatch, rng):
     monkeypatch.setenv("SPARSE_ATTN_NUM_THREADS", "zero")
     with pytest.raises(ValueError, match="SPARSE_ATTN_NUM_THREADS"):
         sa.dense_decode(q, k, v)
+
+
+def test_concurrent_python_threads_get_the_same_bytes(rng):
+    """cffi releases the GIL: calls from several Python threads run at once
+    (one owns the worker pool, the others run on their own thread) and must
+    still give the single-threaded bytes."""
+    from concurrent.futures import ThreadPoolExecutor
+    k, v = make_kv(rng, 8, 700, 64, "q8")
+    qs = [rng.standard_normal((16, 64), dtype=np.float32) for _ in range(8)]
+    want = [sa.sparse_decode(q, k, v, k_blocks=4, threads=1).tobytes() for q in qs]
+    with ThreadPoolExecutor(4) as ex:
+        for _ in range(5):
+            got = list(ex.map(lambda q: sa.sparse_decode(q, k, v, k_blocks=4, threads=2).tobytes(), qs))
+            assert got == want
+
+
+def test_forked_child_computes_the_same(rng):
+    """The worker pool does not survive fork(); a forked child starts its own."""
+    import multiprocessing as mp
+    k, v = make_kv(rng, 4, 300, 64)
+    q = rng.standard_normal((8, 64), dtype=np.float32)
+    want = sa.dense_decode(q, k, v, threads=2)          # the parent's pool is up
+    ctx = mp.get_context("fork")
+    with ctx.Pool(1) as pool:
+        got = pool.apply(sa.dense_decode, (q, k, v), dict(threads=2))
+    assert got.tobytes() == want.tobytes()
