@@ -86,9 +86,7 @@ void sa_quantize_group(sa_scratch *s, const float *q, int group_size)
                         s->qq + (ptrdiff_t)g * s->D, s->qd + (ptrdiff_t)g * ng);
 }
 
-/* Scores of the first `cnt` heads listed in `heads` against n rows of K
- * starting at `row`, every `step` rows; outputs go to s->sp[0..cnt). */
-static void score_rows(const sa_kernels *kern, sa_scratch *s, const sa_kv *k, int kh,
+void sa_score_rows(const sa_kernels *kern, sa_scratch *s, const sa_kv *k, int kh,
                        const float *qf, const int *heads, int cnt, int row, int step,
                        int n)
 {
@@ -137,7 +135,7 @@ void sa_probe_group(const sa_kernels *kern, sa_scratch *s, const sa_kv *k, int k
         const int p_end = sa_min(p0 + block_size, seq_len);
         const int step = sa_max(1, (p_end - p0) / n_probe);
         const int cnt = sa_ceil_div(p_end - p0, step);
-        score_rows(kern, s, k, kh, qf, s->heads, G, p0, step, cnt);
+        sa_score_rows(kern, s, k, kh, qf, s->heads, G, p0, step, cnt);
         for (int g = 0; g < G; g++) {
             const float *d = s->sp[g];
             float best = d[0];
@@ -270,6 +268,18 @@ static int next_run(const sa_scratch *s, int *b, int *e)
     return 0;
 }
 
+void sa_accumulate_rows(const sa_kernels *kern, sa_scratch *s, const sa_kv *v, int kh,
+                        int cnt, int r0, int n)
+{
+    const int D = s->D;
+    if (v->dtype == SA_DTYPE_F32) {
+        kern->accumulate_v_f32(s->op, s->pp, cnt, D, sa_kv_f32_row(v, kh, r0), D, n);
+    } else {
+        kern->accumulate_v_q8(s->op, s->pp, cnt, D, v->group_size, sa_kv_q8_row(v, kh, r0),
+                              sa_kv_scale_row(v, kh, r0), D, D / v->group_size, n);
+    }
+}
+
 void sa_attend_group(const sa_kernels *kern, sa_scratch *s, const sa_kv *k,
                      const sa_kv *v, int kh, const float *qf, int seq_len, int bs,
                      float scale, float *out, ptrdiff_t out_head_stride)
@@ -283,7 +293,7 @@ void sa_attend_group(const sa_kernels *kern, sa_scratch *s, const sa_kv *k,
         const int r0 = b * bs, n = sa_min(e * bs, seq_len) - r0;
         for (int j = 0; j < cnt; j++)
             s->sp[j] = s->scores + (ptrdiff_t)s->heads[j] * s->max_tok + s->off[s->heads[j]];
-        score_rows(kern, s, k, kh, qf, s->heads, cnt, r0, 1, n);
+        sa_score_rows(kern, s, k, kh, qf, s->heads, cnt, r0, 1, n);
         for (int j = 0; j < cnt; j++)
             s->off[s->heads[j]] += n;
     }
@@ -300,14 +310,7 @@ void sa_attend_group(const sa_kernels *kern, sa_scratch *s, const sa_kv *k,
             s->op[j] = out + g * out_head_stride;
             s->off[g] += n;
         }
-        if (v->dtype == SA_DTYPE_F32) {
-            kern->accumulate_v_f32(s->op, s->pp, cnt, D, sa_kv_f32_row(v, kh, r0), D, n);
-        } else {
-            const int ng = D / v->group_size;
-            kern->accumulate_v_q8(s->op, s->pp, cnt, D, v->group_size,
-                                  sa_kv_q8_row(v, kh, r0), sa_kv_scale_row(v, kh, r0), D,
-                                  ng, n);
-        }
+        sa_accumulate_rows(kern, s, v, kh, cnt, r0, n);
     }
     for (int g = 0; g < G; g++)
         for (int d = 0; d < D; d++)

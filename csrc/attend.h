@@ -60,6 +60,16 @@ void sa_attend_group(const sa_kernels *kern, sa_scratch *s, const sa_kv *k,
                      const sa_kv *v, int kh, const float *qf, int seq_len, int bs,
                      float scale, float *out, ptrdiff_t out_head_stride);
 
+/* Scores of the `cnt` heads listed in `heads` (indices into the G rows of qf,
+ * or of s->qq/s->qd for q8) against n rows of K from `row` on, every `step`
+ * rows; head j's scores go to s->sp[j]. */
+void sa_score_rows(const sa_kernels *kern, sa_scratch *s, const sa_kv *k, int kh,
+                   const float *qf, const int *heads, int cnt, int row, int step, int n);
+
+/* out s->op[j] += sum_t s->pp[j][t] * V[kh, r0 + t] for j < cnt, t < n. */
+void sa_accumulate_rows(const sa_kernels *kern, sa_scratch *s, const sa_kv *v, int kh,
+                        int cnt, int r0, int n);
+
 /* Per-block importance sums (double), NB of them. */
 double *sa_importance_sums(const float *importance, int seq_len, int block_size, int NB);
 

@@ -1,15 +1,24 @@
 /*
- * Exact causal prefill (SPEC §3).  Each query row is a dense decode over the
- * keys it may see, through the same attention code, so a prefill row equals
- * dense_decode at seq_len = position + 1 bit for bit.  Importance is summed
- * per KV head in double and the KV heads are added in order afterwards, so
- * it does not depend on the thread count.
+ * Exact causal prefill (SPEC §3).
+ *
+ * Query rows are taken in tiles of PREFILL_TILE positions: the G heads of a
+ * KV head times the tile's rows are scored against the keys the last row of
+ * the tile sees in one kernel call, so every K and V row loaded serves them
+ * all.  Each row keeps only its causal part: its softmax runs over its own
+ * keys and the weights of the few keys beyond it are zero, which V
+ * accumulation adds as nothing.  A row's arithmetic is therefore that of
+ * dense decode at seq_len = position + 1, bit for bit.
+ *
+ * Importance is summed per KV head in double and the KV heads are added in
+ * order afterwards, so it does not depend on the thread count.
  */
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
 
 #include "attend.h"
+
+#define PREFILL_TILE 8
 
 typedef struct {
     const sa_kernels *kern;
@@ -19,7 +28,7 @@ typedef struct {
     float scale;
     float *out;
     double *imp_kv;      /* [Hkv, start+T] */
-    float *qrow;         /* [workers, G*D] gathered query rows */
+    float *qrows;        /* [workers, TILE*G*D] gathered query rows */
     sa_scratch **scratch;
 } prefill_ctx;
 
@@ -28,27 +37,52 @@ static int prefill_item(void *arg, int kh, int worker)
     prefill_ctx *c = arg;
     sa_scratch *s = c->scratch[worker];
     const int G = c->G, D = s->D, T = c->T, S = c->start + T;
-    float *qrow = c->qrow + (ptrdiff_t)worker * G * D;
+    float *qrows = c->qrows + (ptrdiff_t)worker * PREFILL_TILE * G * D;
     double *imp = c->imp_kv + (ptrdiff_t)kh * S;
     memset(imp, 0, (size_t)S * sizeof(double));
-    for (int t = 0; t < T; t++) {
-        const int n = c->start + t + 1;
-        for (int g = 0; g < G; g++) {
-            const int h = kh * G + g;
-            memcpy(qrow + (ptrdiff_t)g * D, c->q + ((ptrdiff_t)h * T + t) * D,
-                   (size_t)D * sizeof(float));
+
+    for (int t0 = 0; t0 < T; t0 += PREFILL_TILE) {
+        const int rows = sa_min(PREFILL_TILE, T - t0);
+        const int m = rows * G;                     /* query vectors in this tile */
+        const int n_tile = c->start + t0 + rows;    /* keys the last row sees */
+        /* Vector i = r*G + g is head kh*G+g at row t0+r. */
+        for (int r = 0; r < rows; r++)
+            for (int g = 0; g < G; g++) {
+                const int h = kh * G + g;
+                memcpy(qrows + ((ptrdiff_t)r * G + g) * D,
+                       c->q + ((ptrdiff_t)h * T + t0 + r) * D, (size_t)D * sizeof(float));
+            }
+        if (c->k->dtype == SA_DTYPE_Q8) {
+            const int ng = D / c->k->group_size;
+            for (int i = 0; i < m; i++)
+                sa_quantize_row(qrows + (ptrdiff_t)i * D, D, c->k->group_size,
+                                s->qq + (ptrdiff_t)i * D, s->qd + (ptrdiff_t)i * ng);
         }
-        if (c->k->dtype == SA_DTYPE_Q8)
-            sa_quantize_group(s, qrow, c->k->group_size);
-        /* A single block of n keys, chosen by every head. */
-        memset(s->chosen, 1, (size_t)s->G);
-        sa_attend_group(c->kern, s, c->k, c->v, kh, qrow, n, n, c->scale,
-                        c->out + ((ptrdiff_t)kh * G * T + t) * D, (ptrdiff_t)T * D);
-        for (int g = 0; g < G; g++) {
-            const float *p = s->scores + (ptrdiff_t)g * s->max_tok;
-            const double inv_z = 1.0 / (double)s->z[g];
+        for (int i = 0; i < m; i++) {
+            s->heads[i] = i;
+            s->sp[i] = s->scores + (ptrdiff_t)i * s->max_tok;
+        }
+        sa_score_rows(c->kern, s, c->k, kh, qrows, s->heads, m, 0, 1, n_tile);
+
+        for (int i = 0; i < m; i++) {
+            const int r = i / G, g = i % G, h = kh * G + g;
+            const int n = c->start + t0 + r + 1;
+            float *p = s->sp[i];
+            s->z[i] = c->kern->softmax_exp(p, n, c->scale);
+            memset(p + n, 0, (size_t)(n_tile - n) * sizeof(float));
+            s->pp[i] = p;
+            s->op[i] = c->out + ((ptrdiff_t)h * T + t0 + r) * D;
+            memset(s->op[i], 0, (size_t)D * sizeof(float));
+        }
+        sa_accumulate_rows(c->kern, s, c->v, kh, m, 0, n_tile);
+
+        for (int i = 0; i < m; i++) {
+            const int n = c->start + t0 + i / G + 1;
+            for (int d = 0; d < D; d++)
+                s->op[i][d] /= s->z[i];
+            const double inv_z = 1.0 / (double)s->z[i];
             for (int j = 0; j < n; j++)
-                imp[j] += (double)p[j] * inv_z;
+                imp[j] += (double)s->pp[i][j] * inv_z;
         }
     }
     return SA_OK;
@@ -77,9 +111,9 @@ int sa_prefill(const float *q, int n_heads, int T, const sa_kv *k, const sa_kv *
     prefill_ctx c = {.kern = sa_active_kernels(), .q = q, .G = G, .T = T, .start = start,
                      .k = k, .v = v, .scale = scale, .out = out};
     c.imp_kv = malloc((size_t)Hkv * S * sizeof(double));
-    c.qrow = malloc((size_t)workers * G * D * sizeof(float));
-    c.scratch = sa_scratch_array(workers, G, D, gs, 1, 1, 1, S);
-    if (!c.imp_kv || !c.qrow || !c.scratch) {
+    c.qrows = malloc((size_t)workers * PREFILL_TILE * G * D * sizeof(float));
+    c.scratch = sa_scratch_array(workers, PREFILL_TILE * G, D, gs, 1, 1, 1, S);
+    if (!c.imp_kv || !c.qrows || !c.scratch) {
         rc = SA_ERR_NOMEM;
     } else {
         rc = sa_parallel_for(Hkv, workers, prefill_item, &c);
@@ -94,6 +128,6 @@ int sa_prefill(const float *q, int n_heads, int T, const sa_kv *k, const sa_kv *
     }
     sa_scratch_array_free(c.scratch, workers);
     free(c.imp_kv);
-    free(c.qrow);
+    free(c.qrows);
     return rc;
 }
