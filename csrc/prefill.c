@@ -9,8 +9,12 @@
  * accumulation adds as nothing.  A row's arithmetic is therefore that of
  * dense decode at seq_len = position + 1, bit for bit.
  *
- * Importance is summed per KV head in double and the KV heads are added in
- * order afterwards, so it does not depend on the thread count.
+ * Work items are (KV head, slice of query rows), PREFILL_SLICES slices of
+ * about equal causal cost per KV head, so that models with few KV heads
+ * (SmolLM2 has 3) still keep every thread busy.  The slicing depends on T and
+ * start only.  Importance is summed per item in double and the items are
+ * added in a fixed order afterwards, so it does not depend on the thread
+ * count.
  */
 #include <math.h>
 #include <stdlib.h>
@@ -19,6 +23,7 @@
 #include "attend.h"
 
 #define PREFILL_TILE 8
+#define PREFILL_SLICES 4
 
 typedef struct {
     const sa_kernels *kern;
@@ -27,22 +32,44 @@ typedef struct {
     const sa_kv *k, *v;
     float scale;
     float *out;
-    double *imp_kv;      /* [Hkv, start+T] */
+    int slice_rows[PREFILL_SLICES + 1]; /* row bounds of the slices */
+    double *imp;         /* [Hkv * PREFILL_SLICES, start+T] */
     float *qrows;        /* [workers, TILE*G*D] gathered query rows */
     sa_scratch **scratch;
 } prefill_ctx;
 
-static int prefill_item(void *arg, int kh, int worker)
+/* Slice bounds: multiples of the tile with about equal sums of
+ * (start + t + 1), the keys each row reads. */
+static void slice_rows(int start, int T, int *bounds)
+{
+    const double total = (double)T * start + (double)T * (T + 1) / 2;
+    int t = 0;
+    double done = 0;
+    bounds[0] = 0;
+    for (int sl = 1; sl < PREFILL_SLICES; sl++) {
+        while (t < T && done < total * sl / PREFILL_SLICES) {
+            for (int r = t; r < sa_min(t + PREFILL_TILE, T); r++)
+                done += start + r + 1;
+            t = sa_min(t + PREFILL_TILE, T);
+        }
+        bounds[sl] = t;
+    }
+    bounds[PREFILL_SLICES] = T;
+}
+
+static int prefill_item(void *arg, int item, int worker)
 {
     prefill_ctx *c = arg;
     sa_scratch *s = c->scratch[worker];
+    const int kh = item / PREFILL_SLICES, slice = item % PREFILL_SLICES;
     const int G = c->G, D = s->D, T = c->T, S = c->start + T;
     float *qrows = c->qrows + (ptrdiff_t)worker * PREFILL_TILE * G * D;
-    double *imp = c->imp_kv + (ptrdiff_t)kh * S;
+    double *imp = c->imp + (ptrdiff_t)item * S;
     memset(imp, 0, (size_t)S * sizeof(double));
 
-    for (int t0 = 0; t0 < T; t0 += PREFILL_TILE) {
-        const int rows = sa_min(PREFILL_TILE, T - t0);
+    const int t_end = c->slice_rows[slice + 1];
+    for (int t0 = c->slice_rows[slice]; t0 < t_end; t0 += PREFILL_TILE) {
+        const int rows = sa_min(PREFILL_TILE, t_end - t0);
         const int m = rows * G;                     /* query vectors in this tile */
         const int n_tile = c->start + t0 + rows;    /* keys the last row sees */
         /* Vector i = r*G + g is head kh*G+g at row t0+r. */
@@ -107,27 +134,29 @@ int sa_prefill(const float *q, int n_heads, int T, const sa_kv *k, const sa_kv *
 
     const int Hkv = k->n_kv_heads, G = n_heads / Hkv, D = k->head_dim, S = start + T;
     const int gs = k->dtype == SA_DTYPE_Q8 ? k->group_size : 1;
-    const int workers = sa_workers_for(Hkv, threads);
+    const int items = Hkv * PREFILL_SLICES;
+    const int workers = sa_workers_for(items, threads);
     prefill_ctx c = {.kern = sa_active_kernels(), .q = q, .G = G, .T = T, .start = start,
                      .k = k, .v = v, .scale = scale, .out = out};
-    c.imp_kv = malloc((size_t)Hkv * S * sizeof(double));
+    slice_rows(start, T, c.slice_rows);
+    c.imp = malloc((size_t)items * S * sizeof(double));
     c.qrows = malloc((size_t)workers * PREFILL_TILE * G * D * sizeof(float));
     c.scratch = sa_scratch_array(workers, PREFILL_TILE * G, D, gs, 1, 1, 1, S);
-    if (!c.imp_kv || !c.qrows || !c.scratch) {
+    if (!c.imp || !c.qrows || !c.scratch) {
         rc = SA_ERR_NOMEM;
     } else {
-        rc = sa_parallel_for(Hkv, workers, prefill_item, &c);
+        rc = sa_parallel_for(items, workers, prefill_item, &c);
         if (rc == SA_OK) {
             for (int j = 0; j < S; j++) {
                 double acc = 0.0;
-                for (int kh = 0; kh < Hkv; kh++)
-                    acc += c.imp_kv[(ptrdiff_t)kh * S + j];
+                for (int it = 0; it < items; it++)
+                    acc += c.imp[(ptrdiff_t)it * S + j];
                 importance[j] = (float)acc;
             }
         }
     }
     sa_scratch_array_free(c.scratch, workers);
-    free(c.imp_kv);
+    free(c.imp);
     free(c.qrows);
     return rc;
 }
