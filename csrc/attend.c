@@ -337,9 +337,33 @@ int sa_check_select_params(const sa_select_params *p)
         return SA_ERR_NULL;
     if (p->block_size < 1 || p->k_blocks < 1 || p->n_probe < 1 || p->importance_blocks < 0 ||
         p->sink_blocks < 0 || (p->recency != 0 && p->recency != 1) ||
-        (p->share != SA_SHARE_HEAD && p->share != SA_SHARE_GROUP))
+        (p->share != SA_SHARE_HEAD && p->share != SA_SHARE_GROUP) ||
+        (p->scoring != SA_SCORING_PROBE && p->scoring != SA_SCORING_MINMAX))
         return SA_ERR_PARAM;
     return SA_OK;
+}
+
+int sa_check_bounds(const sa_bounds *b, const sa_kv *k, int seq_len, int block_size)
+{
+    if (!b || !b->mn || !b->mx || !b->scales)
+        return SA_ERR_BOUNDS;
+    if (b->n_kv_heads != k->n_kv_heads || b->head_dim != k->head_dim ||
+        b->block_size != block_size || b->n_rows != seq_len ||
+        b->head_stride < sa_ceil_div(seq_len, block_size) || b->group_size < 1 ||
+        b->head_dim % b->group_size)
+        return SA_ERR_BOUNDS;
+    return SA_OK;
+}
+
+void sa_minmax_group(const sa_kernels *kern, sa_scratch *s, const sa_bounds *b, int kh,
+                     const float *qf)
+{
+    const int D = s->D, ng = D / b->group_size;
+    const ptrdiff_t at = (ptrdiff_t)kh * b->head_stride;
+    for (int g = 0; g < s->G; g++)
+        s->sp[g] = s->probe + (ptrdiff_t)g * s->NB;
+    kern->minmax_scores(qf, s->G, D, b->group_size, b->mn + at * D, b->mx + at * D,
+                        b->scales + at * ng, D, s->NB, s->sp);
 }
 
 int sa_check_query(const float *q, int n_heads, const sa_kv *k, int64_t n_rows_q)

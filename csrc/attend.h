@@ -48,6 +48,12 @@ void sa_quantize_group(sa_scratch *s, const float *q, int group_size);
 void sa_probe_group(const sa_kernels *kern, sa_scratch *s, const sa_kv *k, int kh,
                     const float *qf, int seq_len, int block_size, int n_probe);
 
+/* Quest's bound (SPEC §6) of every block for the G heads of KV head kh,
+ * into s->probe like the probe's scores. */
+void sa_minmax_group(const sa_kernels *kern, sa_scratch *s, const sa_bounds *b, int kh,
+                     const float *qf);
+int sa_check_bounds(const sa_bounds *b, const sa_kv *k, int seq_len, int block_size);
+
 /* Fill s->chosen for the G heads of KV head kh (sparse selection), and write
  * each head's ascending block list to blocks[g * n_sel] if blocks != NULL. */
 void sa_choose_group(sa_scratch *s, const sa_select_params *sp, const double *imp_sum,

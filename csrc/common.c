@@ -20,6 +20,8 @@ const char *sa_strerror(int status)
     case SA_ERR_NONFINITE: return "input holds NaN or Inf";
     case SA_ERR_IMPORTANCE: return "importance is shorter than seq_len";
     case SA_ERR_SCALE: return "scale must be finite and > 0";
+    case SA_ERR_BOUNDS:
+        return "minmax bounds are missing or were not computed for this K, seq_len and block_size";
     default: return "unknown status";
     }
 }

@@ -52,7 +52,10 @@ static int decode_item(void *arg, int kh, int worker)
                 for (int b = 0; b < NB; b++)
                     blocks[(ptrdiff_t)g * NB + b] = b;
     } else {
-        sa_probe_group(c->kern, s, c->k, kh, qf, c->seq_len, c->block_size, c->n_probe);
+        if (c->params->scoring == SA_SCORING_MINMAX)
+            sa_minmax_group(c->kern, s, c->params->bounds, kh, qf);
+        else
+            sa_probe_group(c->kern, s, c->k, kh, qf, c->seq_len, c->block_size, c->n_probe);
         sa_choose_group(s, c->params, c->imp_sum, blocks);
     }
     if (c->mode == SELECT_ONLY)
@@ -78,6 +81,9 @@ static int run(decode_ctx *c, int n_heads, int threads, const float *importance,
     if (c->block_size < 1 || c->n_probe < 1)
         return SA_ERR_PARAM;
     if (c->mode != PROBE_ONLY && c->params && (rc = sa_check_select_params(c->params)))
+        return rc;
+    if (c->mode != PROBE_ONLY && c->params && c->params->scoring == SA_SCORING_MINMAX &&
+        (rc = sa_check_bounds(c->params->bounds, k, c->seq_len, c->block_size)))
         return rc;
     if (c->mode == ATTEND && !(isfinite(c->scale) && c->scale > 0.0f))
         return SA_ERR_SCALE;

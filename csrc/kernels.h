@@ -42,6 +42,15 @@ typedef struct sa_kernels {
     void (*accumulate_v_q8)(float *const *out, const float *const *p, int G, int D,
                             int gs, const int8_t *v, const float *vd,
                             ptrdiff_t row_stride, ptrdiff_t scale_stride, int n);
+
+    /* Quest's bound per block: s[g][b] = sum over channels i of
+     * max(q[g][i] * mn_i, q[g][i] * mx_i) with mn_i = mn[b][i] * sc[b][i/gs]
+     * (likewise mx), for n blocks whose rows are block_stride elements apart
+     * (scale rows block_stride / gs apart).  Channel sums are taken per group
+     * and scaled once per group. */
+    void (*minmax_scores)(const float *q, int G, int D, int gs, const int8_t *mn,
+                          const int8_t *mx, const float *sc, ptrdiff_t block_stride,
+                          int n, float *const *s);
 } sa_kernels;
 
 extern const sa_kernels sa_kernels_portable;

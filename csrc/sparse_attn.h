@@ -37,11 +37,14 @@ enum sa_status {
     SA_ERR_ISA = 10,          /* unknown ISA name, or one this CPU cannot run */
     SA_ERR_NONFINITE = 11,    /* NaN or Inf where finite values are required */
     SA_ERR_IMPORTANCE = 12,   /* importance shorter than seq_len */
-    SA_ERR_SCALE = 13         /* scale not finite or not > 0 */
+    SA_ERR_SCALE = 13,        /* scale not finite or not > 0 */
+    SA_ERR_BOUNDS = 14        /* minmax bounds missing, or not made for this K,
+                                 seq_len and block_size */
 };
 
 enum sa_dtype { SA_DTYPE_F32 = 0, SA_DTYPE_Q8 = 1 };
 enum sa_share { SA_SHARE_HEAD = 0, SA_SHARE_GROUP = 1 };
+enum sa_scoring { SA_SCORING_PROBE = 0, SA_SCORING_MINMAX = 1 };
 
 /* A K or V tensor.  For SA_DTYPE_F32 `f32` is used; for SA_DTYPE_Q8 `q8` and
  * `scales` ([n_kv_heads, head_stride, head_dim / group_size]) are. */
@@ -57,6 +60,26 @@ typedef struct sa_kv {
     const float *scales;
 } sa_kv;
 
+/* Per-block, per-channel key bounds for scoring="minmax" (SPEC §6, Quest):
+ * for block b of KV head kh and channel i, mn/mx hold int8 values that,
+ * times the group's scale, bound K[kh, t, i] from below/above over the
+ * block's valid rows (rounded outwards, so the bound stays a true bound).
+ *   mn, mx  int8  [n_kv_heads, head_stride, head_dim]
+ *   scales  float [n_kv_heads, head_stride, head_dim / group_size]
+ * head_stride is in blocks; n_rows is the number of K rows the bounds were
+ * computed over (the last block may be partial). */
+typedef struct sa_bounds {
+    int n_kv_heads;
+    int head_dim;
+    int block_size;
+    int group_size;
+    int head_stride;
+    int n_rows;
+    int8_t *mn;
+    int8_t *mx;
+    float *scales;
+} sa_bounds;
+
 /* Block selection (SPEC §2 and §6).  The seed's rule is block_size 32,
  * k_blocks 32, n_probe 8, recency 1, importance_blocks (k_blocks+1)/2,
  * sink_blocks 0, share SA_SHARE_HEAD. */
@@ -69,6 +92,9 @@ typedef struct sa_select_params {
                                  only when importance is given */
     int sink_blocks;          /* leading blocks always chosen */
     int share;                /* enum sa_share */
+    int scoring;              /* enum sa_scoring */
+    const sa_bounds *bounds;  /* scoring == SA_SCORING_MINMAX: bounds of K over
+                                 exactly seq_len rows, same block_size */
 } sa_select_params;
 
 const char *sa_strerror(int status);
@@ -116,6 +142,11 @@ int sa_prefill(const float *q, int n_heads, int T, const sa_kv *k, const sa_kv *
  * T, head_dim], quantising when the cache is q8.  Rejects non-finite input
  * before writing anything. */
 int sa_kv_write(const sa_kv *dst, int at, const float *src, int T);
+
+/* Recompute the bounds of every block that holds a row in [from_row, to_row)
+ * from K's rows [block start, to_row), and set b->n_rows = to_row.  A cache
+ * calls it after each append; from_row = 0 computes bounds from scratch. */
+int sa_bounds_update(const sa_kv *k, int from_row, int to_row, sa_bounds *b);
 
 /* The design card's kernels on their own, for microbenchmarks:
  * q8 dot of one quantised query against n rows of a q8 matrix,

@@ -243,9 +243,139 @@ def _check_importance(importance, seq_len):
     return importance
 
 
+class BlockBounds:
+    """Per-block, per-channel key bounds for ``scoring="minmax"`` (SPEC §6).
+
+    For block ``b`` of KV head ``kh`` and channel ``i``,
+    ``scales[kh, b, i // group_size] * mn[kh, b, i] <= K[kh, t, i] <=
+    scales[kh, b, i // group_size] * mx[kh, b, i]`` over the block's valid
+    rows ``t`` (the dequantised keys for q8 K): int8 values with one float32
+    scale per channel group, rounded outwards so the bound is a true bound.
+
+    Attributes
+    ----------
+    mn, mx : int8 ``[Hkv, NB, D]``
+    scales : float32 ``[Hkv, NB, D // group_size]``
+    block_size, group_size : int
+    n_rows : int, the rows of K the bounds cover (the ``seq_len`` they serve)
+    """
+
+    __slots__ = ("mn", "mx", "scales", "block_size", "group_size", "n_rows")
+
+    def __init__(self, mn, mx, scales, block_size, group_size, n_rows):
+        self.mn, self.mx, self.scales = mn, mx, scales
+        self.block_size, self.group_size, self.n_rows = block_size, group_size, n_rows
+
+    @property
+    def nbytes(self):
+        return self.mn.nbytes + self.mx.nbytes + self.scales.nbytes
+
+    def struct(self):
+        """The sa_bounds the C core reads (the arrays must stay alive)."""
+        for name, dtype in (("mn", np.int8), ("mx", np.int8), ("scales", np.float32)):
+            a = ck.check_array(f"bounds.{name}", getattr(self, name), dtype=dtype, ndim=3,
+                               contiguous=False)
+            if a.strides[-1] != a.itemsize or a.strides[-2] != a.shape[-1] * a.itemsize:
+                raise ArgumentError(f"bounds.{name} must have contiguous block rows")
+        hkv, nb, dim = self.mn.shape
+        if (self.mx.shape != self.mn.shape or dim % self.group_size or
+                self.scales.shape != (hkv, nb, dim // self.group_size) or
+                self.mx.strides != self.mn.strides or
+                self.scales.strides[0] * self.group_size != self.mn.strides[0] * 4):
+            raise ArgumentError("bounds.mn, .mx and .scales do not describe one layout")
+        stride = self.mn.strides[0] // dim if hkv > 1 else max(self.mn.shape[1], 1)
+        return ffi.new("sa_bounds *", {
+            "n_kv_heads": hkv, "head_dim": dim, "block_size": self.block_size,
+            "group_size": self.group_size, "head_stride": stride, "n_rows": self.n_rows,
+            "mn": ffi.cast("int8_t *", self.mn.ctypes.data),
+            "mx": ffi.cast("int8_t *", self.mx.ctypes.data),
+            "scales": ffi.cast("float *", self.scales.ctypes.data)})
+
+    def __repr__(self):
+        return (f"BlockBounds(n_kv_heads={self.mn.shape[0]}, blocks={self.mn.shape[1]}, "
+                f"head_dim={self.mn.shape[2]}, block_size={self.block_size}, "
+                f"n_rows={self.n_rows})")
+
+
+def default_bounds_group(kv_group_size, head_dim):
+    """The q8 group for q8 K; for float32 K, 32 channels if that divides
+    head_dim, else one group per row."""
+    if kv_group_size:
+        return kv_group_size
+    return 32 if head_dim % 32 == 0 else head_dim
+
+
+def empty_bounds(n_kv_heads, n_blocks, head_dim, block_size, group_size):
+    return BlockBounds(np.zeros((n_kv_heads, n_blocks, head_dim), np.int8),
+                       np.zeros((n_kv_heads, n_blocks, head_dim), np.int8),
+                       np.zeros((n_kv_heads, n_blocks, head_dim // group_size), np.float32),
+                       block_size, group_size, 0)
+
+
+def block_bounds(k, *, block_size=32, seq_len=None, group_size=None):
+    """Compute the :class:`BlockBounds` of K's first ``seq_len`` rows.
+
+    This reads all of K once; a :class:`KVCache` keeps its bounds up to date
+    as tokens are appended instead (``cache.bounds``).
+
+    Parameters
+    ----------
+    k : float32 ``[Hkv, S, D]`` or Q8
+    block_size : int, default 32
+    seq_len : int, default ``S``
+    group_size : int, default: K's q8 group, or 32 for float32 K (head_dim if
+        32 does not divide it); channels sharing one bound scale
+
+    Returns
+    -------
+    BlockBounds with ``NB = ceil(seq_len / block_size)`` blocks.
+    """
+    kop = kv_operand("k", k)
+    seq_len = _check_seq_len(seq_len, kop)
+    block_size = ck.check_int("block_size", block_size, minimum=1)
+    if group_size is None:
+        group_size = default_bounds_group(kop.group_size, kop.head_dim)
+    group_size = ck.check_int("group_size", group_size, minimum=1)
+    if kop.head_dim % group_size:
+        raise ArgumentError(f"group_size ({group_size}) must divide head_dim ({kop.head_dim})")
+    b = empty_bounds(kop.n_kv_heads, -(-seq_len // block_size), kop.head_dim, block_size,
+                     group_size)
+    st = b.struct()
+    _raise_for(lib.sa_bounds_update(kop.struct, 0, seq_len, st), "block_bounds")
+    b.n_rows = seq_len
+    return b
+
+
+SCORINGS = {"probe": lib.SA_SCORING_PROBE, "minmax": lib.SA_SCORING_MINMAX}
+
+
+def _bounds_for(scoring, bounds, k, kop, seq_len, block_size):
+    """The bounds a minmax selection reads: the caller's, checked, or computed now."""
+    if scoring != "minmax":
+        if bounds is not None:
+            raise ArgumentError("bounds= is only read with scoring='minmax'")
+        return None
+    if bounds is None:
+        return block_bounds(k, block_size=block_size, seq_len=seq_len)
+    if not isinstance(bounds, BlockBounds):
+        raise ArgumentTypeError(f"bounds must be a BlockBounds (see block_bounds), got "
+                                f"{type(bounds).__name__}")
+    if bounds.mn.shape[0] != kop.n_kv_heads or bounds.mn.shape[2] != kop.head_dim:
+        raise ArgumentError(f"bounds are for [{bounds.mn.shape[0]} KV heads, head_dim "
+                            f"{bounds.mn.shape[2]}], k is [{kop.n_kv_heads}, {kop.head_dim}]")
+    if bounds.block_size != block_size:
+        raise ArgumentError(f"bounds were computed for block_size {bounds.block_size}, not "
+                            f"{block_size}")
+    if bounds.n_rows != seq_len:
+        raise ArgumentError(f"bounds cover {bounds.n_rows} rows but seq_len is {seq_len}; "
+                            f"recompute them with block_bounds(k, seq_len={seq_len})")
+    return bounds
+
+
 def select_params(k_blocks=32, block_size=32, n_probe=8, recency=True,
-                  importance_fraction=0.5, sink_blocks=0, share="head"):
-    """Validated selection settings as the C struct (SPEC §2 and §6)."""
+                  importance_fraction=0.5, sink_blocks=0, share="head", scoring="probe"):
+    """Validated selection settings as the C struct (SPEC §2 and §6); the
+    caller attaches bounds for scoring="minmax"."""
     k_blocks = ck.check_int("k_blocks", k_blocks, minimum=1)
     block_size = ck.check_int("block_size", block_size, minimum=1)
     n_probe = ck.check_int("n_probe", n_probe, minimum=1)
@@ -254,10 +384,12 @@ def select_params(k_blocks=32, block_size=32, n_probe=8, recency=True,
     sink_blocks = ck.check_int("sink_blocks", sink_blocks, minimum=0)
     if share not in SHARES:
         raise ArgumentError(f"share must be one of {sorted(SHARES)}, got {share!r}")
+    if scoring not in SCORINGS:
+        raise ArgumentError(f"scoring must be one of {sorted(SCORINGS)}, got {scoring!r}")
     return ffi.new("sa_select_params *", {
         "block_size": block_size, "k_blocks": k_blocks, "n_probe": n_probe,
         "recency": int(recency), "importance_blocks": ck.importance_blocks(frac, k_blocks),
-        "sink_blocks": sink_blocks, "share": SHARES[share]})
+        "sink_blocks": sink_blocks, "share": SHARES[share], "scoring": SCORINGS[scoring]})
 
 
 # --------------------------------------------------------------------------- entry points
@@ -298,7 +430,7 @@ def probe_scores(q, k, *, seq_len=None, block_size=32, n_probe=8, threads=None):
 
 def select_blocks(q, k, *, seq_len=None, k_blocks=32, block_size=32, n_probe=8,
                   importance=None, recency=True, importance_fraction=0.5, sink_blocks=0,
-                  share="head", threads=None):
+                  share="head", scoring="probe", bounds=None, threads=None):
     """Choose the blocks each query head attends to (SPEC §2 steps 1-5, §6).
 
     In order, with ``total = min(k_blocks, NB)``:
@@ -317,8 +449,10 @@ def select_blocks(q, k, *, seq_len=None, k_blocks=32, block_size=32, n_probe=8,
 
     Every tie goes to the lower block index; there are no random numbers, so
     the same inputs always give the same blocks.  With ``share="group"`` the
-    probe scores of a KV head's query heads are summed and the group shares
-    one selection.
+    scores of a KV head's query heads are summed and the group shares one
+    selection.  With ``scoring="minmax"`` a block's score is Quest's bound
+    ``sum_i max(q_i * mn_i, q_i * mx_i)`` over the per-channel key bounds of
+    the block (:class:`BlockBounds`) instead of the probe.
 
     Parameters
     ----------
@@ -333,6 +467,10 @@ def select_blocks(q, k, *, seq_len=None, k_blocks=32, block_size=32, n_probe=8,
     importance_fraction : float in [0, 1], default 0.5
     sink_blocks : int, default 0
     share : ``"head"`` (default) or ``"group"``
+    scoring : ``"probe"`` (default) or ``"minmax"``
+    bounds : BlockBounds or None; for ``"minmax"``, the bounds of K over
+        exactly ``seq_len`` rows (``KVCache.bounds``); None computes them now,
+        reading all of K
     threads : int, default ``SPARSE_ATTN_NUM_THREADS`` or the usable cores
 
     Returns
@@ -351,7 +489,11 @@ def select_blocks(q, k, *, seq_len=None, k_blocks=32, block_size=32, n_probe=8,
     n_heads = _check_query(q, kop, 2)
     seq_len = _check_seq_len(seq_len, kop)
     params = select_params(k_blocks, block_size, n_probe, recency, importance_fraction,
-                           sink_blocks, share)
+                           sink_blocks, share, scoring)
+    bounds = _bounds_for(scoring, bounds, k, kop, seq_len, params.block_size)
+    if bounds is not None:
+        bstruct = bounds.struct()
+        params.bounds = bstruct
     importance = _check_importance(importance, seq_len)
     threads = ck.check_threads(threads)
     nb = -(-seq_len // params.block_size)
@@ -366,7 +508,8 @@ def select_blocks(q, k, *, seq_len=None, k_blocks=32, block_size=32, n_probe=8,
 
 def sparse_decode(q, k, v, *, seq_len=None, k_blocks=32, block_size=32, n_probe=8,
                   importance=None, recency=True, scale=None, importance_fraction=0.5,
-                  sink_blocks=0, share="head", threads=None, return_blocks=False):
+                  sink_blocks=0, share="head", scoring="probe", bounds=None, threads=None,
+                  return_blocks=False):
     """One decode step of one layer over the blocks :func:`select_blocks` picks.
 
     Equivalent to (the numpy reference, ``sparse_attn.reference``)::
@@ -398,7 +541,11 @@ def sparse_decode(q, k, v, *, seq_len=None, k_blocks=32, block_size=32, n_probe=
     n_heads = _check_query(q, kop, 2)
     seq_len = _check_seq_len(seq_len, kop, vop)
     params = select_params(k_blocks, block_size, n_probe, recency, importance_fraction,
-                           sink_blocks, share)
+                           sink_blocks, share, scoring)
+    bounds = _bounds_for(scoring, bounds, k, kop, seq_len, params.block_size)
+    if bounds is not None:
+        bstruct = bounds.struct()
+        params.bounds = bstruct
     importance = _check_importance(importance, seq_len)
     scale = _check_scale(scale, kop.head_dim)
     threads = ck.check_threads(threads)

@@ -3,7 +3,7 @@ import numpy as np
 
 from . import _api
 from . import _checks as ck
-from ._api import Q8
+from ._api import Q8, BlockBounds
 from ._checks import ArgumentError
 from ._core import lib
 
@@ -25,6 +25,8 @@ class KVCache:
     capacity : int, default 4096; rows allocated up front (grows as needed)
     dtype : ``"q8"`` (default) or ``"float32"``
     group_size : int, default 32; q8 only, must divide head_dim
+    block_size : int, default 32; the blocks whose key bounds (for
+        ``scoring="minmax"``) the cache keeps up to date
 
     Examples
     --------
@@ -40,7 +42,8 @@ class KVCache:
     (4, 64)
     """
 
-    def __init__(self, n_kv_heads, head_dim, *, capacity=4096, dtype="q8", group_size=32):
+    def __init__(self, n_kv_heads, head_dim, *, capacity=4096, dtype="q8", group_size=32,
+                 block_size=32):
         self.n_kv_heads = ck.check_int("n_kv_heads", n_kv_heads, minimum=1)
         self.head_dim = ck.check_int("head_dim", head_dim, minimum=1)
         capacity = ck.check_int("capacity", capacity, minimum=1)
@@ -54,10 +57,13 @@ class KVCache:
                                     f"({head_dim})")
         else:
             self.group_size = None
+        self.block_size = ck.check_int("block_size", block_size, minimum=1)
+        self._bounds_group = _api.default_bounds_group(self.group_size, head_dim)
         self.seq_len = 0
         self._k = self._alloc(capacity)
         self._v = self._alloc(capacity)
         self._importance = np.zeros(capacity, np.float32)
+        self._bounds = self._alloc_bounds(capacity)
 
     # ----------------------------------------------------------------- storage
     def _alloc(self, capacity):
@@ -67,6 +73,10 @@ class KVCache:
         ng = self.head_dim // self.group_size
         return Q8(np.zeros(shape, np.int8),
                   np.zeros((self.n_kv_heads, capacity, ng), np.float32), self.group_size)
+
+    def _alloc_bounds(self, capacity):
+        return _api.empty_bounds(self.n_kv_heads, -(-capacity // self.block_size),
+                                 self.head_dim, self.block_size, self._bounds_group)
 
     @property
     def capacity(self):
@@ -86,6 +96,11 @@ class KVCache:
         imp = np.zeros(cap, np.float32)
         imp[:n] = self._importance[:n]
         self._importance = imp
+        bounds, nb = self._alloc_bounds(cap), -(-n // self.block_size)
+        for name in ("mn", "mx", "scales"):
+            getattr(bounds, name)[:, :nb] = getattr(self._bounds, name)[:, :nb]
+        bounds.n_rows = n
+        self._bounds = bounds
 
     @staticmethod
     def _view(t, n):
@@ -107,6 +122,14 @@ class KVCache:
     def importance(self):
         """float32 ``[seq_len]``: the importance recorded so far (a view)."""
         return self._importance[:self.seq_len]
+
+    @property
+    def bounds(self):
+        """The per-block key bounds of the valid rows (:class:`BlockBounds`,
+        views), kept up to date by :meth:`append`, for ``scoring="minmax"``."""
+        b, nb = self._bounds, -(-self.seq_len // self.block_size)
+        return BlockBounds(b.mn[:, :nb], b.mx[:, :nb], b.scales[:, :nb], b.block_size,
+                           b.group_size, self.seq_len)
 
     @property
     def nbytes(self):
@@ -134,6 +157,11 @@ class KVCache:
             dst = _api.kv_operand(name, getattr(self, "_" + name))
             rc = lib.sa_kv_write(dst.struct, self.seq_len, _api._ptr(src, "float"), T)
             _api._raise_for(rc, "KVCache.append")
+        # The blocks the new rows touch get their key bounds recomputed.
+        kop, bstruct = _api.kv_operand("k", self._k), self._bounds.struct()
+        rc = lib.sa_bounds_update(kop.struct, self.seq_len, self.seq_len + T, bstruct)
+        _api._raise_for(rc, "KVCache.append")
+        self._bounds.n_rows = self.seq_len + T
         self.seq_len += T
 
     def add_importance(self, importance):
@@ -150,6 +178,7 @@ class KVCache:
         """Forget every token (keeps the allocation)."""
         self.seq_len = 0
         self._importance[:] = 0
+        self._bounds.n_rows = 0
 
     # ----------------------------------------------------------------- attention
     def prefill(self, q, *, scale=None, threads=None):
@@ -168,8 +197,12 @@ class KVCache:
 
     def decode(self, q, **kwargs):
         """:func:`sparse_attn.sparse_decode` over the cache, with its recorded
-        importance unless ``importance=`` is given."""
+        importance unless ``importance=`` is given, and with its key bounds
+        for ``scoring="minmax"`` when ``block_size`` is the cache's."""
         kwargs.setdefault("importance", self.importance if self.importance.any() else None)
+        if (kwargs.get("scoring") == "minmax" and kwargs.get("seq_len") in (None, self.seq_len)
+                and kwargs.get("block_size", 32) == self.block_size):
+            kwargs.setdefault("bounds", self.bounds)
         return _api.sparse_decode(q, self.k, self.v, **kwargs)
 
     def __repr__(self):

@@ -10,7 +10,7 @@ import math
 
 import numpy as np
 
-from ._api import Q8
+from ._api import Q8, BlockBounds
 from ._checks import importance_blocks
 
 
@@ -128,13 +128,67 @@ def _choose(score, nb, k_blocks, imp_sum, recency, reserve, sink_blocks):
     return sorted(chosen + fill)
 
 
+# --------------------------------------------------------------------------- §6 minmax
+
+def block_bounds(k, *, block_size=32, seq_len=None, group_size=None):
+    """Per-block key bounds, int8 with a float32 scale per channel group,
+    rounded outwards (float32 arithmetic, as the C core)."""
+    seq_len = _rows(k) if seq_len is None else seq_len
+    if isinstance(k, Q8):
+        group_size = group_size or k.group_size
+        keys = Q8(k.data[:, :seq_len], k.scales[:, :seq_len], k.group_size).dequantize()
+    else:
+        group_size = group_size or (32 if k.shape[2] % 32 == 0 else k.shape[2])
+        keys = k[:, :seq_len]
+    hkv, _, dim = keys.shape
+    nb = math.ceil(seq_len / block_size)
+    f32 = np.float32
+    mn = np.zeros((hkv, nb, dim), np.int8)
+    mx = np.zeros((hkv, nb, dim), np.int8)
+    scales = np.zeros((hkv, nb, dim // group_size), f32)
+    for b in range(nb):
+        rows = keys[:, b * block_size:(b + 1) * block_size]
+        lo, hi = rows.min(axis=1), rows.max(axis=1)                     # [hkv, dim]
+        amax = np.maximum(np.abs(lo), np.abs(hi)).reshape(hkv, -1, group_size).max(-1)
+        s = (amax / f32(127)).astype(f32)
+        s = np.where(f32(127) * s < amax, np.nextafter(s, f32(np.inf)), s).astype(f32)
+        scales[:, b] = s
+        sv = np.repeat(s, group_size, axis=1)
+        safe = np.where(sv == 0, f32(1), sv)
+        up, down = np.ceil(hi / safe), np.floor(lo / safe)
+        up = np.where(up * safe < hi, up + 1, up)                        # outward rounding
+        down = np.where(down * safe > lo, down - 1, down)
+        mx[:, b] = np.where(sv == 0, 0, np.clip(up, -127, 127))
+        mn[:, b] = np.where(sv == 0, 0, np.clip(down, -127, 127))
+    return BlockBounds(mn, mx, scales, block_size, group_size, seq_len)
+
+
+def minmax_scores(q, bounds):
+    """Quest's bound per head and block: sum_i max(q_i * mn_i, q_i * mx_i)."""
+    g = bounds.group_size
+    scale = np.repeat(bounds.scales.astype(np.float64), g, axis=2)     # [hkv, nb, dim]
+    lo, hi = bounds.mn * scale, bounds.mx * scale
+    group = q.shape[0] // bounds.mn.shape[0]
+    out = []
+    for h in range(q.shape[0]):
+        qh = q[h].astype(np.float64)
+        kh = h // group
+        out.append(np.maximum(qh * lo[kh], qh * hi[kh]).sum(axis=1))
+    return np.array(out)
+
+
 def select_blocks(q, k, *, seq_len=None, k_blocks=32, block_size=32, n_probe=8,
                   importance=None, recency=True, importance_fraction=0.5, sink_blocks=0,
-                  share="head"):
+                  share="head", scoring="probe", bounds=None):
     seq_len = _rows(k) if seq_len is None else seq_len
     n_heads, group = q.shape[0], q.shape[0] // _n_kv(k)
     nb = math.ceil(seq_len / block_size)
-    probe = probe_scores(q, k, seq_len=seq_len, block_size=block_size, n_probe=n_probe)
+    if scoring == "minmax":
+        if bounds is None:
+            bounds = block_bounds(k, block_size=block_size, seq_len=seq_len)
+        probe = minmax_scores(q, bounds)
+    else:
+        probe = probe_scores(q, k, seq_len=seq_len, block_size=block_size, n_probe=n_probe)
     imp_sum = None
     if importance is not None:
         imp = np.asarray(importance[:seq_len], np.float64)
@@ -159,14 +213,15 @@ def _attend(q_h, k, v, kh, tokens, scale):
 
 def sparse_decode(q, k, v, *, seq_len=None, k_blocks=32, block_size=32, n_probe=8,
                   importance=None, recency=True, scale=None, importance_fraction=0.5,
-                  sink_blocks=0, share="head", return_blocks=False):
+                  sink_blocks=0, share="head", scoring="probe", bounds=None,
+                  return_blocks=False):
     seq_len = _rows(k) if seq_len is None else seq_len
     scale = 1 / math.sqrt(q.shape[-1]) if scale is None else scale
     group = q.shape[0] // _n_kv(k)
     blocks = select_blocks(q, k, seq_len=seq_len, k_blocks=k_blocks, block_size=block_size,
                            n_probe=n_probe, importance=importance, recency=recency,
                            importance_fraction=importance_fraction, sink_blocks=sink_blocks,
-                           share=share)
+                           share=share, scoring=scoring, bounds=bounds)
     out = np.empty(q.shape)
     for h in range(q.shape[0]):
         tokens = np.concatenate([np.arange(*_block_bounds(b, block_size, seq_len))

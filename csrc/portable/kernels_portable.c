@@ -109,6 +109,31 @@ static void accumulate_v_q8(float *const *out, const float *const *p, int G, int
     }
 }
 
+static void minmax_scores(const float *q, int G, int D, int gs, const int8_t *mn,
+                          const int8_t *mx, const float *sc, ptrdiff_t block_stride, int n,
+                          float *const *s)
+{
+    const ptrdiff_t sc_stride = block_stride / gs;
+    for (int b = 0; b < n; b++) {
+        const int8_t *lo = mn + (ptrdiff_t)b * block_stride;
+        const int8_t *hi = mx + (ptrdiff_t)b * block_stride;
+        const float *scale = sc + (ptrdiff_t)b * sc_stride;
+        for (int g = 0; g < G; g++) {
+            const float *qg = q + (ptrdiff_t)g * D;
+            float acc = 0.0f;
+            for (int i0 = 0, grp = 0; i0 < D; i0 += gs, grp++) {
+                float part = 0.0f;
+                for (int i = i0; i < i0 + gs; i++) {
+                    const float a = qg[i] * (float)lo[i], c = qg[i] * (float)hi[i];
+                    part += a > c ? a : c;
+                }
+                acc += scale[grp] * part;
+            }
+            s[g][b] = acc;
+        }
+    }
+}
+
 const sa_kernels sa_kernels_portable = {
     .name = "portable",
     .scores_f32 = scores_f32,
@@ -116,4 +141,5 @@ const sa_kernels sa_kernels_portable = {
     .softmax_exp = softmax_exp,
     .accumulate_v_f32 = accumulate_v_f32,
     .accumulate_v_q8 = accumulate_v_q8,
+    .minmax_scores = minmax_scores,
 };
