@@ -21,11 +21,11 @@
 /* Lowest to highest; the default is the last one the CPU can run. */
 static const sa_kernels *const all_kernels[] = {
     &sa_kernels_portable,
-#if (defined(__x86_64__) || defined(_M_X64)) && !defined(SA_NO_SIMD)
+#if defined(__x86_64__) || defined(_M_X64)
     &sa_kernels_avx2,
     &sa_kernels_avx512_vnni,
 #endif
-#if defined(__aarch64__) && !defined(SA_NO_SIMD)
+#if defined(__aarch64__)
     &sa_kernels_neon,
     &sa_kernels_neon_dotprod,
 #endif
@@ -36,7 +36,7 @@ static int cpu_runs(const sa_kernels *k)
 {
     if (k == &sa_kernels_portable)
         return 1;
-#if (defined(__x86_64__) || defined(_M_X64)) && !defined(SA_NO_SIMD)
+#if defined(__x86_64__) || defined(_M_X64)
     /* libgcc's cpu model also checks XGETBV, so these are false when the OS
      * does not save the AVX / AVX-512 register state. */
     __builtin_cpu_init();

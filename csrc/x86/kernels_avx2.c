@@ -1,0 +1,710 @@
+/*
+ * AVX2 + FMA kernels (x86-64 v3).  Compiled with the same flags as the rest
+ * of the extension: the pragma below, not the command line, lets this one
+ * file use AVX2/FMA, and cpu_features.c only hands the table out when the CPU
+ * and OS support it.
+ *
+ * Batching rule (kernels.h): a kernel may share loads between heads and
+ * tokens, but the operations that produce one (head, token) result never
+ * depend on the batch.  Here every token of a block goes through the same
+ * code: a short last block repeats its last row in the unused slots (no read
+ * past row n-1) and stores only the valid results, so there is no separate
+ * "tail token" path whose rounding could differ.  Heads are blocked the
+ * same way: each head's accumulators see the same operations whatever the
+ * block size.
+ *
+ * Tails along D use masked loads/stores (vmaskmov never touches the masked
+ * lanes' memory), so nothing outside [0, D) of a row or [0, n) of the rows
+ * is read or written.
+ */
+#pragma GCC target("avx2,fma")
+/* GCC implements _mm256_mul_ps/_mm256_add_ps as plain vector operators, so
+ * by default (-ffp-contract=fast) it fuses them into FMAs wherever it likes.
+ * Every FMA here is written out explicitly; a mul followed by an add stays
+ * two roundings (the q8 scores then equal the portable ones bit for bit, and
+ * scale*s - scale*max is exactly 0 at the max). */
+#pragma GCC optimize("fp-contract=off")
+#include <immintrin.h>
+
+#include <stdint.h>
+
+#include "../kernels.h"
+
+#define SA_INLINE static inline __attribute__((always_inline))
+
+/* How far ahead rows are prefetched into L2 (PERF-NOTES: 8-16 KB helped,
+ * prefetching into L1 hurt). */
+#define PF_BYTES 8192
+
+/* -------------------------------------------------------------------------
+ * Small helpers
+ * ---------------------------------------------------------------------- */
+
+/* The first r (0..8) lanes set. */
+static const int32_t tail_tab[16] = {-1, -1, -1, -1, -1, -1, -1, -1, 0, 0, 0, 0, 0, 0, 0, 0};
+
+SA_INLINE __m256i tail_mask(int r)
+{
+    return _mm256_loadu_si256((const __m256i *)(tail_tab + 8 - r));
+}
+
+/* The first cnt of 8 results (vmaskmov stores are slow on AMD: only for a
+ * short last block). */
+SA_INLINE void store_scores(float *dst, int cnt, __m256i sm, __m256 x)
+{
+    if (cnt == 8)
+        _mm256_storeu_ps(dst, x);
+    else
+        _mm256_maskstore_ps(dst, sm, x);
+}
+
+/* Prefetch (into L2) the rows that the block starting `ahead` rows after t0
+ * will read: rows [t0 + ahead, t0 + ahead + cnt) clipped to n.  Contiguous
+ * rows are prefetched as one byte range, strided rows line by line. */
+static inline void prefetch_rows(const void *base, ptrdiff_t stride_bytes, size_t row_bytes,
+                                 int n, int t0, int cnt, int ahead)
+{
+    const int a = t0 + ahead;
+    const int b = a + cnt < n ? a + cnt : n;
+    if (a >= b)
+        return;
+    const char *p0 = (const char *)base;
+    if ((size_t)stride_bytes == row_bytes) {
+        uintptr_t lo = (uintptr_t)(p0 + (ptrdiff_t)a * stride_bytes) & ~(uintptr_t)63;
+        const uintptr_t hi = (uintptr_t)(p0 + (ptrdiff_t)b * stride_bytes);
+        for (; lo < hi; lo += 64)
+            _mm_prefetch((const char *)lo, _MM_HINT_T1);
+    } else {
+        for (int t = a; t < b; t++) {
+            const char *r = p0 + (ptrdiff_t)t * stride_bytes;
+            uintptr_t lo = (uintptr_t)r & ~(uintptr_t)63;
+            for (; lo < (uintptr_t)(r + row_bytes); lo += 64)
+                _mm_prefetch((const char *)lo, _MM_HINT_T1);
+        }
+    }
+}
+
+/* Rows ahead that make about PF_BYTES. */
+static inline int prefetch_rows_ahead(ptrdiff_t stride_bytes)
+{
+    const ptrdiff_t s = stride_bytes > 0 ? stride_bytes : 1;
+    const ptrdiff_t r = PF_BYTES / s;
+    return r < 1 ? 1 : (int)r;
+}
+
+/* Four per-token vectors of partial sums -> in each 128-bit half, lane i is
+ * token i's (x0 + x2) + (x1 + x3) of that half.  Float: the order is fixed. */
+SA_INLINE __m256 reduce4_ps(__m256 a0, __m256 a1, __m256 a2, __m256 a3)
+{
+    const __m256 s01 = _mm256_add_ps(
+        _mm256_castpd_ps(_mm256_unpacklo_pd(_mm256_castps_pd(a0), _mm256_castps_pd(a1))),
+        _mm256_castpd_ps(_mm256_unpackhi_pd(_mm256_castps_pd(a0), _mm256_castps_pd(a1))));
+    const __m256 s23 = _mm256_add_ps(
+        _mm256_castpd_ps(_mm256_unpacklo_pd(_mm256_castps_pd(a2), _mm256_castps_pd(a3))),
+        _mm256_castpd_ps(_mm256_unpackhi_pd(_mm256_castps_pd(a2), _mm256_castps_pd(a3))));
+    return _mm256_add_ps(_mm256_shuffle_ps(s01, s23, 0x88), _mm256_shuffle_ps(s01, s23, 0xDD));
+}
+
+/* Two reduce4_ps results (tokens 0-3 and 4-7) -> the 8 token sums, low half
+ * + high half. */
+SA_INLINE __m256 reduce_halves_ps(__m256 r0, __m256 r1)
+{
+    return _mm256_add_ps(_mm256_permute2f128_ps(r0, r1, 0x20),
+                         _mm256_permute2f128_ps(r0, r1, 0x31));
+}
+
+/* -------------------------------------------------------------------------
+ * scores_f32: 8 tokens per block, their dots reduced together.
+ * ---------------------------------------------------------------------- */
+
+/* HB (1 or 2) heads x 8 rows.  Each (head, token) keeps one 8-lane FMA
+ * accumulator over D (the D % 8 tail through a masked load, zero lanes add
+ * nothing), then reduce4_ps/reduce_halves_ps. */
+SA_INLINE void scores_f32_block(const float *q, int HB, int D, const float *const *rows,
+                                __m256 *res)
+{
+    const int dv = D & ~7, rem = D & 7;
+    const __m256i tm = tail_mask(rem);
+    __m256 half[2][2];
+    for (int j = 0; j < 2; j++) {
+        const float *r0 = rows[4 * j], *r1 = rows[4 * j + 1];
+        const float *r2 = rows[4 * j + 2], *r3 = rows[4 * j + 3];
+        __m256 acc[2][4];
+        for (int h = 0; h < HB; h++)
+            for (int i = 0; i < 4; i++)
+                acc[h][i] = _mm256_setzero_ps();
+        for (int d = 0; d < dv; d += 8) {
+            const __m256 k0 = _mm256_loadu_ps(r0 + d), k1 = _mm256_loadu_ps(r1 + d);
+            const __m256 k2 = _mm256_loadu_ps(r2 + d), k3 = _mm256_loadu_ps(r3 + d);
+            for (int h = 0; h < HB; h++) {
+                const __m256 qv = _mm256_loadu_ps(q + (ptrdiff_t)h * D + d);
+                acc[h][0] = _mm256_fmadd_ps(qv, k0, acc[h][0]);
+                acc[h][1] = _mm256_fmadd_ps(qv, k1, acc[h][1]);
+                acc[h][2] = _mm256_fmadd_ps(qv, k2, acc[h][2]);
+                acc[h][3] = _mm256_fmadd_ps(qv, k3, acc[h][3]);
+            }
+        }
+        if (rem) {
+            const __m256 k0 = _mm256_maskload_ps(r0 + dv, tm), k1 = _mm256_maskload_ps(r1 + dv, tm);
+            const __m256 k2 = _mm256_maskload_ps(r2 + dv, tm), k3 = _mm256_maskload_ps(r3 + dv, tm);
+            for (int h = 0; h < HB; h++) {
+                const __m256 qv = _mm256_maskload_ps(q + (ptrdiff_t)h * D + dv, tm);
+                acc[h][0] = _mm256_fmadd_ps(qv, k0, acc[h][0]);
+                acc[h][1] = _mm256_fmadd_ps(qv, k1, acc[h][1]);
+                acc[h][2] = _mm256_fmadd_ps(qv, k2, acc[h][2]);
+                acc[h][3] = _mm256_fmadd_ps(qv, k3, acc[h][3]);
+            }
+        }
+        for (int h = 0; h < HB; h++)
+            half[h][j] = reduce4_ps(acc[h][0], acc[h][1], acc[h][2], acc[h][3]);
+    }
+    for (int h = 0; h < HB; h++)
+        res[h] = reduce_halves_ps(half[h][0], half[h][1]);
+}
+
+static void scores_f32(const float *q, int G, int D, const float *k, ptrdiff_t row_stride,
+                       int n, float *const *s)
+{
+    const int ahead = prefetch_rows_ahead(row_stride * (ptrdiff_t)sizeof(float));
+    for (int t = 0; t < n; t += 8) {
+        const int cnt = n - t < 8 ? n - t : 8;
+        const float *rows[8];
+        for (int i = 0; i < 8; i++)
+            rows[i] = k + (ptrdiff_t)(t + (i < cnt ? i : cnt - 1)) * row_stride;
+        prefetch_rows(k, row_stride * (ptrdiff_t)sizeof(float), (size_t)D * sizeof(float), n, t,
+                      8, ahead);
+        const __m256i sm = tail_mask(cnt);
+        int g = 0;
+        for (; g + 2 <= G; g += 2) {
+            __m256 res[2];
+            scores_f32_block(q + (ptrdiff_t)g * D, 2, D, rows, res);
+            store_scores(s[g] + t, cnt, sm, res[0]);
+            store_scores(s[g + 1] + t, cnt, sm, res[1]);
+        }
+        if (g < G) {
+            __m256 res[1];
+            scores_f32_block(q + (ptrdiff_t)g * D, 1, D, rows, res);
+            store_scores(s[g] + t, cnt, sm, res[0]);
+        }
+    }
+}
+
+/* -------------------------------------------------------------------------
+ * scores_q8
+ * ---------------------------------------------------------------------- */
+
+/* The same formula as the portable kernel, for group sizes the SIMD path
+ * does not take. */
+static void scores_q8_scalar(const int8_t *qq, const float *qd, int G, int D, int gs,
+                             const int8_t *k, const float *kd, ptrdiff_t row_stride,
+                             ptrdiff_t scale_stride, int n, float *const *s)
+{
+    const int ng = D / gs;
+    for (int t = 0; t < n; t++) {
+        const int8_t *row = k + (ptrdiff_t)t * row_stride;
+        const float *rd = kd + (ptrdiff_t)t * scale_stride;
+        for (int h = 0; h < G; h++) {
+            const int8_t *a = qq + (ptrdiff_t)h * D;
+            const float *da = qd + (ptrdiff_t)h * ng;
+            float acc = 0.0f;
+            for (int g = 0; g < ng; g++) {
+                int32_t isum = 0;
+                for (int i = g * gs; i < (g + 1) * gs; i++)
+                    isum += (int32_t)a[i] * (int32_t)row[i];
+                acc += (da[g] * rd[g]) * (float)isum;
+            }
+            s[h][t] = acc;
+        }
+    }
+}
+
+/* 32 bytes of q . k into 8 int32 lanes (4 products each).  maddubs multiplies
+ * u8 x s8 with int16 saturation, so it gets |k| as the unsigned operand and
+ * q * sign(k) as the signed one: products are exact and a pair stays within
+ * 2 * 127 * 127 < 32767.  |k| is computed once and shared by the heads. */
+SA_INLINE __m256i dot32_s8(__m256i k, __m256i kabs, __m256i q)
+{
+    const __m256i p16 = _mm256_maddubs_epi16(kabs, _mm256_sign_epi8(q, k));
+    return _mm256_madd_epi16(p16, _mm256_set1_epi16(1));
+}
+
+/* Group g of HB (1 or 2) heads against 4 rows: each (head, row) gets 8 int32
+ * lanes, and the 4 rows' lanes are reduced together (the unpack/shuffle
+ * tree of reduce4_ps, integer so exact). */
+SA_INLINE void dot_group4_s8(const int8_t *const *qh, int HB, const int8_t *const *rows, int off,
+                             int nc, __m256i *half)
+{
+    __m256i acc[2][4];
+    for (int i = 0; i < 4; i++) {
+        const __m256i k = _mm256_loadu_si256((const __m256i *)(rows[i] + off));
+        const __m256i ka = _mm256_abs_epi8(k);
+        for (int h = 0; h < HB; h++)
+            acc[h][i] = dot32_s8(k, ka, _mm256_loadu_si256((const __m256i *)(qh[h] + off)));
+    }
+    for (int c = 1; c < nc; c++) /* groups of 64, 96, ... bytes */
+        for (int i = 0; i < 4; i++) {
+            const int o = off + 32 * c;
+            const __m256i k = _mm256_loadu_si256((const __m256i *)(rows[i] + o));
+            const __m256i ka = _mm256_abs_epi8(k);
+            for (int h = 0; h < HB; h++)
+                acc[h][i] = _mm256_add_epi32(
+                    acc[h][i], dot32_s8(k, ka, _mm256_loadu_si256((const __m256i *)(qh[h] + o))));
+        }
+    for (int h = 0; h < HB; h++) {
+        const __m256i s01 = _mm256_add_epi32(_mm256_unpacklo_epi64(acc[h][0], acc[h][1]),
+                                             _mm256_unpackhi_epi64(acc[h][0], acc[h][1]));
+        const __m256i s23 = _mm256_add_epi32(_mm256_unpacklo_epi64(acc[h][2], acc[h][3]),
+                                             _mm256_unpackhi_epi64(acc[h][2], acc[h][3]));
+        half[h] = _mm256_add_epi32(
+            _mm256_castps_si256(_mm256_shuffle_ps(_mm256_castsi256_ps(s01),
+                                                  _mm256_castsi256_ps(s23), 0x88)),
+            _mm256_castps_si256(_mm256_shuffle_ps(_mm256_castsi256_ps(s01),
+                                                  _mm256_castsi256_ps(s23), 0xDD)));
+    }
+}
+
+/* HB heads x one block of 8 rows: per group, the 8 tokens' exact int32 sums
+ * side by side, then the group term (qd * kd) * isum added in group order,
+ * the portable kernel's operations (so the scores are bitwise the portable
+ * ones). */
+SA_INLINE void scores_q8_block(const int8_t *qq, const float *qd, int HB, int D, int gs,
+                               const int8_t *const *rows, const float *kd_t, __m256i idx,
+                               __m256 *res)
+{
+    const int ng = D / gs, nc = gs / 32;
+    const int8_t *qh[2] = {qq, qq + (HB > 1 ? D : 0)};
+    for (int h = 0; h < HB; h++)
+        res[h] = _mm256_setzero_ps();
+    for (int g = 0; g < ng; g++) {
+        __m256i lo[2], hi[2];
+        dot_group4_s8(qh, HB, rows, g * gs, nc, lo);
+        dot_group4_s8(qh, HB, rows + 4, g * gs, nc, hi);
+        /* kd of group g for the 8 tokens (slots past n repeat the last row) */
+        const __m256 kdg = _mm256_i32gather_ps(kd_t + g, idx, 4);
+        for (int h = 0; h < HB; h++) {
+            const __m256i isum = _mm256_add_epi32(_mm256_permute2x128_si256(lo[h], hi[h], 0x20),
+                                                  _mm256_permute2x128_si256(lo[h], hi[h], 0x31));
+            const __m256 w = _mm256_mul_ps(_mm256_set1_ps(qd[h * ng + g]), kdg);
+            res[h] = _mm256_add_ps(res[h], _mm256_mul_ps(w, _mm256_cvtepi32_ps(isum)));
+        }
+    }
+}
+
+/* gs a multiple of 32, blocks of 8 tokens. */
+static void scores_q8_gs32(const int8_t *qq, const float *qd, int G, int D, int gs,
+                           const int8_t *k, const float *kd, ptrdiff_t row_stride,
+                           ptrdiff_t scale_stride, int n, float *const *s)
+{
+    const int ng = D / gs;
+    const int ahead = prefetch_rows_ahead(row_stride);
+    const int sahead = prefetch_rows_ahead(scale_stride * (ptrdiff_t)sizeof(float));
+    for (int t = 0; t < n; t += 8) {
+        const int cnt = n - t < 8 ? n - t : 8;
+        const int8_t *rows[8];
+        for (int i = 0; i < 8; i++)
+            rows[i] = k + (ptrdiff_t)(t + (i < cnt ? i : cnt - 1)) * row_stride;
+        prefetch_rows(k, row_stride, (size_t)D, n, t, 8, ahead);
+        prefetch_rows(kd, scale_stride * (ptrdiff_t)sizeof(float), (size_t)ng * sizeof(float), n,
+                      t, 8, sahead);
+        const __m256i idx = _mm256_mullo_epi32(
+            _mm256_min_epi32(_mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7), _mm256_set1_epi32(cnt - 1)),
+            _mm256_set1_epi32((int)scale_stride));
+        const float *kd_t = kd + (ptrdiff_t)t * scale_stride;
+        const __m256i sm = tail_mask(cnt);
+        int h = 0;
+        for (; h + 2 <= G; h += 2) {
+            __m256 res[2];
+            scores_q8_block(qq + (ptrdiff_t)h * D, qd + (ptrdiff_t)h * ng, 2, D, gs, rows, kd_t,
+                            idx, res);
+            store_scores(s[h] + t, cnt, sm, res[0]);
+            store_scores(s[h + 1] + t, cnt, sm, res[1]);
+        }
+        if (h < G) {
+            __m256 res[1];
+            scores_q8_block(qq + (ptrdiff_t)h * D, qd + (ptrdiff_t)h * ng, 1, D, gs, rows, kd_t,
+                            idx, res);
+            store_scores(s[h] + t, cnt, sm, res[0]);
+        }
+    }
+}
+
+static void scores_q8(const int8_t *qq, const float *qd, int G, int D, int gs, const int8_t *k,
+                      const float *kd, ptrdiff_t row_stride, ptrdiff_t scale_stride, int n,
+                      float *const *s)
+{
+    /* The gathers index 7 rows of scales with 32-bit offsets. */
+    if (gs % 32 == 0 && scale_stride >= 0 && scale_stride <= INT32_MAX / 8)
+        scores_q8_gs32(qq, qd, G, D, gs, k, kd, row_stride, scale_stride, n, s);
+    else
+        scores_q8_scalar(qq, qd, G, D, gs, k, kd, row_stride, scale_stride, n, s);
+}
+
+/* -------------------------------------------------------------------------
+ * softmax_exp
+ * ---------------------------------------------------------------------- */
+
+/* exp(x) for a vector: x = n ln2 + r with |r| <= ln2/2 (Cody-Waite, two
+ * constants), e^r by the Cephes expf polynomial (< 1 ulp on that range),
+ * times 2^n built in two halves so results down to the subnormals (and 0
+ * below them) come out with a single rounding.  x is clamped to
+ * [-104, 89]: e^-104 rounds to 0, e^89 overflows to inf; never NaN for
+ * finite input. */
+SA_INLINE __m256 exp_ps(__m256 x)
+{
+    x = _mm256_min_ps(_mm256_max_ps(x, _mm256_set1_ps(-104.0f)), _mm256_set1_ps(89.0f));
+    const __m256 n = _mm256_round_ps(_mm256_mul_ps(x, _mm256_set1_ps(1.44269504088896341f)),
+                                     _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+    __m256 r = _mm256_fnmadd_ps(n, _mm256_set1_ps(0.693359375f), x);
+    r = _mm256_fnmadd_ps(n, _mm256_set1_ps(-2.12194440e-4f), r);
+    __m256 y = _mm256_set1_ps(1.9875691500e-4f);
+    y = _mm256_fmadd_ps(y, r, _mm256_set1_ps(1.3981999507e-3f));
+    y = _mm256_fmadd_ps(y, r, _mm256_set1_ps(8.3334519073e-3f));
+    y = _mm256_fmadd_ps(y, r, _mm256_set1_ps(4.1665795894e-2f));
+    y = _mm256_fmadd_ps(y, r, _mm256_set1_ps(1.6666665459e-1f));
+    y = _mm256_fmadd_ps(y, r, _mm256_set1_ps(5.0000001201e-1f));
+    y = _mm256_fmadd_ps(y, _mm256_mul_ps(r, r), r);
+    y = _mm256_add_ps(y, _mm256_set1_ps(1.0f));
+    /* n in [-150, 128]: 2^n = 2^n1 * 2^n2 with both halves normal. */
+    const __m256i ni = _mm256_cvtps_epi32(n);
+    const __m256i n1 = _mm256_srai_epi32(ni, 1);
+    const __m256i n2 = _mm256_sub_epi32(ni, n1);
+    const __m256i bias = _mm256_set1_epi32(127);
+    const __m256 p1 = _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_add_epi32(n1, bias), 23));
+    const __m256 p2 = _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_add_epi32(n2, bias), 23));
+    return _mm256_mul_ps(_mm256_mul_ps(y, p1), p2);
+}
+
+/* Two passes: the max, then exp(scale*s - scale*max) written back while the
+ * sum runs in double lanes (as accurate as the portable double sum), reduced
+ * in a fixed order. */
+static float softmax_exp(float *s, int n, float scale)
+{
+    if (n <= 0)
+        return 0.0f;
+    const int nv = n & ~7, rem = n & 7;
+    const __m256i tm = tail_mask(rem);
+    const __m256 ninf = _mm256_set1_ps(-__builtin_inff());
+    __m256 mv = ninf;
+    for (int t = 0; t < nv; t += 8)
+        mv = _mm256_max_ps(mv, _mm256_loadu_ps(s + t));
+    if (rem)
+        mv = _mm256_max_ps(mv, _mm256_blendv_ps(ninf, _mm256_maskload_ps(s + nv, tm),
+                                                 _mm256_castsi256_ps(tm)));
+    __m128 m4 = _mm_max_ps(_mm256_castps256_ps128(mv), _mm256_extractf128_ps(mv, 1));
+    m4 = _mm_max_ps(m4, _mm_movehl_ps(m4, m4));
+    m4 = _mm_max_ss(m4, _mm_movehdup_ps(m4));
+    const float m = _mm_cvtss_f32(m4);
+
+    const __m256 vs = _mm256_set1_ps(scale), shift = _mm256_set1_ps(scale * m);
+    __m256d sum0 = _mm256_setzero_pd(), sum1 = _mm256_setzero_pd();
+    for (int t = 0; t < nv; t += 8) {
+        /* mul then sub (no FMA), so the max maps to exactly 0. */
+        const __m256 e = exp_ps(_mm256_sub_ps(_mm256_mul_ps(vs, _mm256_loadu_ps(s + t)), shift));
+        _mm256_storeu_ps(s + t, e);
+        sum0 = _mm256_add_pd(sum0, _mm256_cvtps_pd(_mm256_castps256_ps128(e)));
+        sum1 = _mm256_add_pd(sum1, _mm256_cvtps_pd(_mm256_extractf128_ps(e, 1)));
+    }
+    if (rem) {
+        __m256 e = exp_ps(_mm256_sub_ps(_mm256_mul_ps(vs, _mm256_maskload_ps(s + nv, tm)), shift));
+        e = _mm256_and_ps(e, _mm256_castsi256_ps(tm)); /* unused lanes add 0 */
+        _mm256_maskstore_ps(s + nv, tm, e);
+        sum0 = _mm256_add_pd(sum0, _mm256_cvtps_pd(_mm256_castps256_ps128(e)));
+        sum1 = _mm256_add_pd(sum1, _mm256_cvtps_pd(_mm256_extractf128_ps(e, 1)));
+    }
+    const __m256d s4 = _mm256_add_pd(sum0, sum1);
+    const __m128d s2 = _mm_add_pd(_mm256_castpd256_pd128(s4), _mm256_extractf128_pd(s4, 1));
+    return (float)_mm_cvtsd_f64(_mm_add_sd(s2, _mm_unpackhi_pd(s2, s2)));
+}
+
+/* -------------------------------------------------------------------------
+ * accumulate_v_f32
+ * ---------------------------------------------------------------------- */
+
+/* Tokens per block: the block's rows stay in L1 while every slice of D and
+ * every head block walks over them. */
+#define V_TOKENS 16
+
+/* out[h][d .. d + 8*NC) for HB heads over tokens [t0, t1): accumulators
+ * stay in registers, one FMA per (head, 8 lanes, token) in token order.  The
+ * last vector is masked when `masked`. */
+SA_INLINE void accv_f32_tile(float *const *out, const float *const *p, int HB, int NC,
+                             int masked, __m256i tm, const float *v, ptrdiff_t row_stride,
+                             int t0, int t1, int d)
+{
+    __m256 acc[2][4];
+    for (int h = 0; h < HB; h++)
+        for (int c = 0; c < NC; c++)
+            acc[h][c] = masked && c == NC - 1 ? _mm256_maskload_ps(out[h] + d + 8 * c, tm)
+                                              : _mm256_loadu_ps(out[h] + d + 8 * c);
+    for (int t = t0; t < t1; t++) {
+        const float *row = v + (ptrdiff_t)t * row_stride + d;
+        __m256 vv[4];
+        for (int c = 0; c < NC; c++)
+            vv[c] = masked && c == NC - 1 ? _mm256_maskload_ps(row + 8 * c, tm)
+                                          : _mm256_loadu_ps(row + 8 * c);
+        for (int h = 0; h < HB; h++) {
+            const __m256 w = _mm256_broadcast_ss(p[h] + t);
+            for (int c = 0; c < NC; c++)
+                acc[h][c] = _mm256_fmadd_ps(w, vv[c], acc[h][c]);
+        }
+    }
+    for (int h = 0; h < HB; h++)
+        for (int c = 0; c < NC; c++) {
+            if (masked && c == NC - 1)
+                _mm256_maskstore_ps(out[h] + d + 8 * c, tm, acc[h][c]);
+            else
+                _mm256_storeu_ps(out[h] + d + 8 * c, acc[h][c]);
+        }
+}
+
+/* All of D for HB heads: 32-float tiles, then 8-float ones, then the masked
+ * remainder. */
+SA_INLINE void accv_f32_heads(float *const *out, const float *const *p, int HB, int D,
+                              const float *v, ptrdiff_t row_stride, int t0, int t1)
+{
+    int d = 0;
+    for (; d + 32 <= D; d += 32)
+        accv_f32_tile(out, p, HB, 4, 0, _mm256_setzero_si256(), v, row_stride, t0, t1, d);
+    for (; d + 8 <= D; d += 8)
+        accv_f32_tile(out, p, HB, 1, 0, _mm256_setzero_si256(), v, row_stride, t0, t1, d);
+    if (d < D)
+        accv_f32_tile(out, p, HB, 1, 1, tail_mask(D - d), v, row_stride, t0, t1, d);
+}
+
+static void accumulate_v_f32(float *const *out, const float *const *p, int G, int D,
+                             const float *v, ptrdiff_t row_stride, int n)
+{
+    const int ahead = prefetch_rows_ahead(row_stride * (ptrdiff_t)sizeof(float));
+    for (int t0 = 0; t0 < n; t0 += V_TOKENS) {
+        const int t1 = n - t0 < V_TOKENS ? n : t0 + V_TOKENS;
+        prefetch_rows(v, row_stride * (ptrdiff_t)sizeof(float), (size_t)D * sizeof(float), n, t0,
+                      V_TOKENS, ahead);
+        int g = 0;
+        for (; g + 2 <= G; g += 2)
+            accv_f32_heads(out + g, p + g, 2, D, v, row_stride, t0, t1);
+        if (g < G)
+            accv_f32_heads(out + g, p + g, 1, D, v, row_stride, t0, t1);
+    }
+}
+
+/* -------------------------------------------------------------------------
+ * accumulate_v_q8
+ * ---------------------------------------------------------------------- */
+
+static void accumulate_v_q8_scalar(float *const *out, const float *const *p, int G, int D,
+                                   int gs, const int8_t *v, const float *vd,
+                                   ptrdiff_t row_stride, ptrdiff_t scale_stride, int n)
+{
+    for (int t = 0; t < n; t++) {
+        const int8_t *row = v + (ptrdiff_t)t * row_stride;
+        const float *rd = vd + (ptrdiff_t)t * scale_stride;
+        for (int h = 0; h < G; h++) {
+            const float pt = p[h][t];
+            float *o = out[h];
+            for (int d0 = 0, grp = 0; d0 < D; d0 += gs, grp++) {
+                const float w = pt * rd[grp];
+                for (int d = d0; d < d0 + gs; d++)
+                    o[d] += w * (float)row[d];
+            }
+        }
+    }
+}
+
+/* 8 int8 -> 8 floats (exact). */
+SA_INLINE __m256 load8_s8_ps(const int8_t *x)
+{
+    return _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_loadl_epi64((const __m128i *)x)));
+}
+
+/* The weight of group g for head h at token t: p * vd, the portable
+ * kernel's product (one rounding), broadcast. */
+#define SA_W(ph, rd, g) _mm256_mul_ps(_mm256_broadcast_ss(ph), _mm256_broadcast_ss((rd) + (g)))
+
+/* out[h][d .. d + 32) for HB (1 or 2) heads over tokens [t0, t1).  gs is a
+ * multiple of 8, so each 8-lane slice lies in one group; WPT (1, 2 or 4) is
+ * how many groups the 32 lanes span, so each weight is computed once per
+ * token.  Accumulators are named variables: GCC keeps them in registers. */
+SA_INLINE void accv_q8_tile32(float *const *out, const float *const *p, int HB, int WPT,
+                              int gs, const int8_t *v, const float *vd, ptrdiff_t row_stride,
+                              ptrdiff_t scale_stride, int t0, int t1, int d)
+{
+    const int g0 = d / gs, g1 = (d + 8) / gs, g2 = (d + 16) / gs, g3 = (d + 24) / gs;
+    float *o0 = out[0] + d, *o1 = out[HB > 1 ? 1 : 0] + d;
+    const float *p0 = p[0], *p1 = p[HB > 1 ? 1 : 0];
+    __m256 a00 = _mm256_loadu_ps(o0), a01 = _mm256_loadu_ps(o0 + 8);
+    __m256 a02 = _mm256_loadu_ps(o0 + 16), a03 = _mm256_loadu_ps(o0 + 24);
+    __m256 a10 = a00, a11 = a01, a12 = a02, a13 = a03;
+    if (HB > 1) {
+        a10 = _mm256_loadu_ps(o1), a11 = _mm256_loadu_ps(o1 + 8);
+        a12 = _mm256_loadu_ps(o1 + 16), a13 = _mm256_loadu_ps(o1 + 24);
+    }
+#define SA_ACC_HEAD(ph, a0, a1, a2, a3)                                              \
+    do {                                                                             \
+        const __m256 w0 = SA_W(ph, rd, g0);                                          \
+        const __m256 w2 = WPT >= 2 ? SA_W(ph, rd, g2) : w0;                          \
+        const __m256 w1 = WPT == 4 ? SA_W(ph, rd, g1) : w0;                          \
+        const __m256 w3 = WPT == 4 ? SA_W(ph, rd, g3) : w2;                          \
+        a0 = _mm256_fmadd_ps(w0, v0, a0);                                            \
+        a1 = _mm256_fmadd_ps(w1, v1, a1);                                            \
+        a2 = _mm256_fmadd_ps(w2, v2, a2);                                            \
+        a3 = _mm256_fmadd_ps(w3, v3, a3);                                            \
+    } while (0)
+    for (int t = t0; t < t1; t++) {
+        const int8_t *row = v + (ptrdiff_t)t * row_stride + d;
+        const float *rd = vd + (ptrdiff_t)t * scale_stride;
+        const __m256 v0 = load8_s8_ps(row), v1 = load8_s8_ps(row + 8);
+        const __m256 v2 = load8_s8_ps(row + 16), v3 = load8_s8_ps(row + 24);
+        SA_ACC_HEAD(p0 + t, a00, a01, a02, a03);
+        if (HB > 1)
+            SA_ACC_HEAD(p1 + t, a10, a11, a12, a13);
+    }
+#undef SA_ACC_HEAD
+    _mm256_storeu_ps(o0, a00), _mm256_storeu_ps(o0 + 8, a01);
+    _mm256_storeu_ps(o0 + 16, a02), _mm256_storeu_ps(o0 + 24, a03);
+    if (HB > 1) {
+        _mm256_storeu_ps(o1, a10), _mm256_storeu_ps(o1 + 8, a11);
+        _mm256_storeu_ps(o1 + 16, a12), _mm256_storeu_ps(o1 + 24, a13);
+    }
+}
+
+/* The same for one 8-lane slice (D % 32 leftovers). */
+SA_INLINE void accv_q8_tile8(float *const *out, const float *const *p, int HB, int gs,
+                             const int8_t *v, const float *vd, ptrdiff_t row_stride,
+                             ptrdiff_t scale_stride, int t0, int t1, int d)
+{
+    const int g0 = d / gs;
+    for (int h = 0; h < HB; h++) {
+        __m256 a = _mm256_loadu_ps(out[h] + d);
+        for (int t = t0; t < t1; t++)
+            a = _mm256_fmadd_ps(SA_W(p[h] + t, vd + (ptrdiff_t)t * scale_stride, g0),
+                                load8_s8_ps(v + (ptrdiff_t)t * row_stride + d), a);
+        _mm256_storeu_ps(out[h] + d, a);
+    }
+}
+
+SA_INLINE void accv_q8_heads(float *const *out, const float *const *p, int HB, int D, int gs,
+                             const int8_t *v, const float *vd, ptrdiff_t row_stride,
+                             ptrdiff_t scale_stride, int t0, int t1)
+{
+    int d = 0;
+    if (gs % 32 == 0)
+        for (; d + 32 <= D; d += 32)
+            accv_q8_tile32(out, p, HB, 1, gs, v, vd, row_stride, scale_stride, t0, t1, d);
+    else if (gs % 16 == 0)
+        for (; d + 32 <= D; d += 32)
+            accv_q8_tile32(out, p, HB, 2, gs, v, vd, row_stride, scale_stride, t0, t1, d);
+    else
+        for (; d + 32 <= D; d += 32)
+            accv_q8_tile32(out, p, HB, 4, gs, v, vd, row_stride, scale_stride, t0, t1, d);
+    for (; d < D; d += 8)
+        accv_q8_tile8(out, p, HB, gs, v, vd, row_stride, scale_stride, t0, t1, d);
+}
+
+/* gs a multiple of 8 (else the scalar loop): blocks of V_TOKENS tokens, all
+ * of D and all heads per block, tokens in order into each accumulator. */
+static void accumulate_v_q8(float *const *out, const float *const *p, int G, int D, int gs,
+                            const int8_t *v, const float *vd, ptrdiff_t row_stride,
+                            ptrdiff_t scale_stride, int n)
+{
+    if (gs % 8 != 0) {
+        accumulate_v_q8_scalar(out, p, G, D, gs, v, vd, row_stride, scale_stride, n);
+        return;
+    }
+    const int ng = D / gs;
+    const int ahead = prefetch_rows_ahead(row_stride);
+    const int sahead = prefetch_rows_ahead(scale_stride * (ptrdiff_t)sizeof(float));
+    for (int t0 = 0; t0 < n; t0 += V_TOKENS) {
+        const int t1 = n - t0 < V_TOKENS ? n : t0 + V_TOKENS;
+        prefetch_rows(v, row_stride, (size_t)D, n, t0, V_TOKENS, ahead);
+        prefetch_rows(vd, scale_stride * (ptrdiff_t)sizeof(float), (size_t)ng * sizeof(float), n,
+                      t0, V_TOKENS, sahead);
+        int g = 0;
+        for (; g + 2 <= G; g += 2)
+            accv_q8_heads(out + g, p + g, 2, D, gs, v, vd, row_stride, scale_stride, t0, t1);
+        if (g < G)
+            accv_q8_heads(out + g, p + g, 1, D, gs, v, vd, row_stride, scale_stride, t0, t1);
+    }
+}
+
+/* -------------------------------------------------------------------------
+ * minmax_scores (Quest bounds).  Not on the per-token path (one call per
+ * decode step scores n blocks), so it stays simple: 8 lanes per step, one
+ * head at a time.
+ * ---------------------------------------------------------------------- */
+
+static void minmax_scores_scalar(const float *q, int G, int D, int gs, const int8_t *mn,
+                                 const int8_t *mx, const float *sc, ptrdiff_t block_stride,
+                                 int n, float *const *s)
+{
+    const ptrdiff_t sc_stride = block_stride / gs;
+    for (int b = 0; b < n; b++) {
+        const int8_t *lo = mn + (ptrdiff_t)b * block_stride;
+        const int8_t *hi = mx + (ptrdiff_t)b * block_stride;
+        const float *scale = sc + (ptrdiff_t)b * sc_stride;
+        for (int h = 0; h < G; h++) {
+            const float *qh = q + (ptrdiff_t)h * D;
+            float acc = 0.0f;
+            for (int i0 = 0, grp = 0; i0 < D; i0 += gs, grp++) {
+                float part = 0.0f;
+                for (int i = i0; i < i0 + gs; i++) {
+                    const float a = qh[i] * (float)lo[i], c = qh[i] * (float)hi[i];
+                    part += a > c ? a : c;
+                }
+                acc += scale[grp] * part;
+            }
+            s[h][b] = acc;
+        }
+    }
+}
+
+/* Sum of 8 lanes in a fixed order. */
+SA_INLINE float hsum8_ps(__m256 v)
+{
+    __m128 x = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+    x = _mm_add_ps(x, _mm_movehl_ps(x, x));
+    return _mm_cvtss_f32(_mm_add_ss(x, _mm_movehdup_ps(x)));
+}
+
+/* gs a multiple of 8: each group's channel terms max(q * lo, q * hi) summed in
+ * 8 lanes, reduced in a fixed order, then scaled and added in group order
+ * (the portable kernel's acc += scale * part). */
+static void minmax_scores(const float *q, int G, int D, int gs, const int8_t *mn,
+                          const int8_t *mx, const float *sc, ptrdiff_t block_stride, int n,
+                          float *const *s)
+{
+    if (gs % 8 != 0) {
+        minmax_scores_scalar(q, G, D, gs, mn, mx, sc, block_stride, n, s);
+        return;
+    }
+    const ptrdiff_t sc_stride = block_stride / gs;
+    for (int b = 0; b < n; b++) {
+        const int8_t *lo = mn + (ptrdiff_t)b * block_stride;
+        const int8_t *hi = mx + (ptrdiff_t)b * block_stride;
+        const float *scale = sc + (ptrdiff_t)b * sc_stride;
+        for (int h = 0; h < G; h++) {
+            const float *qh = q + (ptrdiff_t)h * D;
+            float acc = 0.0f;
+            for (int i0 = 0, grp = 0; i0 < D; i0 += gs, grp++) {
+                __m256 part = _mm256_setzero_ps();
+                for (int i = i0; i < i0 + gs; i += 8) {
+                    const __m256 qv = _mm256_loadu_ps(qh + i);
+                    const __m256 a = _mm256_mul_ps(qv, load8_s8_ps(lo + i));
+                    const __m256 c = _mm256_mul_ps(qv, load8_s8_ps(hi + i));
+                    part = _mm256_add_ps(part, _mm256_max_ps(a, c)); /* a > c ? a : c */
+                }
+                acc += scale[grp] * hsum8_ps(part);
+            }
+            s[h][b] = acc;
+        }
+    }
+}
+
+const sa_kernels sa_kernels_avx2 = {
+    .name = "avx2",
+    .scores_f32 = scores_f32,
+    .scores_q8 = scores_q8,
+    .softmax_exp = softmax_exp,
+    .accumulate_v_f32 = accumulate_v_f32,
+    .accumulate_v_q8 = accumulate_v_q8,
+    .minmax_scores = minmax_scores,
+};

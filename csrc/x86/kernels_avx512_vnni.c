@@ -1,0 +1,834 @@
+/*
+ * AVX-512 (F/BW/VL) + VNNI + FMA kernels.  Compiled with the same flags as
+ * the rest of the extension: the pragma below, not the command line, lets
+ * this one file use AVX-512, and cpu_features.c only hands the table out when
+ * the CPU and OS support it.
+ *
+ * Batching rule (kernels.h): a kernel may share loads between heads and
+ * tokens, but the operations that produce one (head, token) result never
+ * depend on the batch.  Every token of a block goes through the same code: a
+ * short last block repeats its last row in the unused slots (no read past
+ * row n-1) and stores only the valid results, so there is no separate "tail
+ * token" path whose rounding could differ.  Heads are blocked the same way:
+ * each head's accumulators see the same operations whatever the block size.
+ *
+ * Tails along D use masked loads/stores (masked lanes never touch memory),
+ * so nothing outside [0, D) of a row or [0, n) of the rows is read or
+ * written.
+ */
+#pragma GCC target("avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma")
+/* GCC implements _mm512_mul_ps/_mm512_add_ps as plain vector operators, so
+ * by default (-ffp-contract=fast) it fuses them into FMAs wherever it likes.
+ * Every FMA here is written out explicitly; a mul followed by an add stays
+ * two roundings (the q8 scores then equal the portable ones bit for bit, and
+ * scale*s - scale*max is exactly 0 at the max). */
+#pragma GCC optimize("fp-contract=off")
+#include <immintrin.h>
+
+#include <stdint.h>
+
+#include "../kernels.h"
+
+#define SA_INLINE static inline __attribute__((always_inline))
+
+/* How far ahead rows are prefetched into L2 (PERF-NOTES: 8-16 KB helped,
+ * prefetching into L1 hurt). */
+#define PF_BYTES 8192
+
+/* -------------------------------------------------------------------------
+ * Small helpers
+ * ---------------------------------------------------------------------- */
+
+/* The first r (0..16) lanes. */
+SA_INLINE __mmask16 lanes16(int r)
+{
+    return (__mmask16)((1u << r) - 1u);
+}
+
+/* The first r (0..64) bytes. */
+SA_INLINE __mmask64 bytes64(int r)
+{
+    return r >= 64 ? ~(__mmask64)0 : (((__mmask64)1 << r) - 1);
+}
+
+/* Prefetch (into L2) the rows that the block starting `ahead` rows after t0
+ * will read: rows [t0 + ahead, t0 + ahead + cnt) clipped to n.  Contiguous
+ * rows are prefetched as one byte range, strided rows line by line. */
+static inline void prefetch_rows(const void *base, ptrdiff_t stride_bytes, size_t row_bytes,
+                                 int n, int t0, int cnt, int ahead)
+{
+    const int a = t0 + ahead;
+    const int b = a + cnt < n ? a + cnt : n;
+    if (a >= b)
+        return;
+    const char *p0 = (const char *)base;
+    if ((size_t)stride_bytes == row_bytes) {
+        uintptr_t lo = (uintptr_t)(p0 + (ptrdiff_t)a * stride_bytes) & ~(uintptr_t)63;
+        const uintptr_t hi = (uintptr_t)(p0 + (ptrdiff_t)b * stride_bytes);
+        for (; lo < hi; lo += 64)
+            _mm_prefetch((const char *)lo, _MM_HINT_T1);
+    } else {
+        for (int t = a; t < b; t++) {
+            const char *r = p0 + (ptrdiff_t)t * stride_bytes;
+            uintptr_t lo = (uintptr_t)r & ~(uintptr_t)63;
+            for (; lo < (uintptr_t)(r + row_bytes); lo += 64)
+                _mm_prefetch((const char *)lo, _MM_HINT_T1);
+        }
+    }
+}
+
+/* Rows ahead that make about PF_BYTES. */
+static inline int prefetch_rows_ahead(ptrdiff_t stride_bytes)
+{
+    const ptrdiff_t s = stride_bytes > 0 ? stride_bytes : 1;
+    const ptrdiff_t r = PF_BYTES / s;
+    return r < 1 ? 1 : (int)r;
+}
+
+/* Row pointers of a block of 16 tokens from t: slots past the last valid row
+ * repeat it. */
+#define SA_BLOCK_ROWS(rows, base, t, cnt, stride)                                   \
+    for (int i_ = 0; i_ < 16; i_++)                                                 \
+        (rows)[i_] = (base) + (ptrdiff_t)((t) + (i_ < (cnt) ? i_ : (cnt) - 1)) * (stride)
+
+/* Four per-token vectors -> in each 128-bit lane c, lane i holds token i's
+ * (x0 + x2) + (x1 + x3) of that lane's four values.  Float: fixed order. */
+SA_INLINE __m512 reduce4_ps(__m512 a0, __m512 a1, __m512 a2, __m512 a3)
+{
+    const __m512 s01 = _mm512_add_ps(
+        _mm512_castpd_ps(_mm512_unpacklo_pd(_mm512_castps_pd(a0), _mm512_castps_pd(a1))),
+        _mm512_castpd_ps(_mm512_unpackhi_pd(_mm512_castps_pd(a0), _mm512_castps_pd(a1))));
+    const __m512 s23 = _mm512_add_ps(
+        _mm512_castpd_ps(_mm512_unpacklo_pd(_mm512_castps_pd(a2), _mm512_castps_pd(a3))),
+        _mm512_castpd_ps(_mm512_unpackhi_pd(_mm512_castps_pd(a2), _mm512_castps_pd(a3))));
+    return _mm512_add_ps(_mm512_shuffle_ps(s01, s23, 0x88), _mm512_shuffle_ps(s01, s23, 0xDD));
+}
+
+/* The same for int32 (exact in any order). */
+SA_INLINE __m512i reduce4_epi32(__m512i a0, __m512i a1, __m512i a2, __m512i a3)
+{
+    const __m512 s01 = _mm512_castsi512_ps(
+        _mm512_add_epi32(_mm512_unpacklo_epi64(a0, a1), _mm512_unpackhi_epi64(a0, a1)));
+    const __m512 s23 = _mm512_castsi512_ps(
+        _mm512_add_epi32(_mm512_unpacklo_epi64(a2, a3), _mm512_unpackhi_epi64(a2, a3)));
+    return _mm512_add_epi32(_mm512_castps_si512(_mm512_shuffle_ps(s01, s23, 0x88)),
+                            _mm512_castps_si512(_mm512_shuffle_ps(s01, s23, 0xDD)));
+}
+
+/* Four quads' reduce4 results r[j] = [lane c: tokens 4j..4j+3] -> c[k] =
+ * [lane k of r0 | lane k of r1 | lane k of r2 | lane k of r3], i.e. lane k's
+ * values for tokens 0..15 (a 4x4 transpose of 128-bit blocks). */
+SA_INLINE void transpose_lanes(__m512i r0, __m512i r1, __m512i r2, __m512i r3, __m512i *c)
+{
+    const __m512i t0 = _mm512_shuffle_i64x2(r0, r1, 0x44), t1 = _mm512_shuffle_i64x2(r0, r1, 0xEE);
+    const __m512i t2 = _mm512_shuffle_i64x2(r2, r3, 0x44), t3 = _mm512_shuffle_i64x2(r2, r3, 0xEE);
+    c[0] = _mm512_shuffle_i64x2(t0, t2, 0x88);
+    c[1] = _mm512_shuffle_i64x2(t0, t2, 0xDD);
+    c[2] = _mm512_shuffle_i64x2(t1, t3, 0x88);
+    c[3] = _mm512_shuffle_i64x2(t1, t3, 0xDD);
+}
+
+/* The first cnt of 16 results. */
+SA_INLINE void store_scores(float *dst, int cnt, __m512 x)
+{
+    if (cnt == 16)
+        _mm512_storeu_ps(dst, x);
+    else
+        _mm512_mask_storeu_ps(dst, lanes16(cnt), x);
+}
+
+/* -------------------------------------------------------------------------
+ * scores_f32: 16 tokens per block, their dots reduced together.
+ * ---------------------------------------------------------------------- */
+
+/* HB (1 or 2) heads x 16 rows.  Each (head, token) keeps one 16-lane FMA
+ * accumulator over D (the D % 16 tail through masked loads: zero lanes add
+ * nothing), then reduce4_ps per quad of tokens, a transpose of the quads'
+ * 128-bit lanes and (l0 + l1) + (l2 + l3). */
+SA_INLINE void scores_f32_block(const float *q, int HB, int D, const float *const *rows,
+                                __m512 *res)
+{
+    const int dv = D & ~15;
+    const __mmask16 tm = lanes16(D & 15);
+    __m512 quad[2][4];
+    for (int j = 0; j < 4; j++) {
+        const float *const *r = rows + 4 * j;
+        __m512 acc[2][4];
+        for (int h = 0; h < HB; h++)
+            for (int i = 0; i < 4; i++)
+                acc[h][i] = _mm512_setzero_ps();
+        for (int d = 0; d < dv; d += 16) {
+            const __m512 k0 = _mm512_loadu_ps(r[0] + d), k1 = _mm512_loadu_ps(r[1] + d);
+            const __m512 k2 = _mm512_loadu_ps(r[2] + d), k3 = _mm512_loadu_ps(r[3] + d);
+            for (int h = 0; h < HB; h++) {
+                const __m512 qv = _mm512_loadu_ps(q + (ptrdiff_t)h * D + d);
+                acc[h][0] = _mm512_fmadd_ps(qv, k0, acc[h][0]);
+                acc[h][1] = _mm512_fmadd_ps(qv, k1, acc[h][1]);
+                acc[h][2] = _mm512_fmadd_ps(qv, k2, acc[h][2]);
+                acc[h][3] = _mm512_fmadd_ps(qv, k3, acc[h][3]);
+            }
+        }
+        if (tm) {
+            const __m512 k0 = _mm512_maskz_loadu_ps(tm, r[0] + dv);
+            const __m512 k1 = _mm512_maskz_loadu_ps(tm, r[1] + dv);
+            const __m512 k2 = _mm512_maskz_loadu_ps(tm, r[2] + dv);
+            const __m512 k3 = _mm512_maskz_loadu_ps(tm, r[3] + dv);
+            for (int h = 0; h < HB; h++) {
+                const __m512 qv = _mm512_maskz_loadu_ps(tm, q + (ptrdiff_t)h * D + dv);
+                acc[h][0] = _mm512_fmadd_ps(qv, k0, acc[h][0]);
+                acc[h][1] = _mm512_fmadd_ps(qv, k1, acc[h][1]);
+                acc[h][2] = _mm512_fmadd_ps(qv, k2, acc[h][2]);
+                acc[h][3] = _mm512_fmadd_ps(qv, k3, acc[h][3]);
+            }
+        }
+        for (int h = 0; h < HB; h++)
+            quad[h][j] = reduce4_ps(acc[h][0], acc[h][1], acc[h][2], acc[h][3]);
+    }
+    for (int h = 0; h < HB; h++) {
+        __m512i c[4];
+        transpose_lanes(_mm512_castps_si512(quad[h][0]), _mm512_castps_si512(quad[h][1]),
+                        _mm512_castps_si512(quad[h][2]), _mm512_castps_si512(quad[h][3]), c);
+        res[h] = _mm512_add_ps(_mm512_add_ps(_mm512_castsi512_ps(c[0]), _mm512_castsi512_ps(c[1])),
+                               _mm512_add_ps(_mm512_castsi512_ps(c[2]), _mm512_castsi512_ps(c[3])));
+    }
+}
+
+static void scores_f32(const float *q, int G, int D, const float *k, ptrdiff_t row_stride,
+                       int n, float *const *s)
+{
+    const int ahead = prefetch_rows_ahead(row_stride * (ptrdiff_t)sizeof(float));
+    for (int t = 0; t < n; t += 16) {
+        const int cnt = n - t < 16 ? n - t : 16;
+        const float *rows[16];
+        SA_BLOCK_ROWS(rows, k, t, cnt, row_stride);
+        prefetch_rows(k, row_stride * (ptrdiff_t)sizeof(float), (size_t)D * sizeof(float), n, t,
+                      16, ahead);
+        int g = 0;
+        for (; g + 2 <= G; g += 2) {
+            __m512 res[2];
+            scores_f32_block(q + (ptrdiff_t)g * D, 2, D, rows, res);
+            store_scores(s[g] + t, cnt, res[0]);
+            store_scores(s[g + 1] + t, cnt, res[1]);
+        }
+        if (g < G) {
+            __m512 res[1];
+            scores_f32_block(q + (ptrdiff_t)g * D, 1, D, rows, res);
+            store_scores(s[g] + t, cnt, res[0]);
+        }
+    }
+}
+
+/* -------------------------------------------------------------------------
+ * scores_q8
+ *
+ * vpdpbusd multiplies unsigned x signed bytes.  K gets its sign bit flipped
+ * (k ^ 0x80 = k + 128 as u8) and q stays signed; each int32 lane starts at
+ * -128 * (the sum of the q bytes it will see), which cancels the +128 exactly,
+ * so the lane sums are the exact q . k.  Per group the 16 tokens' exact sums
+ * end up side by side, and the group term (qd * kd) * isum is added in group
+ * order with the portable kernel's operations: the scores are bitwise the
+ * portable ones.
+ * ---------------------------------------------------------------------- */
+
+/* The same formula as the portable kernel, for group sizes the SIMD paths
+ * do not take. */
+static void scores_q8_scalar(const int8_t *qq, const float *qd, int G, int D, int gs,
+                             const int8_t *k, const float *kd, ptrdiff_t row_stride,
+                             ptrdiff_t scale_stride, int n, float *const *s)
+{
+    const int ng = D / gs;
+    for (int t = 0; t < n; t++) {
+        const int8_t *row = k + (ptrdiff_t)t * row_stride;
+        const float *rd = kd + (ptrdiff_t)t * scale_stride;
+        for (int h = 0; h < G; h++) {
+            const int8_t *a = qq + (ptrdiff_t)h * D;
+            const float *da = qd + (ptrdiff_t)h * ng;
+            float acc = 0.0f;
+            for (int g = 0; g < ng; g++) {
+                int32_t isum = 0;
+                for (int i = g * gs; i < (g + 1) * gs; i++)
+                    isum += (int32_t)a[i] * (int32_t)row[i];
+                acc += (da[g] * rd[g]) * (float)isum;
+            }
+            s[h][t] = acc;
+        }
+    }
+}
+
+/* -128 * (sum of the 4 q bytes of each lane): the start value that cancels
+ * the k + 128 offset of one vpdpbusd with q. */
+SA_INLINE __m512i offset_bias(__m512i q)
+{
+    const __m512i u128 = _mm512_set1_epi8((char)0x80);
+    const __m512i s128 = _mm512_dpbusd_epi32(_mm512_setzero_si512(), u128, q);
+    return _mm512_sub_epi32(_mm512_setzero_si512(), s128);
+}
+
+/* The group term for 16 tokens: acc + (qd * kd) * (float)isum. */
+SA_INLINE __m512 add_group_term(__m512 acc, float qdg, __m512 kdg, __m512i isum)
+{
+    return _mm512_add_ps(acc, _mm512_mul_ps(_mm512_mul_ps(_mm512_set1_ps(qdg), kdg),
+                                            _mm512_cvtepi32_ps(isum)));
+}
+
+/* kd of group g for the 16 tokens of a block (unused slots repeat the last
+ * row, like the row pointers). */
+SA_INLINE __m512 gather_scales(const float *kd_t, __m512i idx, int g)
+{
+    return _mm512_i32gather_ps(idx, kd_t + g, 4);
+}
+
+/* The scales of groups g0 .. g0+3 for the 16 tokens of a block, as
+ * kdg[g] = [token 0 .. 15]: 16 loads of 4 floats (inside each row's scales,
+ * whatever the stride) and a 4x4 transpose.  Lane i of l[j] holds token
+ * 4i + j, which makes the unpacks come out in token order. */
+SA_INLINE void load_scales4(const float *const *srows, int g0, __m512 *kdg)
+{
+    __m512 l[4];
+    for (int j = 0; j < 4; j++) {
+        __m512 x = _mm512_castps128_ps512(_mm_loadu_ps(srows[j] + g0));
+        x = _mm512_insertf32x4(x, _mm_loadu_ps(srows[4 + j] + g0), 1);
+        x = _mm512_insertf32x4(x, _mm_loadu_ps(srows[8 + j] + g0), 2);
+        l[j] = _mm512_insertf32x4(x, _mm_loadu_ps(srows[12 + j] + g0), 3);
+    }
+    /* per 128-bit lane i: t01 = [j0 g0, j1 g0, j0 g1, j1 g1], ... */
+    const __m512 t01 = _mm512_unpacklo_ps(l[0], l[1]), t01h = _mm512_unpackhi_ps(l[0], l[1]);
+    const __m512 t23 = _mm512_unpacklo_ps(l[2], l[3]), t23h = _mm512_unpackhi_ps(l[2], l[3]);
+#define SA_PD(x) _mm512_castps_pd(x)
+    kdg[0] = _mm512_castpd_ps(_mm512_unpacklo_pd(SA_PD(t01), SA_PD(t23)));
+    kdg[1] = _mm512_castpd_ps(_mm512_unpackhi_pd(SA_PD(t01), SA_PD(t23)));
+    kdg[2] = _mm512_castpd_ps(_mm512_unpacklo_pd(SA_PD(t01h), SA_PD(t23h)));
+    kdg[3] = _mm512_castpd_ps(_mm512_unpackhi_pd(SA_PD(t01h), SA_PD(t23h)));
+#undef SA_PD
+}
+
+/* gs == 32, D % 128 == 0 (the common q8 shape).  Per 128 bytes of a row, the
+ * two 64-byte halves Z0 = [g0a g0b g1a g1b], Z1 = [g2a g2b g3a g3b] (16-byte
+ * quarters of the four groups) are shuffled into X = [g0a g1a g2a g3a] and
+ * Y = [g0b g1b g2b g3b]; two vpdpbusd into one accumulator then leave each
+ * group in its own 128-bit lane, so a quad of tokens needs only reduce4 and
+ * four quads one lane transpose to give [group: 16 tokens]. */
+SA_INLINE void scores_q8_block32(const int8_t *qq, const float *qd, int HB, int D,
+                                 const int8_t *const *rows, const float *const *srows,
+                                 __m512 *res)
+{
+    const int ng = D / 32;
+    const __m512i flip = _mm512_set1_epi8((char)0x80);
+    for (int h = 0; h < HB; h++)
+        res[h] = _mm512_setzero_ps();
+    for (int b = 0; b < D; b += 128) {
+        __m512i qx[2], qy[2], bias[2], quad[2][4];
+        for (int h = 0; h < HB; h++) {
+            const int8_t *qh = qq + (ptrdiff_t)h * D + b;
+            const __m512i q0 = _mm512_loadu_si512(qh), q1 = _mm512_loadu_si512(qh + 64);
+            qx[h] = _mm512_shuffle_i64x2(q0, q1, 0x88);
+            qy[h] = _mm512_shuffle_i64x2(q0, q1, 0xDD);
+            bias[h] = _mm512_add_epi32(offset_bias(qx[h]), offset_bias(qy[h]));
+        }
+        for (int j = 0; j < 4; j++) {
+            __m512i acc[2][4];
+            for (int i = 0; i < 4; i++) {
+                const int8_t *r = rows[4 * j + i] + b;
+                const __m512i z0 = _mm512_xor_si512(_mm512_loadu_si512(r), flip);
+                const __m512i z1 = _mm512_xor_si512(_mm512_loadu_si512(r + 64), flip);
+                const __m512i x = _mm512_shuffle_i64x2(z0, z1, 0x88);
+                const __m512i y = _mm512_shuffle_i64x2(z0, z1, 0xDD);
+                for (int h = 0; h < HB; h++)
+                    acc[h][i] = _mm512_dpbusd_epi32(_mm512_dpbusd_epi32(bias[h], x, qx[h]), y,
+                                                    qy[h]);
+            }
+            for (int h = 0; h < HB; h++)
+                quad[h][j] = reduce4_epi32(acc[h][0], acc[h][1], acc[h][2], acc[h][3]);
+        }
+        const int g0 = b / 32;
+        __m512 kdg[4];
+        load_scales4(srows, g0, kdg);
+        for (int h = 0; h < HB; h++) {
+            __m512i isum[4];
+            transpose_lanes(quad[h][0], quad[h][1], quad[h][2], quad[h][3], isum);
+            const float *qdh = qd + (ptrdiff_t)h * ng + g0;
+            res[h] = add_group_term(res[h], qdh[0], kdg[0], isum[0]);
+            res[h] = add_group_term(res[h], qdh[1], kdg[1], isum[1]);
+            res[h] = add_group_term(res[h], qdh[2], kdg[2], isum[2]);
+            res[h] = add_group_term(res[h], qdh[3], kdg[3], isum[3]);
+        }
+    }
+}
+
+/* Any gs that is a multiple of 16 (so D is too).  Per 64-byte segment of a
+ * row (the last one masked), one vpdpbusd per (head, token); reduce4 and the
+ * lane transpose give the sums of the segment's four 16-byte chunks for the
+ * 16 tokens; chunks are added into the current group's sum, and a group's
+ * term is added once its last chunk is in. */
+SA_INLINE void scores_q8_block16(const int8_t *qq, const float *qd, int HB, int D, int gs,
+                                 const int8_t *const *rows, const float *kd_t, __m512i idx,
+                                 __m512 *res)
+{
+    const int ng = D / gs, cpg = gs / 16, nchunk = D / 16;
+    const __m512i flip = _mm512_set1_epi8((char)0x80);
+    __m512i gsum[2];
+    for (int h = 0; h < HB; h++) {
+        res[h] = _mm512_setzero_ps();
+        gsum[h] = _mm512_setzero_si512();
+    }
+    for (int b = 0; b < D; b += 64) {
+        const __mmask64 m = bytes64(D - b);
+        __m512i qv[2], bias[2], quad[2][4];
+        for (int h = 0; h < HB; h++) {
+            qv[h] = _mm512_maskz_loadu_epi8(m, qq + (ptrdiff_t)h * D + b);
+            bias[h] = offset_bias(qv[h]); /* masked bytes: q = 0, nothing to cancel */
+        }
+        for (int j = 0; j < 4; j++) {
+            __m512i acc[2][4];
+            for (int i = 0; i < 4; i++) {
+                const __m512i z =
+                    _mm512_xor_si512(_mm512_maskz_loadu_epi8(m, rows[4 * j + i] + b), flip);
+                for (int h = 0; h < HB; h++)
+                    acc[h][i] = _mm512_dpbusd_epi32(bias[h], z, qv[h]);
+            }
+            for (int h = 0; h < HB; h++)
+                quad[h][j] = reduce4_epi32(acc[h][0], acc[h][1], acc[h][2], acc[h][3]);
+        }
+        __m512i chunk[2][4];
+        for (int h = 0; h < HB; h++)
+            transpose_lanes(quad[h][0], quad[h][1], quad[h][2], quad[h][3], chunk[h]);
+        for (int c = 0; c < 4; c++) {
+            const int ci = b / 16 + c;
+            if (ci >= nchunk)
+                break;
+            for (int h = 0; h < HB; h++)
+                gsum[h] = _mm512_add_epi32(gsum[h], chunk[h][c]);
+            if ((ci + 1) % cpg == 0) {
+                const int g = ci / cpg;
+                const __m512 kdg = gather_scales(kd_t, idx, g);
+                for (int h = 0; h < HB; h++) {
+                    res[h] = add_group_term(res[h], qd[(ptrdiff_t)h * ng + g], kdg, gsum[h]);
+                    gsum[h] = _mm512_setzero_si512();
+                }
+            }
+        }
+    }
+}
+
+static void scores_q8(const int8_t *qq, const float *qd, int G, int D, int gs, const int8_t *k,
+                      const float *kd, ptrdiff_t row_stride, ptrdiff_t scale_stride, int n,
+                      float *const *s)
+{
+    /* The gathers index 15 rows of scales with 32-bit offsets. */
+    if (gs % 16 != 0 || scale_stride < 0 || scale_stride > INT32_MAX / 16) {
+        scores_q8_scalar(qq, qd, G, D, gs, k, kd, row_stride, scale_stride, n, s);
+        return;
+    }
+    const int ng = D / gs;
+    const int fast = gs == 32 && D % 128 == 0;
+    const int ahead = prefetch_rows_ahead(row_stride);
+    const int sahead = prefetch_rows_ahead(scale_stride * (ptrdiff_t)sizeof(float));
+    const __m512i lane = _mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15);
+    for (int t = 0; t < n; t += 16) {
+        const int cnt = n - t < 16 ? n - t : 16;
+        const int8_t *rows[16];
+        SA_BLOCK_ROWS(rows, k, t, cnt, row_stride);
+        prefetch_rows(k, row_stride, (size_t)D, n, t, 16, ahead);
+        prefetch_rows(kd, scale_stride * (ptrdiff_t)sizeof(float), (size_t)ng * sizeof(float), n,
+                      t, 16, sahead);
+        const __m512i idx = _mm512_mullo_epi32(_mm512_min_epi32(lane, _mm512_set1_epi32(cnt - 1)),
+                                               _mm512_set1_epi32((int)scale_stride));
+        const float *kd_t = kd + (ptrdiff_t)t * scale_stride;
+        const float *srows[16];
+        SA_BLOCK_ROWS(srows, kd, t, cnt, scale_stride);
+        int h = 0;
+        for (; h + 2 <= G; h += 2) {
+            __m512 res[2];
+            if (fast)
+                scores_q8_block32(qq + (ptrdiff_t)h * D, qd + (ptrdiff_t)h * ng, 2, D, rows, srows,
+                                  res);
+            else
+                scores_q8_block16(qq + (ptrdiff_t)h * D, qd + (ptrdiff_t)h * ng, 2, D, gs, rows,
+                                  kd_t, idx, res);
+            store_scores(s[h] + t, cnt, res[0]);
+            store_scores(s[h + 1] + t, cnt, res[1]);
+        }
+        if (h < G) {
+            __m512 res[1];
+            if (fast)
+                scores_q8_block32(qq + (ptrdiff_t)h * D, qd + (ptrdiff_t)h * ng, 1, D, rows, srows,
+                                  res);
+            else
+                scores_q8_block16(qq + (ptrdiff_t)h * D, qd + (ptrdiff_t)h * ng, 1, D, gs, rows,
+                                  kd_t, idx, res);
+            store_scores(s[h] + t, cnt, res[0]);
+        }
+    }
+}
+
+/* -------------------------------------------------------------------------
+ * softmax_exp
+ * ---------------------------------------------------------------------- */
+
+/* exp(x) for a vector: x = n ln2 + r with |r| <= ln2/2 (Cody-Waite, two
+ * constants), e^r by the Cephes expf polynomial (< 1 ulp on that range),
+ * then vscalefps multiplies by 2^n with a single rounding (subnormals, 0 and
+ * inf come out right).  x is clamped to [-104, 89] first so r stays small:
+ * e^-104 rounds to 0 and e^89 overflows to inf; never NaN for finite x. */
+SA_INLINE __m512 exp_ps(__m512 x)
+{
+    x = _mm512_min_ps(_mm512_max_ps(x, _mm512_set1_ps(-104.0f)), _mm512_set1_ps(89.0f));
+    const __m512 n = _mm512_roundscale_ps(_mm512_mul_ps(x, _mm512_set1_ps(1.44269504088896341f)),
+                                          _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+    __m512 r = _mm512_fnmadd_ps(n, _mm512_set1_ps(0.693359375f), x);
+    r = _mm512_fnmadd_ps(n, _mm512_set1_ps(-2.12194440e-4f), r);
+    __m512 y = _mm512_set1_ps(1.9875691500e-4f);
+    y = _mm512_fmadd_ps(y, r, _mm512_set1_ps(1.3981999507e-3f));
+    y = _mm512_fmadd_ps(y, r, _mm512_set1_ps(8.3334519073e-3f));
+    y = _mm512_fmadd_ps(y, r, _mm512_set1_ps(4.1665795894e-2f));
+    y = _mm512_fmadd_ps(y, r, _mm512_set1_ps(1.6666665459e-1f));
+    y = _mm512_fmadd_ps(y, r, _mm512_set1_ps(5.0000001201e-1f));
+    y = _mm512_fmadd_ps(y, _mm512_mul_ps(r, r), r);
+    y = _mm512_add_ps(y, _mm512_set1_ps(1.0f));
+    return _mm512_scalef_ps(y, n);
+}
+
+/* 16 floats added into two 8-double accumulators. */
+SA_INLINE void add_pd16(__m512d *s0, __m512d *s1, __m512 e)
+{
+    *s0 = _mm512_add_pd(*s0, _mm512_cvtps_pd(_mm512_castps512_ps256(e)));
+    *s1 = _mm512_add_pd(
+        *s1, _mm512_cvtps_pd(_mm256_castpd_ps(_mm512_extractf64x4_pd(_mm512_castps_pd(e), 1))));
+}
+
+/* Two passes: the max, then exp(scale*s - scale*max) written back while the
+ * sum runs in double lanes (as accurate as the portable double sum), reduced
+ * in a fixed order. */
+static float softmax_exp(float *s, int n, float scale)
+{
+    if (n <= 0)
+        return 0.0f;
+    const int nv = n & ~15;
+    const __mmask16 tm = lanes16(n & 15);
+    __m512 mv = _mm512_set1_ps(-__builtin_inff());
+    for (int t = 0; t < nv; t += 16)
+        mv = _mm512_max_ps(mv, _mm512_loadu_ps(s + t));
+    if (tm)
+        mv = _mm512_mask_max_ps(mv, tm, mv, _mm512_maskz_loadu_ps(tm, s + nv));
+    __m256 m8 = _mm256_max_ps(_mm512_castps512_ps256(mv),
+                              _mm256_castpd_ps(_mm512_extractf64x4_pd(_mm512_castps_pd(mv), 1)));
+    __m128 m4 = _mm_max_ps(_mm256_castps256_ps128(m8), _mm256_extractf128_ps(m8, 1));
+    m4 = _mm_max_ps(m4, _mm_movehl_ps(m4, m4));
+    m4 = _mm_max_ss(m4, _mm_movehdup_ps(m4));
+    const float m = _mm_cvtss_f32(m4);
+
+    const __m512 vs = _mm512_set1_ps(scale), shift = _mm512_set1_ps(scale * m);
+    __m512d sum0 = _mm512_setzero_pd(), sum1 = _mm512_setzero_pd();
+    for (int t = 0; t < nv; t += 16) {
+        /* mul then sub (no FMA), so the max maps to exactly 0. */
+        const __m512 e = exp_ps(_mm512_sub_ps(_mm512_mul_ps(vs, _mm512_loadu_ps(s + t)), shift));
+        _mm512_storeu_ps(s + t, e);
+        add_pd16(&sum0, &sum1, e);
+    }
+    if (tm) {
+        const __m512 x = _mm512_maskz_loadu_ps(tm, s + nv);
+        const __m512 e =
+            _mm512_maskz_mov_ps(tm, exp_ps(_mm512_sub_ps(_mm512_mul_ps(vs, x), shift)));
+        _mm512_mask_storeu_ps(s + nv, tm, e);
+        add_pd16(&sum0, &sum1, e); /* unused lanes add 0 */
+    }
+    const __m512d s8 = _mm512_add_pd(sum0, sum1);
+    const __m256d s4 = _mm256_add_pd(_mm512_castpd512_pd256(s8), _mm512_extractf64x4_pd(s8, 1));
+    const __m128d s2 = _mm_add_pd(_mm256_castpd256_pd128(s4), _mm256_extractf128_pd(s4, 1));
+    return (float)_mm_cvtsd_f64(_mm_add_sd(s2, _mm_unpackhi_pd(s2, s2)));
+}
+
+/* -------------------------------------------------------------------------
+ * accumulate_v_f32
+ * ---------------------------------------------------------------------- */
+
+/* Tokens per block: the block's rows stay in L1 while every slice of D and
+ * every head block walks over them. */
+#define V_TOKENS 16
+
+/* out[h][d .. d + 16*NC) for HB heads over tokens [t0, t1): accumulators
+ * stay in registers, one FMA per (head, 16 lanes, token) in token order.
+ * The last vector is masked by m (all ones when D allows). */
+SA_INLINE void accv_f32_tile(float *const *out, const float *const *p, int HB, int NC,
+                             __mmask16 m, const float *v, ptrdiff_t row_stride, int t0, int t1,
+                             int d)
+{
+    __m512 acc[4][4];
+    for (int h = 0; h < HB; h++)
+        for (int c = 0; c < NC; c++)
+            acc[h][c] = c == NC - 1 ? _mm512_maskz_loadu_ps(m, out[h] + d + 16 * c)
+                                    : _mm512_loadu_ps(out[h] + d + 16 * c);
+    for (int t = t0; t < t1; t++) {
+        const float *row = v + (ptrdiff_t)t * row_stride + d;
+        __m512 vv[4];
+        for (int c = 0; c < NC; c++)
+            vv[c] = c == NC - 1 ? _mm512_maskz_loadu_ps(m, row + 16 * c)
+                                : _mm512_loadu_ps(row + 16 * c);
+        for (int h = 0; h < HB; h++) {
+            const __m512 w = _mm512_set1_ps(p[h][t]);
+            for (int c = 0; c < NC; c++)
+                acc[h][c] = _mm512_fmadd_ps(w, vv[c], acc[h][c]);
+        }
+    }
+    for (int h = 0; h < HB; h++)
+        for (int c = 0; c < NC; c++) {
+            if (c == NC - 1)
+                _mm512_mask_storeu_ps(out[h] + d + 16 * c, m, acc[h][c]);
+            else
+                _mm512_storeu_ps(out[h] + d + 16 * c, acc[h][c]);
+        }
+}
+
+/* All of D for HB heads: 64-float tiles, then 16-float ones, then the
+ * masked remainder. */
+SA_INLINE void accv_f32_heads(float *const *out, const float *const *p, int HB, int D,
+                              const float *v, ptrdiff_t row_stride, int t0, int t1)
+{
+    int d = 0;
+    for (; d + 64 <= D; d += 64)
+        accv_f32_tile(out, p, HB, 4, 0xFFFF, v, row_stride, t0, t1, d);
+    for (; d + 16 <= D; d += 16)
+        accv_f32_tile(out, p, HB, 1, 0xFFFF, v, row_stride, t0, t1, d);
+    if (d < D)
+        accv_f32_tile(out, p, HB, 1, lanes16(D - d), v, row_stride, t0, t1, d);
+}
+
+static void accumulate_v_f32(float *const *out, const float *const *p, int G, int D,
+                             const float *v, ptrdiff_t row_stride, int n)
+{
+    const int ahead = prefetch_rows_ahead(row_stride * (ptrdiff_t)sizeof(float));
+    for (int t0 = 0; t0 < n; t0 += V_TOKENS) {
+        const int t1 = n - t0 < V_TOKENS ? n : t0 + V_TOKENS;
+        prefetch_rows(v, row_stride * (ptrdiff_t)sizeof(float), (size_t)D * sizeof(float), n, t0,
+                      V_TOKENS, ahead);
+        int g = 0;
+        for (; g + 4 <= G; g += 4)
+            accv_f32_heads(out + g, p + g, 4, D, v, row_stride, t0, t1);
+        for (; g + 2 <= G; g += 2)
+            accv_f32_heads(out + g, p + g, 2, D, v, row_stride, t0, t1);
+        if (g < G)
+            accv_f32_heads(out + g, p + g, 1, D, v, row_stride, t0, t1);
+    }
+}
+
+/* -------------------------------------------------------------------------
+ * accumulate_v_q8
+ * ---------------------------------------------------------------------- */
+
+static void accumulate_v_q8_scalar(float *const *out, const float *const *p, int G, int D,
+                                   int gs, const int8_t *v, const float *vd,
+                                   ptrdiff_t row_stride, ptrdiff_t scale_stride, int n)
+{
+    for (int t = 0; t < n; t++) {
+        const int8_t *row = v + (ptrdiff_t)t * row_stride;
+        const float *rd = vd + (ptrdiff_t)t * scale_stride;
+        for (int h = 0; h < G; h++) {
+            const float pt = p[h][t];
+            float *o = out[h];
+            for (int d0 = 0, grp = 0; d0 < D; d0 += gs, grp++) {
+                const float w = pt * rd[grp];
+                for (int d = d0; d < d0 + gs; d++)
+                    o[d] += w * (float)row[d];
+            }
+        }
+    }
+}
+
+#define V_HEADS 4
+
+/* 16 int8 -> 16 floats (exact). */
+SA_INLINE __m512 load16_s8_ps(const int8_t *x)
+{
+    return _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128((const __m128i *)x)));
+}
+
+/* The weight of group g for head h at token t: p * vd, the portable
+ * kernel's product (one rounding), broadcast. */
+#define SA_W(ph, rd, g) _mm512_mul_ps(_mm512_set1_ps(*(ph)), _mm512_set1_ps((rd)[g]))
+
+/* out[h][d .. d + 64) for HB (1, 2 or 4) heads over tokens [t0, t1).  gs is
+ * a multiple of 16, so each 16-lane slice lies in one group; WPT (1, 2 or 4)
+ * is how many groups the 64 lanes span, so each weight is computed once per
+ * token. */
+SA_INLINE void accv_q8_tile64(float *const *out, const float *const *p, int HB, int WPT, int gs,
+                              const int8_t *v, const float *vd, ptrdiff_t row_stride,
+                              ptrdiff_t scale_stride, int t0, int t1, int d)
+{
+    const int g0 = d / gs, g1 = (d + 16) / gs, g2 = (d + 32) / gs, g3 = (d + 48) / gs;
+    __m512 a0[V_HEADS], a1[V_HEADS], a2[V_HEADS], a3[V_HEADS];
+    for (int h = 0; h < HB; h++) {
+        a0[h] = _mm512_loadu_ps(out[h] + d), a1[h] = _mm512_loadu_ps(out[h] + d + 16);
+        a2[h] = _mm512_loadu_ps(out[h] + d + 32), a3[h] = _mm512_loadu_ps(out[h] + d + 48);
+    }
+    for (int t = t0; t < t1; t++) {
+        const int8_t *row = v + (ptrdiff_t)t * row_stride + d;
+        const float *rd = vd + (ptrdiff_t)t * scale_stride;
+        const __m512 v0 = load16_s8_ps(row), v1 = load16_s8_ps(row + 16);
+        const __m512 v2 = load16_s8_ps(row + 32), v3 = load16_s8_ps(row + 48);
+        for (int h = 0; h < HB; h++) {
+            const float *ph = p[h] + t;
+            const __m512 w0 = SA_W(ph, rd, g0);
+            const __m512 w2 = WPT >= 2 ? SA_W(ph, rd, g2) : w0;
+            const __m512 w1 = WPT == 4 ? SA_W(ph, rd, g1) : w0;
+            const __m512 w3 = WPT == 4 ? SA_W(ph, rd, g3) : w2;
+            a0[h] = _mm512_fmadd_ps(w0, v0, a0[h]);
+            a1[h] = _mm512_fmadd_ps(w1, v1, a1[h]);
+            a2[h] = _mm512_fmadd_ps(w2, v2, a2[h]);
+            a3[h] = _mm512_fmadd_ps(w3, v3, a3[h]);
+        }
+    }
+    for (int h = 0; h < HB; h++) {
+        _mm512_storeu_ps(out[h] + d, a0[h]), _mm512_storeu_ps(out[h] + d + 16, a1[h]);
+        _mm512_storeu_ps(out[h] + d + 32, a2[h]), _mm512_storeu_ps(out[h] + d + 48, a3[h]);
+    }
+}
+
+/* The same for one 16-lane slice (D % 64 leftovers). */
+SA_INLINE void accv_q8_tile16(float *const *out, const float *const *p, int HB, int gs,
+                              const int8_t *v, const float *vd, ptrdiff_t row_stride,
+                              ptrdiff_t scale_stride, int t0, int t1, int d)
+{
+    const int g0 = d / gs;
+    for (int h = 0; h < HB; h++) {
+        __m512 a = _mm512_loadu_ps(out[h] + d);
+        for (int t = t0; t < t1; t++)
+            a = _mm512_fmadd_ps(SA_W(p[h] + t, vd + (ptrdiff_t)t * scale_stride, g0),
+                                load16_s8_ps(v + (ptrdiff_t)t * row_stride + d), a);
+        _mm512_storeu_ps(out[h] + d, a);
+    }
+}
+
+SA_INLINE void accv_q8_heads(float *const *out, const float *const *p, int HB, int D, int gs,
+                             const int8_t *v, const float *vd, ptrdiff_t row_stride,
+                             ptrdiff_t scale_stride, int t0, int t1)
+{
+    int d = 0;
+    if (gs % 64 == 0)
+        for (; d + 64 <= D; d += 64)
+            accv_q8_tile64(out, p, HB, 1, gs, v, vd, row_stride, scale_stride, t0, t1, d);
+    else if (gs % 32 == 0)
+        for (; d + 64 <= D; d += 64)
+            accv_q8_tile64(out, p, HB, 2, gs, v, vd, row_stride, scale_stride, t0, t1, d);
+    else
+        for (; d + 64 <= D; d += 64)
+            accv_q8_tile64(out, p, HB, 4, gs, v, vd, row_stride, scale_stride, t0, t1, d);
+    for (; d < D; d += 16)
+        accv_q8_tile16(out, p, HB, gs, v, vd, row_stride, scale_stride, t0, t1, d);
+}
+
+/* gs a multiple of 16 (else the scalar loop): blocks of V_TOKENS tokens, all
+ * of D and all heads per block, tokens in order into each accumulator. */
+static void accumulate_v_q8(float *const *out, const float *const *p, int G, int D, int gs,
+                            const int8_t *v, const float *vd, ptrdiff_t row_stride,
+                            ptrdiff_t scale_stride, int n)
+{
+    if (gs % 16 != 0) {
+        accumulate_v_q8_scalar(out, p, G, D, gs, v, vd, row_stride, scale_stride, n);
+        return;
+    }
+    const int ng = D / gs;
+    const int ahead = prefetch_rows_ahead(row_stride);
+    const int sahead = prefetch_rows_ahead(scale_stride * (ptrdiff_t)sizeof(float));
+    for (int t0 = 0; t0 < n; t0 += V_TOKENS) {
+        const int t1 = n - t0 < V_TOKENS ? n : t0 + V_TOKENS;
+        prefetch_rows(v, row_stride, (size_t)D, n, t0, V_TOKENS, ahead);
+        prefetch_rows(vd, scale_stride * (ptrdiff_t)sizeof(float), (size_t)ng * sizeof(float), n,
+                      t0, V_TOKENS, sahead);
+        int g = 0;
+        for (; g + 4 <= G; g += 4)
+            accv_q8_heads(out + g, p + g, 4, D, gs, v, vd, row_stride, scale_stride, t0, t1);
+        for (; g + 2 <= G; g += 2)
+            accv_q8_heads(out + g, p + g, 2, D, gs, v, vd, row_stride, scale_stride, t0, t1);
+        if (g < G)
+            accv_q8_heads(out + g, p + g, 1, D, gs, v, vd, row_stride, scale_stride, t0, t1);
+    }
+}
+
+/* -------------------------------------------------------------------------
+ * minmax_scores (Quest bounds).  Not on the per-token path (one call per
+ * decode step scores n blocks), so it stays simple: 8 lanes per step, one
+ * head at a time.
+ * ---------------------------------------------------------------------- */
+
+static void minmax_scores_scalar(const float *q, int G, int D, int gs, const int8_t *mn,
+                                 const int8_t *mx, const float *sc, ptrdiff_t block_stride,
+                                 int n, float *const *s)
+{
+    const ptrdiff_t sc_stride = block_stride / gs;
+    for (int b = 0; b < n; b++) {
+        const int8_t *lo = mn + (ptrdiff_t)b * block_stride;
+        const int8_t *hi = mx + (ptrdiff_t)b * block_stride;
+        const float *scale = sc + (ptrdiff_t)b * sc_stride;
+        for (int h = 0; h < G; h++) {
+            const float *qh = q + (ptrdiff_t)h * D;
+            float acc = 0.0f;
+            for (int i0 = 0, grp = 0; i0 < D; i0 += gs, grp++) {
+                float part = 0.0f;
+                for (int i = i0; i < i0 + gs; i++) {
+                    const float a = qh[i] * (float)lo[i], c = qh[i] * (float)hi[i];
+                    part += a > c ? a : c;
+                }
+                acc += scale[grp] * part;
+            }
+            s[h][b] = acc;
+        }
+    }
+}
+
+/* 8 int8 -> 8 floats (exact). */
+SA_INLINE __m256 load8_s8_ps(const int8_t *x)
+{
+    return _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_loadl_epi64((const __m128i *)x)));
+}
+
+/* Sum of 8 lanes in a fixed order. */
+SA_INLINE float hsum8_ps(__m256 v)
+{
+    __m128 x = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+    x = _mm_add_ps(x, _mm_movehl_ps(x, x));
+    return _mm_cvtss_f32(_mm_add_ss(x, _mm_movehdup_ps(x)));
+}
+
+/* gs a multiple of 8: each group's channel terms max(q * lo, q * hi) summed in
+ * 8 lanes, reduced in a fixed order, then scaled and added in group order
+ * (the portable kernel's acc += scale * part). */
+static void minmax_scores(const float *q, int G, int D, int gs, const int8_t *mn,
+                          const int8_t *mx, const float *sc, ptrdiff_t block_stride, int n,
+                          float *const *s)
+{
+    if (gs % 8 != 0) {
+        minmax_scores_scalar(q, G, D, gs, mn, mx, sc, block_stride, n, s);
+        return;
+    }
+    const ptrdiff_t sc_stride = block_stride / gs;
+    for (int b = 0; b < n; b++) {
+        const int8_t *lo = mn + (ptrdiff_t)b * block_stride;
+        const int8_t *hi = mx + (ptrdiff_t)b * block_stride;
+        const float *scale = sc + (ptrdiff_t)b * sc_stride;
+        for (int h = 0; h < G; h++) {
+            const float *qh = q + (ptrdiff_t)h * D;
+            float acc = 0.0f;
+            for (int i0 = 0, grp = 0; i0 < D; i0 += gs, grp++) {
+                __m256 part = _mm256_setzero_ps();
+                for (int i = i0; i < i0 + gs; i += 8) {
+                    const __m256 qv = _mm256_loadu_ps(qh + i);
+                    const __m256 a = _mm256_mul_ps(qv, load8_s8_ps(lo + i));
+                    const __m256 c = _mm256_mul_ps(qv, load8_s8_ps(hi + i));
+                    part = _mm256_add_ps(part, _mm256_max_ps(a, c)); /* a > c ? a : c */
+                }
+                acc += scale[grp] * hsum8_ps(part);
+            }
+            s[h][b] = acc;
+        }
+    }
+}
+
+const sa_kernels sa_kernels_avx512_vnni = {
+    .name = "avx512-vnni",
+    .scores_f32 = scores_f32,
+    .scores_q8 = scores_q8,
+    .softmax_exp = softmax_exp,
+    .accumulate_v_f32 = accumulate_v_f32,
+    .accumulate_v_q8 = accumulate_v_q8,
+    .minmax_scores = minmax_scores,
+};
