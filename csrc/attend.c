@@ -23,7 +23,7 @@ sa_scratch *sa_scratch_new(int G, int D, int group_size, int NB, int n_sel,
     size_t o_qsub = take(&l, g * D * sizeof(float)), o_qqsub = take(&l, g * D);
     size_t o_qdsub = take(&l, g * ng * sizeof(float));
     size_t o_probe = take(&l, g * nb * sizeof(float));
-    size_t o_ptmp = take(&l, g * (size_t)block_size * sizeof(float));
+    size_t o_ptmp = take(&l, g * (size_t)sa_max(block_size, NB) * sizeof(float));
     size_t o_val = take(&l, nb * sizeof(double)), o_score = take(&l, nb * sizeof(double)), o_top = take(&l, nb * sizeof(int32_t));
     size_t o_used = take(&l, nb), o_sel = take(&l, (size_t)n_sel * sizeof(int32_t));
     size_t o_chosen = take(&l, g * nb);
@@ -126,22 +126,40 @@ void sa_probe_group(const sa_kernels *kern, sa_scratch *s, const sa_kv *k, int k
                     const float *qf, int seq_len, int block_size, int n_probe)
 {
     const int G = s->G, NB = s->NB;
-    for (int g = 0; g < G; g++) {
+    for (int g = 0; g < G; g++)
         s->heads[g] = g;
-        s->sp[g] = s->probe_tmp + (ptrdiff_t)g * block_size;
+    /* Full blocks sample the same offsets j*step, so the j-th samples of all
+     * of them are one strided run of rows (block_size apart): one kernel
+     * call per offset instead of one per block. */
+    const int full = seq_len / block_size;
+    const int step = sa_max(1, block_size / n_probe);
+    const int cnt = sa_ceil_div(block_size, step);
+    for (int j = 0; j < cnt && full > 0; j++) {
+        for (int g = 0; g < G; g++)
+            s->sp[g] = (j == 0 ? s->probe : s->probe_tmp) + (ptrdiff_t)g * NB;
+        sa_score_rows(kern, s, k, kh, qf, s->heads, G, j * step, block_size, full);
+        if (j == 0)
+            continue;
+        for (int g = 0; g < G; g++) {
+            float *best = s->probe + (ptrdiff_t)g * NB;
+            const float *d = s->probe_tmp + (ptrdiff_t)g * NB;
+            for (int b = 0; b < full; b++)
+                best[b] = d[b] > best[b] ? d[b] : best[b];
+        }
     }
-    for (int b = 0; b < NB; b++) {
-        const int p0 = b * block_size;
-        const int p_end = sa_min(p0 + block_size, seq_len);
-        const int step = sa_max(1, (p_end - p0) / n_probe);
-        const int cnt = sa_ceil_div(p_end - p0, step);
-        sa_score_rows(kern, s, k, kh, qf, s->heads, G, p0, step, cnt);
+    if (full < NB) {
+        /* The partial last block has its own step. */
+        const int p0 = full * block_size, len = seq_len - p0;
+        const int pstep = sa_max(1, len / n_probe), pcnt = sa_ceil_div(len, pstep);
+        for (int g = 0; g < G; g++)
+            s->sp[g] = s->probe_tmp + (ptrdiff_t)g * block_size;
+        sa_score_rows(kern, s, k, kh, qf, s->heads, G, p0, pstep, pcnt);
         for (int g = 0; g < G; g++) {
             const float *d = s->sp[g];
             float best = d[0];
-            for (int i = 1; i < cnt; i++)
+            for (int i = 1; i < pcnt; i++)
                 best = d[i] > best ? d[i] : best;
-            s->probe[(ptrdiff_t)g * NB + b] = best;
+            s->probe[(ptrdiff_t)g * NB + full] = best;
         }
     }
 }

@@ -3,12 +3,21 @@
  *
  * Starting threads per call cost ~65 us per thread on the development VM,
  * which is a fifth of a 4K-token decode step at the memory floor; the pool
- * pays it once.  One call owns the pool at a time; a call that finds it busy
- * (another Python thread is inside the core) runs its items on the calling
- * thread instead.  Items never depend on which thread runs them, so that
- * changes nothing but speed.
+ * pays it once.
+ *
+ * Items are claimed one at a time from an atomic counter by the calling
+ * thread and by whichever workers wake up in time.  The caller never waits
+ * for a worker that has not started: when the cores are oversubscribed (a
+ * torch model's own threads spinning beside us), a late worker finds nothing
+ * left and the caller has done the work itself.  Items never depend on which
+ * thread runs them (each thread has its own scratch), so none of this
+ * changes a result, only the time.
+ *
+ * One call owns the pool at a time; a call that finds it busy (another
+ * Python thread is inside the core) runs its items on its own thread.
  */
 #include <pthread.h>
+#include <stdatomic.h>
 #include <stdlib.h>
 
 #include "internal.h"
@@ -18,31 +27,31 @@
 typedef struct {
     sa_item_fn fn;
     void *ctx;
-    int first, last, worker;
-    int status;
-} chunk;
+    int n_items;
+    atomic_int next;          /* the next unclaimed item */
+    int *status;              /* per item */
+} job;
 
-static void run_chunk(chunk *c)
+/* Claim and run items until none is left. */
+static void run_items(job *j, int worker)
 {
-    c->status = SA_OK;
-    for (int i = c->first; i < c->last; i++) {
-        int rc = c->fn(c->ctx, i, c->worker);
-        if (rc) {
-            c->status = rc;
-            break;
-        }
+    for (;;) {
+        const int i = atomic_fetch_add(&j->next, 1);
+        if (i >= j->n_items)
+            return;
+        j->status[i] = j->fn(j->ctx, i, worker);
     }
 }
 
 static struct {
     pthread_mutex_t owner;     /* held by the call using the pool */
     pthread_mutex_t lock;      /* guards the fields below */
-    pthread_cond_t wake, done;
+    pthread_cond_t wake, idle;
     int started;               /* workers 1..started exist */
     unsigned long generation;  /* bumped once per job */
-    chunk *chunks;             /* chunks[w] for worker w of the current job */
-    int n_chunks;
-    int pending;               /* workers still running the current job */
+    job *open;                 /* the job workers may join, or NULL once closed */
+    int max_worker;            /* workers 1..max_worker may join it */
+    int busy;                  /* workers inside the open job */
     unsigned long born[SA_MAX_WORKERS]; /* the generation each worker started at */
 } pool = {PTHREAD_MUTEX_INITIALIZER, PTHREAD_MUTEX_INITIALIZER, PTHREAD_COND_INITIALIZER,
           PTHREAD_COND_INITIALIZER, 0, 0, NULL, 0, 0, {0}};
@@ -58,13 +67,14 @@ static void *worker_main(void *arg)
         while (pool.generation == seen)
             pthread_cond_wait(&pool.wake, &pool.lock);
         seen = pool.generation;
-        if (w < pool.n_chunks) {
-            chunk *c = &pool.chunks[w];
+        job *j = pool.open;
+        if (j && w <= pool.max_worker) {
+            pool.busy++;
             pthread_mutex_unlock(&pool.lock);
-            run_chunk(c);
+            run_items(j, w);
             pthread_mutex_lock(&pool.lock);
-            if (--pool.pending == 0)
-                pthread_cond_signal(&pool.done);
+            if (--pool.busy == 0)
+                pthread_cond_signal(&pool.idle);
         }
     }
     return NULL;
@@ -76,17 +86,17 @@ static void reset_in_child(void)
     pthread_mutex_init(&pool.owner, NULL);
     pthread_mutex_init(&pool.lock, NULL);
     pthread_cond_init(&pool.wake, NULL);
-    pthread_cond_init(&pool.done, NULL);
+    pthread_cond_init(&pool.idle, NULL);
     pool.started = 0;
-    pool.n_chunks = 0;
-    pool.pending = 0;
+    pool.open = NULL;
+    pool.busy = 0;
 }
 
 static pthread_once_t atfork_once = PTHREAD_ONCE_INIT;
 static void install_atfork(void) { pthread_atfork(NULL, NULL, reset_in_child); }
 
-/* Start workers up to index `want - 1`; returns how many chunks can run in
- * parallel (1 + started workers). Called with pool.owner held. */
+/* Start workers up to index `want - 1`; returns how many threads can take
+ * part (1 + started workers).  Called with pool.owner held. */
 static int ensure_workers(int want)
 {
     pthread_once(&atfork_once, install_atfork);
@@ -95,7 +105,6 @@ static int ensure_workers(int want)
         pthread_attr_t attr;
         pthread_attr_init(&attr);
         pthread_attr_setdetachstate(&attr, PTHREAD_CREATE_DETACHED);
-        /* The new worker treats the current generation as already done. */
         pthread_mutex_lock(&pool.lock);
         pool.born[pool.started + 1] = pool.generation;
         const int ok = pthread_create(&tid, &attr, worker_main,
@@ -122,40 +131,38 @@ int sa_workers_for(int n_items, int threads)
 int sa_parallel_for(int n_items, int n_workers, sa_item_fn fn, void *ctx)
 {
     n_workers = sa_workers_for(n_items, n_workers);
-    chunk local[SA_MAX_WORKERS];
-    for (int w = 0; w < n_workers; w++)
-        local[w] = (chunk){fn, ctx, (int)((int64_t)n_items * w / n_workers),
-                           (int)((int64_t)n_items * (w + 1) / n_workers), w, SA_OK};
+    int *status = calloc((size_t)(n_items > 0 ? n_items : 1), sizeof *status);
+    if (!status)
+        return SA_ERR_NOMEM;
+    job j = {fn, ctx, n_items, 0, status};
 
-    int parallel = 1;
     if (n_workers > 1 && pthread_mutex_trylock(&pool.owner) == 0) {
-        parallel = sa_min(n_workers, ensure_workers(n_workers));
-        if (parallel > 1) {
+        const int helpers = sa_min(n_workers, ensure_workers(n_workers)) - 1;
+        if (helpers > 0) {
             pthread_mutex_lock(&pool.lock);
-            pool.chunks = local;
-            pool.n_chunks = parallel;
-            pool.pending = parallel - 1;
+            pool.open = &j;
+            pool.max_worker = helpers;
             pool.generation++;
             pthread_cond_broadcast(&pool.wake);
             pthread_mutex_unlock(&pool.lock);
         }
-        run_chunk(&local[0]);
-        if (parallel > 1) {
+        run_items(&j, 0);
+        if (helpers > 0) {
+            /* Close the job to late workers; wait only for those inside it
+             * (each is finishing an item it claimed). */
             pthread_mutex_lock(&pool.lock);
-            while (pool.pending > 0)
-                pthread_cond_wait(&pool.done, &pool.lock);
-            pool.n_chunks = 0;
+            pool.open = NULL;
+            while (pool.busy > 0)
+                pthread_cond_wait(&pool.idle, &pool.lock);
             pthread_mutex_unlock(&pool.lock);
         }
         pthread_mutex_unlock(&pool.owner);
     } else {
-        run_chunk(&local[0]);
+        run_items(&j, 0);
     }
-    /* Chunks no worker took run here, in order. */
-    for (int w = parallel; w < n_workers; w++)
-        run_chunk(&local[w]);
     int rc = SA_OK;
-    for (int w = 0; w < n_workers && rc == SA_OK; w++)
-        rc = local[w].status;
+    for (int i = 0; i < n_items && rc == SA_OK; i++)
+        rc = status[i];
+    free(status);
     return rc;
 }
