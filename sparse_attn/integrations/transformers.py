@@ -1,0 +1,698 @@
+"""Hugging Face transformers attention backend: ``attn_implementation="sparse_topk"``.
+
+One line switches a model that runs with transformers on a CPU to the
+package's block-sparse top-k decode::
+
+    import sparse_attn.integrations.transformers as sat
+    sat.register()                  # or: sat.enable(model, k_blocks=32, ...)
+    model = AutoModelForCausalLM.from_pretrained(..., attn_implementation="sparse_topk")
+
+What runs (per attention layer, shape legend of :mod:`sparse_attn`):
+
+* **prefill** (``T > 1`` query tokens, or the first token of a sequence):
+  :func:`sparse_attn.prefill`, exact causal attention of the queries at
+  ``[S - T, S)``; the importance it returns (SPEC §3) is added to the layer's
+  record, so a prompt fed in chunks accumulates it;
+* **decode** (one query token after a prefill): :func:`sparse_attn.sparse_decode`
+  with the layer's importance, the model's GQA layout and the model's own
+  ``scaling``; layers listed in ``dense_layers`` run :func:`sparse_attn.dense_decode`.
+
+Settings are per model (:func:`enable`; ``model.sparse_attn``, mirrored as a
+plain dict in ``model.config.sparse_attn``); a model loaded with
+``attn_implementation="sparse_topk"`` and never passed to :func:`enable`
+runs with the SPEC defaults (or with the dict saved in its config).
+
+KV caches
+---------
+* transformers' own ``DynamicCache`` (the default): a float32 cache is read
+  through zero-copy numpy views of its contiguous CPU tensors; a
+  bfloat16/float16 cache is converted to float32 at every step (a copy of the
+  whole cache per layer and step: use ``kv_dtype="float32"`` to avoid it).
+  The importance record lives on each attention module
+  (``module._sparse_attn_record``), so one such cache per model at a time:
+  alternating two sequences on one model is refused, not mixed.
+* :class:`SparseKVCache`: a transformers ``Cache`` whose layers each hold a
+  :class:`sparse_attn.KVCache` (``dtype="q8"`` quantises in C on append and
+  holds ~3.6x less memory than float32; ``"float32"`` converts only the new
+  tokens).  The importance record lives in that ``KVCache``, i.e. per cache.
+  Its ``update`` returns K/V tensors that carry a reference to the layer
+  (attribute ``_sparse_attn_layer``); the attention function reads the
+  ``KVCache`` through it and hands its buffers (``Q8`` for q8) to the kernels
+  directly.  For q8 those tensors are *placeholders* of the right shape and
+  dtype with no data: any other attention implementation that touches them
+  raises :class:`UnsupportedError` instead of reading garbage, and nothing
+  ever dequantises the cache.  Mask creation only asks the cache for lengths.
+  ``enable(model, kv_dtype=...)`` makes ``model.generate`` create one; for
+  your own forward calls pass ``cache=SparseKVCache(model)``.
+
+Refused, with an :class:`UnsupportedError` naming the alternative: batch > 1
+(and any padding), sliding-window / chunked / bidirectional layers, custom or
+packed-sequence masks, pre-allocated (static) caches, tensors not on the CPU,
+autograd (``sparse_topk`` has no backward: run under ``torch.no_grad()``),
+attention dropout, ``output_attentions``, softcapping and attention sinks.
+"""
+import math
+import types
+import warnings
+from dataclasses import asdict, dataclass, field
+
+import numpy as np
+import torch
+from transformers import AttentionInterface
+from transformers.cache_utils import Cache, CacheLayerMixin, DynamicCache
+from transformers.masking_utils import AttentionMaskInterface, causal_mask_function
+
+import sparse_attn as sa
+from sparse_attn import _checks as ck
+from sparse_attn._api import select_params
+from sparse_attn._checks import ArgumentError, ArgumentTypeError, SparseAttnError
+from sparse_attn.cache import DTYPES as CACHE_DTYPES
+
+NAME = "sparse_topk"
+KV_DTYPES = (None, "float32", "q8")
+
+__all__ = ["NAME", "register", "enable", "get_settings", "SparseAttnSettings", "SparseKVCache",
+           "SparseKVLayer", "UnsupportedError", "sparse_topk_attention", "sparse_topk_mask"]
+
+
+class UnsupportedError(SparseAttnError, NotImplementedError):
+    """A model, input or setting ``sparse_topk`` does not handle; the message
+    names the alternative.  Raised instead of computing something wrong."""
+
+
+# --------------------------------------------------------------------------- settings
+
+@dataclass(frozen=True)
+class SparseAttnSettings:
+    """The per-model settings of the ``sparse_topk`` backend.
+
+    Parameters
+    ----------
+    k_blocks, block_size, n_probe, recency, importance_fraction, sink_blocks, share
+        As :func:`sparse_attn.sparse_decode` (defaults 32, 32, 8, True, 0.5, 0,
+        ``"head"``: the seed's rules, SPEC §2 and §6).
+    dense_layers : tuple of int, default ()
+        Layer indices whose decode step stays exact (:func:`sparse_attn.dense_decode`).
+    kv_dtype : None, ``"float32"`` or ``"q8"``, default None
+        None uses the cache transformers makes (``DynamicCache``); otherwise
+        ``model.generate`` uses a :class:`SparseKVCache` of that dtype.
+    group_size : int, default 32
+        q8 group size (must divide head_dim).
+    threads : int or None, default None
+        Kernel threads (None: ``SPARSE_ATTN_NUM_THREADS`` or the usable cores).
+    """
+
+    k_blocks: int = 32
+    block_size: int = 32
+    n_probe: int = 8
+    recency: bool = True
+    importance_fraction: float = 0.5
+    sink_blocks: int = 0
+    share: str = "head"
+    dense_layers: tuple = field(default=())
+    kv_dtype: str = None
+    group_size: int = 32
+    threads: int = None
+
+    def __post_init__(self):
+        # select_params checks every selection knob and names the bad one.
+        select_params(self.k_blocks, self.block_size, self.n_probe, self.recency,
+                      self.importance_fraction, self.sink_blocks, self.share)
+        try:
+            layers = list(self.dense_layers)
+        except TypeError:
+            raise ArgumentTypeError(f"dense_layers must be an iterable of layer indices, "
+                                    f"got {self.dense_layers!r}") from None
+        dense = tuple(sorted({ck.check_int(f"dense_layers[{n}]", i, minimum=0)
+                              for n, i in enumerate(layers)}))
+        object.__setattr__(self, "dense_layers", dense)
+        if self.kv_dtype not in KV_DTYPES:
+            raise ArgumentError(f"kv_dtype must be one of {KV_DTYPES}, got {self.kv_dtype!r}")
+        ck.check_int("group_size", self.group_size, minimum=1)
+        if self.threads is not None:
+            ck.check_int("threads", self.threads, minimum=1)
+
+    def to_dict(self):
+        """The settings as a JSON-friendly dict (what ``config.sparse_attn`` holds)."""
+        d = asdict(self)
+        d["dense_layers"] = list(self.dense_layers)
+        return d
+
+    def decode_kwargs(self):
+        return dict(k_blocks=self.k_blocks, block_size=self.block_size, n_probe=self.n_probe,
+                    recency=self.recency, importance_fraction=self.importance_fraction,
+                    sink_blocks=self.sink_blocks, share=self.share)
+
+
+def _attention_modules(model):
+    """The attention modules of a transformers model: the ones the
+    AttentionInterface is called with (they know their layer and scaling)."""
+    return [m for m in model.modules()
+            if isinstance(getattr(m, "layer_idx", None), int) and hasattr(m, "scaling")
+            and hasattr(m, "is_causal") and hasattr(m, "config")]
+
+
+def _settings_of(module):
+    settings = module.__dict__.get("sparse_attn")
+    if settings is None:
+        # register() + from_pretrained(attn_implementation=...) without enable():
+        # the dict a saved config carries, else the defaults.
+        settings = SparseAttnSettings(**(getattr(module.config, "sparse_attn", None) or {}))
+        module.sparse_attn = settings
+    return settings
+
+
+def get_settings(model):
+    """The :class:`SparseAttnSettings` a model runs with."""
+    settings = getattr(model, "sparse_attn", None)
+    if isinstance(settings, SparseAttnSettings):
+        return settings
+    modules = _attention_modules(model)
+    if not modules:
+        raise UnsupportedError(f"{type(model).__name__} has no attention module with a layer_idx")
+    return _settings_of(modules[0])
+
+
+# --------------------------------------------------------------------------- registration
+
+def register():
+    """Register ``"sparse_topk"`` with transformers: the attention function
+    (``AttentionInterface``) and its mask function (``AttentionMaskInterface``,
+    without which transformers would silently drop the causal mask and every
+    check on it).  Idempotent."""
+    AttentionInterface.register(NAME, sparse_topk_attention)
+    AttentionMaskInterface.register(NAME, sparse_topk_mask)
+
+
+def enable(model, *, k_blocks=32, block_size=32, n_probe=8, recency=True,
+           importance_fraction=0.5, sink_blocks=0, share="head", dense_layers=(),
+           kv_dtype=None, group_size=32, threads=None):
+    """Switch ``model`` to ``sparse_topk`` with these settings (this model only).
+
+    Registers the backend, checks the model (CPU, full causal attention in
+    every layer), stores the settings on the model (``model.sparse_attn``, a
+    :class:`SparseAttnSettings`, and ``model.config.sparse_attn``, a dict) and
+    on each attention module, and sets ``attn_implementation="sparse_topk"``.
+    Calling it again replaces the settings.  Parameters: see
+    :class:`SparseAttnSettings`.
+
+    Returns
+    -------
+    The model.
+
+    Examples
+    --------
+    >>> import sparse_attn.integrations.transformers as sat
+    >>> from transformers import Qwen3Config, Qwen3ForCausalLM
+    >>> cfg = Qwen3Config(vocab_size=64, hidden_size=64, intermediate_size=64,
+    ...                   num_hidden_layers=2, num_attention_heads=4,
+    ...                   num_key_value_heads=2, head_dim=32)
+    >>> model = sat.enable(Qwen3ForCausalLM(cfg).eval(), k_blocks=8, dense_layers=[0])
+    >>> model.config._attn_implementation, model.sparse_attn.k_blocks
+    ('sparse_topk', 8)
+    >>> model.sparse_attn.dense_layers, model.config.sparse_attn["dense_layers"]
+    ((0,), [0])
+    """
+    settings = SparseAttnSettings(
+        k_blocks=k_blocks, block_size=block_size, n_probe=n_probe, recency=recency,
+        importance_fraction=importance_fraction, sink_blocks=sink_blocks, share=share,
+        dense_layers=dense_layers, kv_dtype=kv_dtype, group_size=group_size, threads=threads)
+    modules = _attention_modules(model)
+    if not modules:
+        raise UnsupportedError(
+            f"{type(model).__name__} has no attention module with a layer_idx and scaling: it does "
+            "not use transformers' AttentionInterface, so sparse_topk cannot serve it")
+    n_layers = max(m.layer_idx for m in modules) + 1
+    bad = [i for i in settings.dense_layers if i >= n_layers]
+    if bad:
+        raise ArgumentError(f"dense_layers {bad} are beyond the model's {n_layers} layers "
+                            f"(0..{n_layers - 1})")
+    for m in modules:
+        _check_layer_type(m)
+    devices = {p.device.type for p in model.parameters()}
+    if devices - {"cpu"}:
+        raise UnsupportedError(f"sparse_topk runs on the CPU; the model has parameters on "
+                               f"{sorted(devices)}: move it with model.to('cpu'), or keep "
+                               "attn_implementation='sdpa' on an accelerator")
+    register()
+    model.sparse_attn = settings
+    for m in modules:
+        m.sparse_attn = settings
+        m.config.sparse_attn = settings.to_dict()
+    if hasattr(model, "set_attn_implementation"):
+        model.set_attn_implementation(NAME)
+    else:
+        model.config._attn_implementation = NAME
+    _install_generate_cache(model)
+    return model
+
+
+def _check_layer_type(module):
+    layer_types = getattr(module.config, "layer_types", None)
+    kind = layer_types[module.layer_idx] if layer_types else "full_attention"
+    if kind != "full_attention" or getattr(module, "sliding_window", None) is not None:
+        raise UnsupportedError(
+            f"layer {module.layer_idx} is a {kind!r} layer (sliding_window="
+            f"{getattr(module, 'sliding_window', None)}); sparse_topk serves full causal "
+            "attention layers only: use attn_implementation='sdpa' for this model")
+
+
+def _install_generate_cache(model):
+    """Make ``model.generate`` build a :class:`SparseKVCache` when the model's
+    settings ask for a kv_dtype, by overriding this instance's
+    ``_prepare_cache_for_generation`` (where transformers creates the cache
+    generate uses; a cache the caller passes is left alone).  Bound with
+    MethodType so that a deepcopy of the model rebinds it to the copy."""
+    if "_prepare_cache_for_generation" in model.__dict__ or \
+            not hasattr(type(model), "_prepare_cache_for_generation"):
+        return
+    model._prepare_cache_for_generation = types.MethodType(_prepare_cache_for_generation, model)
+
+
+def _prepare_cache_for_generation(self, generation_config, model_kwargs, *args, **kwargs):
+    result = type(self)._prepare_cache_for_generation(self, generation_config, model_kwargs,
+                                                      *args, **kwargs)
+    settings = getattr(self, "sparse_attn", None)
+    if (isinstance(settings, SparseAttnSettings) and settings.kv_dtype is not None
+            and self.config._attn_implementation == NAME):
+        for key in ("cache", "past_key_values"):
+            made = model_kwargs.get(key)
+            if type(made) is DynamicCache and not getattr(made, "_is_user_defined", False):
+                model_kwargs[key] = SparseKVCache(self)
+    return result
+
+
+# --------------------------------------------------------------------------- the q8 / float32 cache
+
+class _KVPlaceholder(torch.Tensor):
+    """What a q8 :class:`SparseKVLayer` returns as K or V: the shape and
+    dtype transformers expects, no data, and a reference to the layer.  Only
+    the sparse_topk attention function knows to read the layer's q8 buffers;
+    any torch operation on it raises instead of computing on garbage."""
+
+    @staticmethod
+    def __new__(cls, layer, which, shape, dtype):
+        t = torch.Tensor._make_wrapper_subclass(cls, shape, dtype=dtype, device="cpu")
+        t._sparse_attn_layer = layer
+        t._which = which
+        return t
+
+    __torch_function__ = torch._C._disabled_torch_function_impl
+
+    @classmethod
+    def __torch_dispatch__(cls, func, types, args=(), kwargs=None):
+        raise UnsupportedError(
+            f"{func} on the q8 {args[0]._which if args and isinstance(args[0], cls) else 'KV'} "
+            "of a SparseKVCache: its K/V are q8 buffers only the 'sparse_topk' attention can "
+            "read. Use attn_implementation='sparse_topk' with this cache, or a DynamicCache "
+            "with other implementations")
+
+    def __repr__(self):
+        return f"<q8 {self._which} placeholder {tuple(self.shape)} of {self._sparse_attn_layer!r}>"
+
+
+class SparseKVLayer(CacheLayerMixin):
+    """One layer of a :class:`SparseKVCache`: a :class:`sparse_attn.KVCache`
+    (``kv``) that quantises (q8) or converts (float32) each update's new
+    tokens only.  Batch 1.
+
+    Parameters
+    ----------
+    dtype : ``"q8"`` (default) or ``"float32"``
+    group_size : int, default 32
+    capacity : int, default 1024; rows allocated at the first update (doubles as needed)
+    """
+
+    is_sliding = False
+    is_compileable = False
+    is_croppable = False
+
+    def __init__(self, dtype="q8", group_size=32, capacity=1024, **kwargs):
+        super().__init__()
+        if dtype not in CACHE_DTYPES:
+            raise ArgumentError(f"dtype must be one of {CACHE_DTYPES}, got {dtype!r}")
+        self.dtype = dtype
+        self.group_size = ck.check_int("group_size", group_size, minimum=1)
+        self.capacity = ck.check_int("capacity", capacity, minimum=1)
+        self.kv = None
+
+    def lazy_initialization(self, key_states, value_states):
+        _check_cpu("key_states", key_states)
+        b, hkv, _, d = key_states.shape
+        if b != 1:
+            raise UnsupportedError(f"SparseKVCache holds one sequence (batch 1), got batch {b}: "
+                                   "run the sequences one at a time, or use a DynamicCache")
+        if value_states.shape[3] != d:
+            raise UnsupportedError(f"SparseKVCache needs K and V of one head_dim, got {d} and "
+                                   f"{value_states.shape[3]}")
+        self.kv = sa.KVCache(hkv, d, capacity=self.capacity, dtype=self.dtype,
+                             group_size=self.group_size)
+        self.model_dtype = key_states.dtype
+        self.device = key_states.device
+        self.is_initialized = True
+
+    def update(self, key_states, value_states, *args, **kwargs):
+        """Append the new tokens (``[1, Hkv, T, D]``, any float dtype) and
+        return the whole layer's K and V (``[1, Hkv, S, D]``: views of the
+        float32 buffers, or q8 placeholders)."""
+        if not self.is_initialized:
+            self.lazy_initialization(key_states, value_states)
+        want = (1, self.kv.n_kv_heads, key_states.shape[2], self.kv.head_dim)
+        if tuple(key_states.shape) != want or tuple(value_states.shape) != want:
+            raise UnsupportedError(f"SparseKVCache layer expects K/V of shape {list(want)}, got "
+                                   f"{list(key_states.shape)} and {list(value_states.shape)}")
+        self.kv.append(_new_rows(key_states), _new_rows(value_states))
+        self._handles()
+        return self.keys, self.values
+
+    def _handles(self):
+        shape = (1, self.kv.n_kv_heads, self.kv.seq_len, self.kv.head_dim)
+        if self.dtype == "float32":
+            self.keys = torch.from_numpy(self.kv.k).unsqueeze(0)
+            self.values = torch.from_numpy(self.kv.v).unsqueeze(0)
+            self.keys._sparse_attn_layer = self.values._sparse_attn_layer = self
+        else:
+            self.keys = _KVPlaceholder(self, "K", shape, self.model_dtype)
+            self.values = _KVPlaceholder(self, "V", shape, self.model_dtype)
+
+    def get_seq_length(self):
+        return 0 if self.kv is None else self.kv.seq_len
+
+    def get_mask_sizes(self, query_length):
+        return self.get_seq_length() + query_length, 0
+
+    def get_max_length(self):
+        return -1
+
+    @property
+    def nbytes(self):
+        """Bytes held by this layer's K and V (at its current capacity)."""
+        return 0 if self.kv is None else self.kv.nbytes
+
+    def reset(self):
+        if self.kv is not None:
+            self.kv.reset()
+        self.keys = self.values = None
+        if self.kv is not None:
+            self._handles()
+
+    def offload(self):
+        pass
+
+    def prefetch(self):
+        pass
+
+    def crop(self, tokens_to_remove):
+        if tokens_to_remove:
+            raise UnsupportedError("SparseKVCache cannot be cropped (assisted decoding, "
+                                   "rollbacks): use a DynamicCache for that")
+
+    def reorder_cache(self, beam_idx):
+        if self.get_seq_length() and beam_idx.tolist() != [0]:
+            raise UnsupportedError("SparseKVCache holds one sequence: beam search needs "
+                                   "num_beams=1, or a DynamicCache with attn_implementation='sdpa'")
+
+    def batch_repeat_interleave(self, repeats):
+        if repeats != 1:
+            raise UnsupportedError("SparseKVCache holds one sequence: use num_beams=1 and "
+                                   "num_return_sequences=1")
+
+    def batch_select_indices(self, indices):
+        if torch.as_tensor(indices).tolist() not in ([0], [True]):
+            raise UnsupportedError("SparseKVCache holds one sequence; it cannot select batch rows")
+
+    def __repr__(self):
+        return f"SparseKVLayer({self.kv!r})" if self.kv is not None else \
+            f"SparseKVLayer(dtype={self.dtype!r}, empty)"
+
+
+def _new_rows(states):
+    """float32 C-contiguous ``[Hkv, T, D]`` numpy array of one update's tokens."""
+    return states[0].detach().to(torch.float32).contiguous().numpy()
+
+
+class SparseKVCache(Cache):
+    """A transformers ``Cache`` of :class:`SparseKVLayer` s: the KV in the
+    layout the sparse_attn kernels read, q8 (default) or float32.
+
+    q8 stores int8 values and one float32 scale per ``group_size`` values:
+    ``(group_size + 4) / (4 * group_size)`` of float32 (0.28, i.e. 3.6x less,
+    at the default 32).  The importance record of each layer lives in its
+    :class:`sparse_attn.KVCache`.  Read by ``attn_implementation="sparse_topk"``
+    only (q8 K/V have no float tensors to give anyone else).
+
+    Parameters
+    ----------
+    model_or_config : a transformers model or its config
+        Gives the number of layers (all must be full attention) and, from a
+        model enabled with ``kv_dtype``/``group_size``, the defaults below.
+    dtype : ``"q8"`` or ``"float32"``, default: the model's ``kv_dtype`` or ``"q8"``
+    group_size : int, default: the model's ``group_size`` (32)
+    capacity : int, default 1024; rows allocated per layer up front
+
+    Examples
+    --------
+    ``model.generate(**inputs, cache=SparseKVCache(model))``.
+    """
+
+    def __init__(self, model_or_config, *, dtype=None, group_size=None, capacity=1024):
+        config = getattr(model_or_config, "config", model_or_config)
+        settings = getattr(model_or_config, "sparse_attn", None)
+        if dtype is None:
+            dtype = getattr(settings, "kv_dtype", None) or "q8"
+        if group_size is None:
+            group_size = getattr(settings, "group_size", 32)
+        text = config.get_text_config(decoder=True) if hasattr(config, "get_text_config") \
+            else config
+        n_layers = ck.check_int("num_hidden_layers", text.num_hidden_layers, minimum=1)
+        kinds = set(getattr(text, "layer_types", None) or ["full_attention"])
+        if kinds != {"full_attention"} or getattr(text, "use_sliding_window", False):
+            raise UnsupportedError(f"SparseKVCache serves full-attention layers only; this model "
+                                   f"has layer types {sorted(kinds)}: use a DynamicCache")
+        super().__init__(layers=[SparseKVLayer(dtype, group_size, capacity)
+                                 for _ in range(n_layers)])
+        self.dtype = dtype
+
+    @property
+    def nbytes(self):
+        """Bytes held by every layer's K and V (at their current capacity)."""
+        return sum(layer.nbytes for layer in self.layers)
+
+
+# --------------------------------------------------------------------------- mask
+
+def sparse_topk_mask(batch_size, q_length, kv_length, q_offset=0, kv_offset=0,
+                     mask_function=causal_mask_function, attention_mask=None, **kwargs):
+    """The ``AttentionMaskInterface`` entry of ``sparse_topk``.
+
+    The kernels apply the causal mask themselves (queries at ``[S - T, S)``),
+    so the only mask this returns is None, and only for what they compute:
+    one unpadded sequence, plain causal attention, keys ``[0, S)``.  Anything
+    else (padding, sliding/chunked/bidirectional patterns, packed sequences,
+    extra mask overlays, a pre-allocated cache) raises
+    :class:`UnsupportedError`.
+    """
+    if batch_size != 1:
+        raise UnsupportedError(
+            f"sparse_topk runs one sequence at a time (batch 1), got batch {batch_size}: loop "
+            "over the prompts, or use attn_implementation='sdpa' for batched/padded inputs")
+    if mask_function is not causal_mask_function:
+        name = getattr(mask_function, "__qualname__", repr(mask_function))
+        raise UnsupportedError(
+            f"sparse_topk computes plain causal attention; this model asked for another mask "
+            f"pattern ({name}: sliding-window, chunked, bidirectional, packed sequences or an "
+            "overlay): use attn_implementation='sdpa' for it")
+    if attention_mask is not None and not bool(attention_mask.all()):
+        raise UnsupportedError(
+            "sparse_topk does not support padding (the attention_mask has zeros): pass the "
+            "sequence without padding, or use attn_implementation='sdpa' for padded inputs")
+    q_offset = int(q_offset)
+    if int(kv_offset) != 0 or q_offset + q_length != kv_length:
+        raise UnsupportedError(
+            f"the cache reports kv_length {kv_length} at offset {int(kv_offset)} for "
+            f"{q_length} queries after {q_offset} cached tokens: a pre-allocated (static) or "
+            "windowed cache, which sparse_topk does not read. Use the default DynamicCache "
+            "or sparse_attn.integrations.transformers.SparseKVCache")
+    return None
+
+
+# --------------------------------------------------------------------------- attention
+
+class _ImportanceRecord:
+    """Per-layer importance of the sequence in a transformers-owned cache:
+    float32 ``[length]``, growing by doubling."""
+
+    def __init__(self):
+        self._buf = np.zeros(1024, np.float32)
+        self.length = 0
+
+    def _reserve(self, n):
+        if n > self._buf.shape[0]:
+            buf = np.zeros(max(n, 2 * self._buf.shape[0]), np.float32)
+            buf[:self.length] = self._buf[:self.length]
+            self._buf = buf
+
+    def prepare(self, layer_idx, past, seq):
+        """Check the record covers exactly the ``past`` tokens of this
+        sequence (a new sequence when ``past == 0``), then extend it with
+        zeros to ``seq`` tokens."""
+        if past == 0:
+            self.length = 0
+        elif self.length != past:
+            raise UnsupportedError(
+                f"layer {layer_idx}: the importance recorded for this model covers "
+                f"{self.length} tokens but the cache holds {past}: the cache belongs to another "
+                "sequence (two caches used alternately, or a cropped cache). Give each sequence "
+                "its own sparse_attn.integrations.transformers.SparseKVCache, which keeps "
+                "importance per cache")
+        self._reserve(seq)
+        self._buf[self.length:seq] = 0
+        self.length = seq
+
+    def add(self, importance):
+        self._buf[:importance.shape[0]] += importance
+
+    @property
+    def importance(self):
+        return self._buf[:self.length]
+
+
+def _check_cpu(name, t):
+    if t.device.type != "cpu":
+        raise UnsupportedError(
+            f"sparse_topk runs on CPU tensors; {name} is on {t.device}: keep "
+            "attn_implementation='sdpa' (or a flash kernel) on an accelerator, or move the "
+            "model to the CPU")
+
+
+def _float32_kv(name, t):
+    """``[Hkv, S, D]`` float32 numpy of a ``[1, Hkv, S, D]`` K/V tensor:
+    a zero-copy view when it is float32 with contiguous rows (the head
+    stride may be larger than S rows), else a float32 copy."""
+    t = t.detach()[0]
+    if isinstance(t, _KVPlaceholder):
+        raise UnsupportedError(f"{name} is a q8 placeholder separated from its SparseKVCache")
+    if t.dtype != torch.float32 or t.stride(2) != 1 or (t.shape[1] > 1
+                                                        and t.stride(1) != t.shape[2]):
+        t = t.to(torch.float32).contiguous()
+    return t.numpy()
+
+
+def sparse_topk_attention(module, query, key, value, attention_mask, scaling=None,
+                          dropout=0.0, **kwargs):
+    """The ``AttentionInterface`` function of ``attn_implementation="sparse_topk"``.
+
+    Parameters
+    ----------
+    module : the attention module (``layer_idx``, ``config``, ``is_causal``, ``training``)
+    query : ``[1, H, T, D]`` float32/bfloat16/float16 CPU tensor
+    key, value : ``[1, Hkv, S, D]`` (after the cache update; ``S >= T``), or
+        the K/V a :class:`SparseKVCache` returned
+    attention_mask : None (what :func:`sparse_topk_mask` returns)
+    scaling : float, default ``module.scaling`` or ``1/sqrt(D)``
+    dropout : must be 0
+
+    Returns
+    -------
+    attn_output : ``[1, T, H, D]`` in the query's dtype
+    attn_weights : None
+    """
+    settings = _settings_of(module)
+    layer_idx = module.layer_idx
+    _refuse_unsupported(module, query, key, value, attention_mask, dropout, kwargs)
+    _, n_heads, T, D = query.shape
+    if scaling is None:
+        scaling = getattr(module, "scaling", None) or 1.0 / math.sqrt(D)
+
+    layer = getattr(key, "_sparse_attn_layer", None)
+    if layer is not None and getattr(value, "_sparse_attn_layer", None) is layer:
+        kv = layer.kv
+        k, v = kv.k, kv.v
+        store = None
+    else:
+        if settings.kv_dtype is not None and not module.__dict__.get("_sparse_attn_warned"):
+            module._sparse_attn_warned = True
+            warnings.warn(f"sparse_topk: kv_dtype={settings.kv_dtype!r} is set but this forward "
+                          "got a transformers cache; it runs on that cache's float K/V. Pass "
+                          "cache=SparseKVCache(model) to use the setting", stacklevel=3)
+        k, v = _float32_kv("key", key), _float32_kv("value", value)
+        store = module.__dict__.get("_sparse_attn_record")
+        if store is None:
+            store = module._sparse_attn_record = _ImportanceRecord()
+    S = k.shape[1]
+    if v.shape[1] != S or S < T:
+        raise UnsupportedError(f"layer {layer_idx}: key/value hold {S}/{v.shape[1]} tokens for "
+                               f"{T} queries; expected equal lengths >= {T}")
+    past = S - T
+    if store is not None:
+        store.prepare(layer_idx, past, S)
+
+    q = query.detach()[0].to(torch.float32)
+    threads = settings.threads
+    if T > 1 or past == 0:
+        out, importance = sa.prefill(q.contiguous().numpy(), k, v, start=past, scale=scaling,
+                                     threads=threads)
+        if store is None:
+            kv.add_importance(importance)
+        else:
+            store.add(importance)
+        out = torch.from_numpy(out).transpose(0, 1)
+    else:
+        qd = q[:, 0, :].contiguous().numpy()
+        if layer_idx in settings.dense_layers:
+            out = sa.dense_decode(qd, k, v, scale=scaling, threads=threads)
+        else:
+            importance = kv.importance if store is None else store.importance
+            out, blocks = sa.sparse_decode(qd, k, v, importance=importance, scale=scaling,
+                                           threads=threads, return_blocks=True,
+                                           **settings.decode_kwargs())
+            module.sparse_attn_blocks = blocks
+        out = torch.from_numpy(out).unsqueeze(0)
+    return out.unsqueeze(0).to(query.dtype), None
+
+
+def _refuse_unsupported(module, query, key, value, attention_mask, dropout, kwargs):
+    layer_idx = module.layer_idx
+    _check_cpu("query", query)
+    if not isinstance(key, _KVPlaceholder):
+        _check_cpu("key", key)
+    if query.dtype not in (torch.float32, torch.bfloat16, torch.float16):
+        raise UnsupportedError(f"sparse_topk takes float32/bfloat16/float16 queries, got "
+                               f"{query.dtype}")
+    if dropout:
+        raise UnsupportedError(
+            f"attention dropout ({dropout}) in training: sparse_topk is for inference; call "
+            "model.eval(), or train with attn_implementation='sdpa'")
+    if torch.is_grad_enabled() and (query.requires_grad or key.requires_grad):
+        raise UnsupportedError(
+            "sparse_topk has no backward pass: run inference under torch.no_grad() (generate "
+            "does), or use attn_implementation='sdpa' for training")
+    if query.shape[0] != 1:
+        raise UnsupportedError(
+            f"sparse_topk runs one sequence at a time (batch 1), got batch {query.shape[0]}: loop "
+            "over the prompts, or use attn_implementation='sdpa' for batches")
+    if attention_mask is not None:
+        raise UnsupportedError(
+            "sparse_topk got a materialised attention mask (a custom 4D mask, padding or "
+            "another mask implementation): it computes plain causal attention only; use "
+            "attn_implementation='sdpa' for custom masks")
+    if kwargs.get("sliding_window") is not None or getattr(module, "sliding_window", None):
+        raise UnsupportedError(
+            f"layer {layer_idx} is a sliding-window layer: sparse_topk serves full causal "
+            "attention only; use attn_implementation='sdpa' for this model")
+    is_causal = kwargs.get("is_causal")
+    if not (getattr(module, "is_causal", True) if is_causal is None else is_causal):
+        raise UnsupportedError(
+            f"layer {layer_idx} is not causal (an encoder or bidirectional layer): sparse_topk "
+            "is a causal decoder backend; use attn_implementation='sdpa'")
+    for name in ("softcap", "s_aux", "sinks", "position_bias"):
+        if kwargs.get(name) is not None:
+            raise UnsupportedError(f"sparse_topk does not implement {name} (layer {layer_idx}): "
+                                   "use attn_implementation='eager' or 'sdpa' for this model")
+    if kwargs.get("output_attentions"):
+        raise UnsupportedError("sparse_topk does not return attention weights: use "
+                               "attn_implementation='eager' with output_attentions=True")
+    if key.shape[-1] != query.shape[-1] or value.shape[-1] != query.shape[-1]:
+        raise UnsupportedError(
+            f"sparse_topk needs one head_dim for Q, K and V, got {query.shape[-1]}, "
+            f"{key.shape[-1]}, {value.shape[-1]}: use attn_implementation='sdpa'")

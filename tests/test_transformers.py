@@ -1,0 +1,396 @@
+"""The transformers backend (attn_implementation="sparse_topk") on a tiny,
+randomly initialised Qwen3 model built from a config (no download): Qwen3's
+head_dim 128 and GQA (4 query heads, 2 KV heads), float32 unless stated.
+
+Skipped as a whole when torch or transformers is not installed
+(``bash scripts/install-transformers-extras.sh`` installs them)."""
+import copy
+import doctest
+
+import numpy as np
+import pytest
+
+torch = pytest.importorskip("torch")
+transformers = pytest.importorskip("transformers")
+sat = pytest.importorskip("sparse_attn.integrations.transformers")
+
+import sparse_attn as sa  # noqa: E402
+from transformers import DynamicCache, Qwen3Config, Qwen3ForCausalLM  # noqa: E402
+
+# Same float32 attention, summed in another order than torch's matmul, then
+# two decoder layers and the LM head: a few ulps of the logits' size.
+LOGITS_ATOL = 1e-4
+# bfloat16 weights and activations: the sparse path attends in float32 while
+# eager attends in bfloat16; the logits' bf16 rounding alone is ~4e-3.
+BF16_LOGITS_ATOL = 5e-2
+# q8 K and V (int8 + one float32 scale per 32 values): ~0.4% error per
+# element; measured <= 1e-2 on these logits (whose scale is ~1).
+Q8_LOGITS_ATOL = 3e-2
+# Block sparse with k_blocks=2 of 10 blocks: the logits move by O(0.1-1).
+DROPPED_BLOCKS_MIN_DIFF = 1e-2
+
+PROMPT_TOKENS = 300          # 10 blocks of 32 (the last partial)
+NEW_TOKENS = 12
+ALL_BLOCKS = 16              # > ceil((300 + 12) / 32): every block chosen
+
+
+@pytest.fixture(scope="module", autouse=True)
+def modest_cpu():
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(before)
+
+
+def tiny_config(**overrides):
+    kwargs = dict(vocab_size=512, hidden_size=256, intermediate_size=512, num_hidden_layers=2,
+                  num_attention_heads=4, num_key_value_heads=2, head_dim=128,
+                  max_position_embeddings=4096, attn_implementation="eager")
+    kwargs.update(overrides)
+    return Qwen3Config(**kwargs)
+
+
+@pytest.fixture(scope="module")
+def eager():
+    torch.manual_seed(0)
+    return Qwen3ForCausalLM(tiny_config()).eval()
+
+
+@pytest.fixture(scope="module")
+def prompt():
+    return torch.randint(0, 512, (1, PROMPT_TOKENS), generator=torch.Generator().manual_seed(1))
+
+
+def sparse_copy(model, **settings):
+    """An independent copy (weights and config) switched to sparse_topk."""
+    settings.setdefault("threads", 1)
+    return sat.enable(copy.deepcopy(model), **settings)
+
+
+def greedy(model, ids, n=NEW_TOKENS, **kwargs):
+    with torch.no_grad():
+        out = model.generate(ids, max_new_tokens=n, do_sample=False, output_logits=True,
+                             return_dict_in_generate=True, **kwargs)
+    return out.sequences, torch.stack(out.logits)
+
+
+def forced_logits(model, ids, continuation, cache):
+    """Logits of the prompt's last token and of each teacher-forced
+    continuation token, one decode step at a time."""
+    with torch.no_grad():
+        logits = [model(ids, cache=cache, use_cache=True).logits[:, -1]]
+        for t in range(continuation.shape[1] - 1):
+            step = model(continuation[:, t:t + 1], cache=cache, use_cache=True)
+            logits.append(step.logits[:, -1])
+    return torch.stack(logits)
+
+
+@pytest.fixture(scope="module")
+def eager_run(eager, prompt):
+    return greedy(eager, prompt)
+
+
+# --------------------------------------------------------------------------- agreement
+
+def test_every_block_matches_eager_token_for_token(eager, prompt, eager_run):
+    model = sparse_copy(eager, k_blocks=ALL_BLOCKS)
+    seq, logits = greedy(model, prompt)
+    want_seq, want_logits = eager_run
+    assert torch.equal(seq, want_seq)
+    assert (logits - want_logits).abs().max().item() < LOGITS_ATOL
+
+
+def test_dense_layers_are_exact(eager, prompt, eager_run):
+    model = sparse_copy(eager, k_blocks=1, dense_layers=[0, 1])
+    seq, logits = greedy(model, prompt)
+    assert torch.equal(seq, eager_run[0])
+    assert (logits - eager_run[1]).abs().max().item() < LOGITS_ATOL
+
+
+def test_small_k_runs_and_differs(eager, prompt, eager_run):
+    model = sparse_copy(eager, k_blocks=2)
+    seq, logits = greedy(model, prompt)
+    assert torch.isfinite(logits).all()
+    # The prefill logits (step 0) are exact; the decode steps attend to 2 blocks.
+    assert (logits[0] - eager_run[1][0]).abs().max().item() < LOGITS_ATOL
+    assert (logits[1:] - eager_run[1][1:]).abs().max().item() > DROPPED_BLOCKS_MIN_DIFF
+    for layer in model.model.layers:
+        blocks = layer.self_attn.sparse_attn_blocks
+        assert blocks.shape == (4, 2)            # 4 query heads, k_blocks=2 of 10 blocks
+
+
+def test_decode_is_exact_attention_over_the_chosen_blocks(eager):
+    """Differs from full attention only by the blocks selection dropped."""
+    model = sparse_copy(eager, k_blocks=3)
+    module = model.model.layers[0].self_attn
+    g = torch.Generator().manual_seed(2)
+    S, D = 200, 128
+    k = torch.randn(1, 2, S, D, generator=g)
+    v = torch.randn(1, 2, S, D, generator=g)
+    q_prompt = torch.randn(1, 4, S - 1, D, generator=g)
+    q = torch.randn(1, 4, 1, D, generator=g)
+    with torch.no_grad():
+        sat.sparse_topk_attention(module, q_prompt, k[:, :, :S - 1], v[:, :, :S - 1], None,
+                                  scaling=module.scaling)
+        out, weights = sat.sparse_topk_attention(module, q, k, v, None, scaling=module.scaling)
+    assert weights is None and out.shape == (1, 1, 4, D)
+    blocks = module.sparse_attn_blocks
+    for h in range(4):
+        kh = h // 2
+        tokens = torch.cat([torch.arange(b * 32, min(b * 32 + 32, S)) for b in blocks[h]])
+        scores = (k[0, kh, tokens] @ q[0, h, 0]).double() * module.scaling
+        want = torch.softmax(scores, 0) @ v[0, kh, tokens].double()
+        full_scores = (k[0, kh] @ q[0, h, 0]).double() * module.scaling
+        full = torch.softmax(full_scores, 0) @ v[0, kh].double()
+        got = out[0, 0, h].double()
+        assert (got - want).abs().max() < 1e-5 * want.abs().max()
+        assert (got - full).abs().max() > 1e-3
+
+
+# --------------------------------------------------------------------------- importance
+
+def record(model, layer=0):
+    return model.model.layers[layer].self_attn._sparse_attn_record.importance.copy()
+
+
+def test_chunked_prefill_accumulates_importance(eager, prompt):
+    model = sparse_copy(eager, k_blocks=2)
+    with torch.no_grad():
+        whole = model(prompt, cache=DynamicCache(config=model.config), use_cache=True).logits
+        want = record(model)
+        cache = DynamicCache(config=model.config)
+        model(prompt[:, :200], cache=cache, use_cache=True)
+        first = record(model)
+        chunked = model(prompt[:, 200:], cache=cache, use_cache=True).logits
+        got = record(model)
+    assert first.shape == (200,) and got.shape == want.shape == (PROMPT_TOKENS,)
+    np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-5)
+    assert (got[:200] > first).all()     # the second chunk's queries added to the first's keys
+    assert (chunked[0, -1] - whole[0, -1]).abs().max().item() < LOGITS_ATOL
+
+
+def test_generate_prefill_chunks_give_the_same_tokens(eager, prompt):
+    model = sparse_copy(eager, k_blocks=2)
+    seq, _ = greedy(model, prompt)
+    whole = record(model)
+    chunked_seq, _ = greedy(model, prompt, prefill_chunk_size=64)
+    assert torch.equal(chunked_seq, seq)
+    np.testing.assert_allclose(record(model), whole, rtol=1e-4, atol=1e-5)
+
+
+def test_sparse_kv_cache_keeps_importance_per_cache(eager, prompt):
+    model = sparse_copy(eager, k_blocks=2, kv_dtype="float32")
+    alone = forced_logits(model, prompt, prompt[:, :6], sat.SparseKVCache(model))
+    other = torch.randint(0, 512, (1, 100), generator=torch.Generator().manual_seed(5))
+    c1, c2 = sat.SparseKVCache(model), sat.SparseKVCache(model)
+    with torch.no_grad():
+        steps = [model(prompt, cache=c1, use_cache=True).logits[:, -1]]
+        model(other, cache=c2, use_cache=True)                  # a second sequence in between
+        for t in range(5):
+            steps.append(model(prompt[:, t:t + 1], cache=c1, use_cache=True).logits[:, -1])
+            model(other[:, t:t + 1], cache=c2, use_cache=True)
+    assert torch.equal(torch.stack(steps), alone)
+    assert c1.layers[0].kv.importance.shape == (PROMPT_TOKENS + 5,)
+
+
+def test_alternating_sequences_on_a_transformers_cache_is_refused(eager, prompt):
+    model = sparse_copy(eager, k_blocks=2)
+    c1, c2 = DynamicCache(config=model.config), DynamicCache(config=model.config)
+    with torch.no_grad():
+        model(prompt, cache=c1, use_cache=True)
+        model(prompt[:, :100], cache=c2, use_cache=True)
+        with pytest.raises(sat.UnsupportedError, match="another sequence"):
+            model(prompt[:, :1], cache=c1, use_cache=True)
+
+
+# --------------------------------------------------------------------------- settings
+
+def test_settings_are_per_model_and_visible(eager, prompt):
+    a = sparse_copy(eager, k_blocks=2)
+    b = sparse_copy(eager, k_blocks=ALL_BLOCKS, n_probe=4)
+    assert a.sparse_attn.k_blocks == 2 and b.sparse_attn.k_blocks == ALL_BLOCKS
+    assert b.config.sparse_attn["n_probe"] == 4 and a.config.sparse_attn["n_probe"] == 8
+    assert sat.get_settings(a) is a.sparse_attn
+    seq_a, seq_b = greedy(a, prompt)[0], greedy(b, prompt)[0]
+    cont_a, cont_b = seq_a[:, PROMPT_TOKENS:], seq_b[:, PROMPT_TOKENS:]
+    want_a = forced_logits(a, prompt, cont_a, DynamicCache(config=a.config))
+    want_b = forced_logits(b, prompt, cont_b, DynamicCache(config=b.config))
+    assert (want_a - want_b).abs().max().item() > DROPPED_BLOCKS_MIN_DIFF
+    ca, cb = DynamicCache(config=a.config), DynamicCache(config=b.config)
+    with torch.no_grad():                       # the two models interleaved step by step
+        got_a = [a(prompt, cache=ca, use_cache=True).logits[:, -1]]
+        got_b = [b(prompt, cache=cb, use_cache=True).logits[:, -1]]
+        for t in range(NEW_TOKENS - 1):
+            got_a.append(a(cont_a[:, t:t + 1], cache=ca, use_cache=True).logits[:, -1])
+            got_b.append(b(cont_b[:, t:t + 1], cache=cb, use_cache=True).logits[:, -1])
+    assert torch.equal(torch.stack(got_a), want_a)
+    assert torch.equal(torch.stack(got_b), want_b)
+
+
+def test_register_alone_runs_with_defaults_or_the_config_dict(eager, prompt):
+    sat.register()
+    torch.manual_seed(0)
+    model = Qwen3ForCausalLM(tiny_config(attn_implementation="sparse_topk")).eval()
+    with torch.no_grad():
+        model(prompt, use_cache=True)
+    assert sat.get_settings(model) == sat.SparseAttnSettings()
+    cfg = tiny_config(attn_implementation="sparse_topk")
+    cfg.sparse_attn = {"k_blocks": 4, "dense_layers": [1]}
+    model = Qwen3ForCausalLM(cfg).eval()
+    assert sat.get_settings(model).k_blocks == 4 and sat.get_settings(model).dense_layers == (1,)
+
+
+@pytest.mark.parametrize("bad, match", [
+    (dict(k_blocks=0), "k_blocks"), (dict(block_size=0), "block_size"),
+    (dict(n_probe=0), "n_probe"), (dict(share="all"), "share"),
+    (dict(importance_fraction=1.5), "importance_fraction"), (dict(sink_blocks=-1), "sink_blocks"),
+    (dict(dense_layers=[2]), "dense_layers"), (dict(dense_layers=[-1]), "dense_layers"),
+    (dict(dense_layers=3), "dense_layers"), (dict(kv_dtype="int4"), "kv_dtype"),
+    (dict(group_size=0), "group_size"), (dict(threads=0), "threads"),
+    (dict(k_blocks=2.5), "k_blocks"), (dict(recency="yes"), "recency"),
+])
+def test_bad_settings_are_refused(eager, bad, match):
+    with pytest.raises(sa.SparseAttnError, match=match):
+        sat.enable(copy.deepcopy(eager), **bad)
+
+
+# --------------------------------------------------------------------------- KV caches and dtypes
+
+def test_float32_kv_is_read_without_copies():
+    kv = torch.randn(1, 2, 50, 128)
+    view = sat._float32_kv("key", kv)
+    assert np.shares_memory(view, kv.numpy()) and view.shape == (2, 50, 128)
+    big = torch.randn(1, 2, 80, 128)                       # head stride of 80 rows, 50 valid
+    assert np.shares_memory(sat._float32_kv("key", big[:, :, :50]), big.numpy())
+    half = kv.to(torch.bfloat16)
+    assert sat._float32_kv("key", half).dtype == np.float32
+
+
+@pytest.mark.parametrize("kv_dtype", [None, "float32"])
+def test_bfloat16_model(eager, prompt, eager_run, kv_dtype):
+    model = sparse_copy(eager, k_blocks=ALL_BLOCKS, kv_dtype=kv_dtype).to(torch.bfloat16)
+    ref = copy.deepcopy(eager).to(torch.bfloat16)
+    seq, logits = greedy(model, prompt, n=4)
+    _, ref_logits = greedy(ref, prompt, n=4)
+    assert model.dtype == torch.bfloat16
+    # Closer to the float32 model than bf16 eager is, within bf16 rounding.
+    err = (logits.float() - eager_run[1][:4]).abs().max().item()
+    assert err < BF16_LOGITS_ATOL
+    assert err <= (ref_logits.float() - eager_run[1][:4]).abs().max().item() + 1e-2
+
+
+def test_q8_cache_feeds_the_q8_kernels_with_a_quarter_of_the_memory(eager, prompt, eager_run):
+    model = sparse_copy(eager, k_blocks=ALL_BLOCKS)
+    continuation = eager_run[0][:, PROMPT_TOKENS:]
+    want = forced_logits(eager, prompt, continuation, DynamicCache(config=eager.config))
+    n = PROMPT_TOKENS + continuation.shape[1] - 1
+    q8 = sat.SparseKVCache(model, dtype="q8", capacity=n)
+    f32 = sat.SparseKVCache(model, dtype="float32", capacity=n)
+    got = forced_logits(model, prompt, continuation, q8)
+    got_f32 = forced_logits(model, prompt, continuation, f32)
+    assert (got - want).abs().max().item() < Q8_LOGITS_ATOL
+    assert (got_f32 - want).abs().max().item() < LOGITS_ATOL
+    layer = q8.layers[0]
+    assert isinstance(layer.kv.k, sa.Q8) and layer.kv.seq_len == n
+    assert q8.get_seq_length() == n
+    # int8 + one float32 scale per 32 values against 4 bytes a value: 128/36.
+    dyn = DynamicCache(config=eager.config)
+    forced_logits(eager, prompt, continuation, dyn)
+    dyn_bytes = sum(lay.keys.nbytes + lay.values.nbytes for lay in dyn.layers)
+    assert dyn_bytes == f32.nbytes
+    assert dyn_bytes / q8.nbytes == pytest.approx(128 / 36)
+
+
+def test_q8_placeholders_refuse_other_attention_implementations(eager, prompt):
+    model = sparse_copy(eager)
+    cache = sat.SparseKVCache(model, dtype="q8")
+    model.set_attn_implementation("sdpa")
+    with torch.no_grad(), pytest.raises(sat.UnsupportedError, match="sparse_topk"):
+        model(prompt, cache=cache, use_cache=True)
+    with pytest.raises(sat.UnsupportedError):
+        cache.layers[0].keys + 1
+
+
+def test_kv_dtype_setting_makes_generate_use_the_q8_cache(eager, prompt, eager_run):
+    model = sparse_copy(eager, k_blocks=ALL_BLOCKS, kv_dtype="q8")
+    with torch.no_grad():
+        out = model.generate(prompt, max_new_tokens=3, do_sample=False,
+                             return_dict_in_generate=True)
+    cache = getattr(out, "cache", None) or out.past_key_values
+    assert isinstance(cache, sat.SparseKVCache) and cache.dtype == "q8"
+    assert cache.get_seq_length() == PROMPT_TOKENS + 2
+
+
+def test_kv_dtype_on_a_transformers_cache_warns(eager, prompt):
+    model = sparse_copy(eager, kv_dtype="q8")
+    with torch.no_grad(), pytest.warns(UserWarning, match="SparseKVCache"):
+        model(prompt, cache=DynamicCache(config=model.config), use_cache=True)
+
+
+# --------------------------------------------------------------------------- refusals
+
+def test_refuses_tensors_off_the_cpu(eager):
+    model = sparse_copy(eager)
+    module = model.model.layers[0].self_attn
+    q = torch.empty(1, 4, 1, 128, device="meta")
+    kv = torch.empty(1, 2, 10, 128, device="meta")
+    with pytest.raises(sat.UnsupportedError, match="CPU"):
+        sat.sparse_topk_attention(module, q, kv, kv, None, scaling=module.scaling)
+    with pytest.raises(sat.UnsupportedError, match="CPU"):
+        sat.enable(copy.deepcopy(eager).to("meta"))
+
+
+def test_refuses_training(eager, prompt):
+    torch.manual_seed(0)
+    model = sat.enable(Qwen3ForCausalLM(tiny_config(attention_dropout=0.1)))
+    model.train()
+    with torch.no_grad(), pytest.raises(sat.UnsupportedError, match="dropout"):
+        model(prompt)
+    model.eval()
+    with pytest.raises(sat.UnsupportedError, match="no_grad"):
+        model(prompt)                                    # autograd on: no backward here
+
+
+def test_refuses_sliding_window_layers(prompt):
+    cfg = tiny_config(use_sliding_window=True, sliding_window=64, max_window_layers=1)
+    assert "sliding_attention" in cfg.layer_types
+    with pytest.raises(sat.UnsupportedError, match="sliding"):
+        sat.enable(Qwen3ForCausalLM(copy.deepcopy(cfg)).eval())
+    sat.register()
+    cfg._attn_implementation = "sparse_topk"
+    model = Qwen3ForCausalLM(cfg).eval()
+    with torch.no_grad(), pytest.raises(sat.UnsupportedError, match="sdpa"):
+        model(prompt)
+    with pytest.raises(sat.UnsupportedError, match="full-attention"):
+        sat.SparseKVCache(model)
+
+
+def test_refuses_batches_padding_and_custom_masks(eager, prompt):
+    model = sparse_copy(eager)
+    two = torch.cat([prompt, prompt])
+    padded = torch.ones_like(prompt)
+    padded[0, :5] = 0
+    with torch.no_grad():
+        with pytest.raises(sat.UnsupportedError, match="batch"):
+            model(two)
+        with pytest.raises(sat.UnsupportedError, match="padding"):
+            model(prompt, attention_mask=padded)
+        with pytest.raises(sat.UnsupportedError, match="batch"):
+            model.generate(two, attention_mask=torch.cat([padded, torch.ones_like(padded)]),
+                           max_new_tokens=2)
+        mask = torch.ones(1, 1, PROMPT_TOKENS, PROMPT_TOKENS, dtype=torch.bool).tril()
+        with pytest.raises(sat.UnsupportedError, match="mask"):
+            model(prompt, attention_mask=mask)
+        with pytest.raises(sat.UnsupportedError, match="static"):
+            model.generate(prompt, max_new_tokens=2, cache_implementation="static")
+
+
+def test_refuses_output_attentions(eager, prompt):
+    model = sparse_copy(eager)
+    with torch.no_grad(), pytest.raises(sat.UnsupportedError, match="eager"):
+        model(prompt, output_attentions=True)
+
+
+def test_docstring_examples():
+    result = doctest.testmod(sat, optionflags=doctest.ELLIPSIS)
+    assert result.attempted > 0 and result.failed == 0
