@@ -131,7 +131,7 @@ def step_bytes(blocks, length, dtype, args):
     for chosen in per_kv:
         rows = sum(min((b + 1) * bs, length) - b * bs for b in np.unique(chosen))
         total += 2 * rows * row + (probe_rows * row if len(np.unique(chosen)) < nb else 0)
-    return total
+    return int(total)  # not a numpy integer: json.dump takes only Python ints
 
 
 # --------------------------------------------------------------------------- the table
