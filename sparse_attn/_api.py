@@ -348,6 +348,26 @@ def block_bounds(k, *, block_size=32, seq_len=None, group_size=None):
 
 SCORINGS = {"probe": lib.SA_SCORING_PROBE, "minmax": lib.SA_SCORING_MINMAX}
 
+# Named selection policies (SPEC §6 knobs).  "seed" is the article's rule and
+# the default everywhere.
+POLICIES = {
+    "seed": dict(importance_fraction=0.5, sink_blocks=0, scoring="probe", share="head"),
+}
+
+
+def resolve_policy(policy, importance_fraction=None, sink_blocks=None, scoring=None,
+                   share=None):
+    """The knob values of `policy`, with every knob given (not None) taking
+    precedence.  Returns a dict of the four knobs."""
+    if not isinstance(policy, str) or policy not in POLICIES:
+        raise ArgumentError(f"policy must be one of {sorted(POLICIES)}, got {policy!r}")
+    knobs = dict(POLICIES[policy])
+    for name, value in (("importance_fraction", importance_fraction),
+                        ("sink_blocks", sink_blocks), ("scoring", scoring), ("share", share)):
+        if value is not None:
+            knobs[name] = value
+    return knobs
+
 
 def _bounds_for(scoring, bounds, k, kop, seq_len, block_size):
     """The bounds a minmax selection reads: the caller's, checked, or computed now."""
@@ -429,8 +449,8 @@ def probe_scores(q, k, *, seq_len=None, block_size=32, n_probe=8, threads=None):
 
 
 def select_blocks(q, k, *, seq_len=None, k_blocks=32, block_size=32, n_probe=8,
-                  importance=None, recency=True, importance_fraction=0.5, sink_blocks=0,
-                  share="head", scoring="probe", bounds=None, threads=None):
+                  importance=None, recency=True, policy="seed", importance_fraction=None,
+                  sink_blocks=None, share=None, scoring=None, bounds=None, threads=None):
     """Choose the blocks each query head attends to (SPEC §2 steps 1-5, §6).
 
     In order, with ``total = min(k_blocks, NB)``:
@@ -464,10 +484,12 @@ def select_blocks(q, k, *, seq_len=None, k_blocks=32, block_size=32, n_probe=8,
     n_probe : int, default 8
     importance : float32 ``[>= seq_len]`` or None
     recency : bool, default True
-    importance_fraction : float in [0, 1], default 0.5
-    sink_blocks : int, default 0
-    share : ``"head"`` (default) or ``"group"``
-    scoring : ``"probe"`` (default) or ``"minmax"``
+    policy : str, default ``"seed"``; a preset of the four knobs below
+        (``sparse_attn.POLICIES``); a knob given explicitly overrides it
+    importance_fraction : float in [0, 1] (seed: 0.5)
+    sink_blocks : int (seed: 0)
+    share : ``"head"`` (seed) or ``"group"``
+    scoring : ``"probe"`` (seed) or ``"minmax"``
     bounds : BlockBounds or None; for ``"minmax"``, the bounds of K over
         exactly ``seq_len`` rows (``KVCache.bounds``); None computes them now,
         reading all of K
@@ -488,9 +510,9 @@ def select_blocks(q, k, *, seq_len=None, k_blocks=32, block_size=32, n_probe=8,
     kop = kv_operand("k", k)
     n_heads = _check_query(q, kop, 2)
     seq_len = _check_seq_len(seq_len, kop)
-    params = select_params(k_blocks, block_size, n_probe, recency, importance_fraction,
-                           sink_blocks, share, scoring)
-    bounds = _bounds_for(scoring, bounds, k, kop, seq_len, params.block_size)
+    knobs = resolve_policy(policy, importance_fraction, sink_blocks, scoring, share)
+    params = select_params(k_blocks, block_size, n_probe, recency, **knobs)
+    bounds = _bounds_for(knobs["scoring"], bounds, k, kop, seq_len, params.block_size)
     if bounds is not None:
         bstruct = bounds.struct()
         params.bounds = bstruct
@@ -507,9 +529,9 @@ def select_blocks(q, k, *, seq_len=None, k_blocks=32, block_size=32, n_probe=8,
 
 
 def sparse_decode(q, k, v, *, seq_len=None, k_blocks=32, block_size=32, n_probe=8,
-                  importance=None, recency=True, scale=None, importance_fraction=0.5,
-                  sink_blocks=0, share="head", scoring="probe", bounds=None, threads=None,
-                  return_blocks=False):
+                  importance=None, recency=True, scale=None, policy="seed",
+                  importance_fraction=None, sink_blocks=None, share=None, scoring=None,
+                  bounds=None, threads=None, return_blocks=False):
     """One decode step of one layer over the blocks :func:`select_blocks` picks.
 
     Equivalent to (the numpy reference, ``sparse_attn.reference``)::
@@ -540,9 +562,9 @@ def sparse_decode(q, k, v, *, seq_len=None, k_blocks=32, block_size=32, n_probe=
     _check_pair(kop, vop)
     n_heads = _check_query(q, kop, 2)
     seq_len = _check_seq_len(seq_len, kop, vop)
-    params = select_params(k_blocks, block_size, n_probe, recency, importance_fraction,
-                           sink_blocks, share, scoring)
-    bounds = _bounds_for(scoring, bounds, k, kop, seq_len, params.block_size)
+    knobs = resolve_policy(policy, importance_fraction, sink_blocks, scoring, share)
+    params = select_params(k_blocks, block_size, n_probe, recency, **knobs)
+    bounds = _bounds_for(knobs["scoring"], bounds, k, kop, seq_len, params.block_size)
     if bounds is not None:
         bstruct = bounds.struct()
         params.bounds = bstruct

@@ -174,6 +174,19 @@ class KVCache:
                                 f"seq_len ({self.seq_len})")
         self._importance[:n] += importance
 
+    def truncate(self, seq_len):
+        """Keep the first ``seq_len`` tokens (roll back appended tokens).  The
+        importance the kept tokens received stays as recorded (including what
+        prefill queries of removed tokens gave them); removed tokens' entries
+        are cleared and the bounds of a now partial last block recomputed."""
+        seq_len = ck.check_int("seq_len", seq_len, minimum=0, maximum=self.seq_len)
+        self._importance[seq_len:self.seq_len] = 0
+        start = seq_len // self.block_size * self.block_size
+        kop, bstruct = _api.kv_operand("k", self._k), self._bounds.struct()
+        _api._raise_for(lib.sa_bounds_update(kop.struct, start, seq_len, bstruct),
+                        "KVCache.truncate")
+        self._bounds.n_rows = self.seq_len = seq_len
+
     def reset(self):
         """Forget every token (keeps the allocation)."""
         self.seq_len = 0

@@ -10,7 +10,7 @@ import math
 
 import numpy as np
 
-from ._api import Q8, BlockBounds
+from ._api import Q8, BlockBounds, resolve_policy
 from ._checks import importance_blocks
 
 
@@ -178,8 +178,11 @@ def minmax_scores(q, bounds):
 
 
 def select_blocks(q, k, *, seq_len=None, k_blocks=32, block_size=32, n_probe=8,
-                  importance=None, recency=True, importance_fraction=0.5, sink_blocks=0,
-                  share="head", scoring="probe", bounds=None):
+                  importance=None, recency=True, policy="seed", importance_fraction=None,
+                  sink_blocks=None, share=None, scoring=None, bounds=None):
+    knobs = resolve_policy(policy, importance_fraction, sink_blocks, scoring, share)
+    importance_fraction, sink_blocks = knobs["importance_fraction"], knobs["sink_blocks"]
+    share, scoring = knobs["share"], knobs["scoring"]
     seq_len = _rows(k) if seq_len is None else seq_len
     n_heads, group = q.shape[0], q.shape[0] // _n_kv(k)
     nb = math.ceil(seq_len / block_size)
@@ -212,16 +215,16 @@ def _attend(q_h, k, v, kh, tokens, scale):
 
 
 def sparse_decode(q, k, v, *, seq_len=None, k_blocks=32, block_size=32, n_probe=8,
-                  importance=None, recency=True, scale=None, importance_fraction=0.5,
-                  sink_blocks=0, share="head", scoring="probe", bounds=None,
-                  return_blocks=False):
+                  importance=None, recency=True, scale=None, policy="seed",
+                  importance_fraction=None, sink_blocks=None, share=None, scoring=None,
+                  bounds=None, return_blocks=False):
     seq_len = _rows(k) if seq_len is None else seq_len
     scale = 1 / math.sqrt(q.shape[-1]) if scale is None else scale
     group = q.shape[0] // _n_kv(k)
     blocks = select_blocks(q, k, seq_len=seq_len, k_blocks=k_blocks, block_size=block_size,
                            n_probe=n_probe, importance=importance, recency=recency,
-                           importance_fraction=importance_fraction, sink_blocks=sink_blocks,
-                           share=share, scoring=scoring, bounds=bounds)
+                           policy=policy, importance_fraction=importance_fraction,
+                           sink_blocks=sink_blocks, share=share, scoring=scoring, bounds=bounds)
     out = np.empty(q.shape)
     for h in range(q.shape[0]):
         tokens = np.concatenate([np.arange(*_block_bounds(b, block_size, seq_len))

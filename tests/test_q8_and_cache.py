@@ -113,3 +113,41 @@ def test_cache_memory_is_quarter_of_float32():
     q8 = sa.KVCache(8, 128, capacity=4096, dtype="q8")
     f32 = sa.KVCache(8, 128, capacity=4096, dtype="float32")
     assert q8.nbytes / f32.nbytes == pytest.approx((128 + 4 * 4) / (4 * 128))
+
+
+@pytest.mark.parametrize("dtype", ["q8", "float32"])
+def test_cache_truncate_is_the_cache_that_never_saw_the_rest(rng, dtype):
+    Hkv, D = 2, 64
+    k = rng.standard_normal((Hkv, 150, D), dtype=np.float32)
+    full = sa.KVCache(Hkv, D, capacity=16, dtype=dtype)
+    full.append(k, k)
+    full.add_importance(np.arange(150, dtype=np.float32))
+    full.truncate(77)
+    short = sa.KVCache(Hkv, D, capacity=16, dtype=dtype)
+    short.append(np.ascontiguousarray(k[:, :77]), np.ascontiguousarray(k[:, :77]))
+    short.add_importance(np.arange(77, dtype=np.float32))
+    assert full.seq_len == 77
+    np.testing.assert_array_equal(full.importance, short.importance)
+    for name in ("mn", "mx", "scales"):
+        np.testing.assert_array_equal(getattr(full.bounds, name), getattr(short.bounds, name))
+    q = rng.standard_normal((4, D), dtype=np.float32)
+    assert full.decode(q, k_blocks=2).tobytes() == short.decode(q, k_blocks=2).tobytes()
+    with pytest.raises(ValueError, match="seq_len must be <= 77"):
+        full.truncate(78)
+
+
+def test_policy_presets_and_overrides(rng):
+    k = rng.standard_normal((2, 400, 32), dtype=np.float32)
+    q = rng.standard_normal((4, 32), dtype=np.float32)
+    imp = rng.random(400, dtype=np.float32)
+    seed = sa.select_blocks(q, k, k_blocks=4, importance=imp)
+    assert (sa.select_blocks(q, k, k_blocks=4, importance=imp, policy="seed") == seed).all()
+    explicit = sa.select_blocks(q, k, k_blocks=4, importance=imp, importance_fraction=0.5,
+                                sink_blocks=0, share="head", scoring="probe")
+    assert (explicit == seed).all()
+    for name, knobs in sa.POLICIES.items():
+        np.testing.assert_array_equal(
+            sa.select_blocks(q, k, k_blocks=4, importance=imp, policy=name),
+            sa.select_blocks(q, k, k_blocks=4, importance=imp, **knobs))
+    with pytest.raises(ValueError, match="policy must be one of"):
+        sa.sparse_decode(q, k, k, policy="best")

@@ -394,3 +394,65 @@ def test_refuses_output_attentions(eager, prompt):
 def test_docstring_examples():
     result = doctest.testmod(sat, optionflags=doctest.ELLIPSIS)
     assert result.attempted > 0 and result.failed == 0
+
+
+def decode_steps(model, cache, first, n):
+    """Greedy decode of n tokens from `first`, one step at a time."""
+    out, token = [], first
+    with torch.no_grad():
+        for _ in range(n):
+            logits = model(torch.tensor([[token]]), cache=cache, use_cache=True).logits
+            token = int(logits[0, -1].argmax())
+            out.append(token)
+    return out
+
+
+@pytest.mark.parametrize("kv_dtype", ["float32", "q8"])
+def test_crop_rolls_back_decode_steps_exactly(eager, prompt, kv_dtype):
+    """SparseKVCache.crop undoes decode steps: decoding again from the
+    rolled-back cache gives the same tokens (what python -m sparse_attn.eval
+    relies on to decode many configurations from one prefill)."""
+    model = sparse_copy(eager, k_blocks=2, kv_dtype=kv_dtype)
+    cache = sat.SparseKVCache(model)
+    with torch.no_grad():
+        model(prompt[:, :-1], cache=cache, use_cache=True)
+    n = cache.get_seq_length()
+    imp = cache.layers[0].kv.importance.copy()
+    first = decode_steps(model, cache, int(prompt[0, -1]), 5)
+    cache.crop(n - cache.get_seq_length())
+    assert cache.get_seq_length() == n
+    np.testing.assert_array_equal(cache.layers[0].kv.importance, imp)
+    assert decode_steps(model, cache, int(prompt[0, -1]), 5) == first
+    with pytest.raises(ValueError, match="negative number"):
+        cache.crop(3)
+
+
+def test_minmax_scoring_uses_the_caches_bounds(eager, prompt):
+    model = sparse_copy(eager, k_blocks=3, scoring="minmax", sink_blocks=1, kv_dtype="q8")
+    cache = sat.SparseKVCache(model)
+    with torch.no_grad():
+        model(prompt, cache=cache, use_cache=True)
+        model(prompt[:, -1:], cache=cache, use_cache=True)
+    layer = model.model.layers[0].self_attn
+    kv = cache.layers[0].kv
+    assert kv.bounds.n_rows == kv.seq_len == PROMPT_TOKENS + 1
+    # The blocks chosen are those select_blocks picks from the same bounds.
+    assert layer.sparse_attn_blocks.shape == (4, 3)
+    assert (layer.sparse_attn_blocks[:, 0] == 0).all()          # the sink block
+
+
+def test_compare_exact_records_the_attention_error(eager, prompt):
+    model = sparse_copy(eager, k_blocks=2, compare_exact=True)
+    greedy(model, prompt, n=3)
+    errors = model.model.layers[1].self_attn.sparse_attn_errors
+    assert len(errors) == 2 and all(e > 0 for e in errors)      # 2 decode steps, blocks dropped
+    model = sparse_copy(eager, k_blocks=ALL_BLOCKS, compare_exact=True)
+    greedy(model, prompt, n=3)
+    assert model.model.layers[1].self_attn.sparse_attn_errors == [0.0, 0.0]
+
+
+def test_policy_fills_the_knobs_left_unset(eager):
+    s = sat.SparseAttnSettings(policy="seed", sink_blocks=2)
+    assert (s.importance_fraction, s.sink_blocks, s.share, s.scoring) == (0.5, 2, "head", "probe")
+    with pytest.raises(ValueError, match="policy must be one of"):
+        sat.SparseAttnSettings(policy="fast")

@@ -64,7 +64,7 @@ from transformers.masking_utils import AttentionMaskInterface, causal_mask_funct
 
 import sparse_attn as sa
 from sparse_attn import _checks as ck
-from sparse_attn._api import select_params
+from sparse_attn._api import resolve_policy, select_params
 from sparse_attn._checks import ArgumentError, ArgumentTypeError, SparseAttnError
 from sparse_attn.cache import DTYPES as CACHE_DTYPES
 
@@ -88,9 +88,13 @@ class SparseAttnSettings:
 
     Parameters
     ----------
-    k_blocks, block_size, n_probe, recency, importance_fraction, sink_blocks, share
-        As :func:`sparse_attn.sparse_decode` (defaults 32, 32, 8, True, 0.5, 0,
-        ``"head"``: the seed's rules, SPEC §2 and §6).
+    k_blocks, block_size, n_probe, recency, policy, importance_fraction, sink_blocks, share, scoring
+        As :func:`sparse_attn.sparse_decode` (defaults 32, 32, 8, True,
+        ``"seed"``; the knobs left None come from the policy: the seed's rules,
+        SPEC §2 and §6, unless another preset is named).  With
+        ``scoring="minmax"`` a :class:`SparseKVCache` supplies the key bounds
+        it keeps up to date; with transformers' own cache they are computed
+        at every step from all of K (correct, but reads the whole K).
     dense_layers : tuple of int, default ()
         Layer indices whose decode step stays exact (:func:`sparse_attn.dense_decode`).
     kv_dtype : None, ``"float32"`` or ``"q8"``, default None
@@ -100,24 +104,37 @@ class SparseAttnSettings:
         q8 group size (must divide head_dim).
     threads : int or None, default None
         Kernel threads (None: ``SPARSE_ATTN_NUM_THREADS`` or the usable cores).
+    compare_exact : bool, default False
+        Diagnostics: every sparse decode step also runs exact attention and
+        appends the relative error ``max|sparse - exact| / max|exact|`` to the
+        module's ``sparse_attn_errors`` list (what ``python -m
+        sparse_attn.eval`` reports).  Costs a dense decode per layer and step.
     """
 
     k_blocks: int = 32
     block_size: int = 32
     n_probe: int = 8
     recency: bool = True
-    importance_fraction: float = 0.5
-    sink_blocks: int = 0
-    share: str = "head"
+    policy: str = "seed"
+    importance_fraction: float = None
+    sink_blocks: int = None
+    share: str = None
+    scoring: str = None
     dense_layers: tuple = field(default=())
     kv_dtype: str = None
     group_size: int = 32
     threads: int = None
+    compare_exact: bool = False
 
     def __post_init__(self):
-        # select_params checks every selection knob and names the bad one.
-        select_params(self.k_blocks, self.block_size, self.n_probe, self.recency,
-                      self.importance_fraction, self.sink_blocks, self.share)
+        # The policy fills the knobs left None; select_params then checks
+        # every selection knob and names the bad one.
+        knobs = resolve_policy(self.policy, self.importance_fraction, self.sink_blocks,
+                               self.scoring, self.share)
+        for name, value in knobs.items():
+            object.__setattr__(self, name, value)
+        select_params(self.k_blocks, self.block_size, self.n_probe, self.recency, **knobs)
+        ck.check_bool("compare_exact", self.compare_exact)
         try:
             layers = list(self.dense_layers)
         except TypeError:
@@ -141,7 +158,7 @@ class SparseAttnSettings:
     def decode_kwargs(self):
         return dict(k_blocks=self.k_blocks, block_size=self.block_size, n_probe=self.n_probe,
                     recency=self.recency, importance_fraction=self.importance_fraction,
-                    sink_blocks=self.sink_blocks, share=self.share)
+                    sink_blocks=self.sink_blocks, share=self.share, scoring=self.scoring)
 
 
 def _attention_modules(model):
@@ -184,9 +201,9 @@ def register():
     AttentionMaskInterface.register(NAME, sparse_topk_mask)
 
 
-def enable(model, *, k_blocks=32, block_size=32, n_probe=8, recency=True,
-           importance_fraction=0.5, sink_blocks=0, share="head", dense_layers=(),
-           kv_dtype=None, group_size=32, threads=None):
+def enable(model, *, k_blocks=32, block_size=32, n_probe=8, recency=True, policy="seed",
+           importance_fraction=None, sink_blocks=None, share=None, scoring=None,
+           dense_layers=(), kv_dtype=None, group_size=32, threads=None, compare_exact=False):
     """Switch ``model`` to ``sparse_topk`` with these settings (this model only).
 
     Registers the backend, checks the model (CPU, full causal attention in
@@ -215,8 +232,9 @@ def enable(model, *, k_blocks=32, block_size=32, n_probe=8, recency=True,
     """
     settings = SparseAttnSettings(
         k_blocks=k_blocks, block_size=block_size, n_probe=n_probe, recency=recency,
-        importance_fraction=importance_fraction, sink_blocks=sink_blocks, share=share,
-        dense_layers=dense_layers, kv_dtype=kv_dtype, group_size=group_size, threads=threads)
+        policy=policy, importance_fraction=importance_fraction, sink_blocks=sink_blocks, share=share,
+        scoring=scoring, dense_layers=dense_layers, kv_dtype=kv_dtype, group_size=group_size,
+        threads=threads, compare_exact=compare_exact)
     modules = _attention_modules(model)
     if not modules:
         raise UnsupportedError(
@@ -321,14 +339,17 @@ class SparseKVLayer(CacheLayerMixin):
     dtype : ``"q8"`` (default) or ``"float32"``
     group_size : int, default 32
     capacity : int, default 1024; rows allocated at the first update (doubles as needed)
+    block_size : int, default 32; the block size of the key bounds kept for
+        ``scoring="minmax"`` (the model's ``block_size`` when the cache is made from it)
     """
 
     is_sliding = False
     is_compileable = False
-    is_croppable = False
+    is_croppable = True
 
-    def __init__(self, dtype="q8", group_size=32, capacity=1024, **kwargs):
+    def __init__(self, dtype="q8", group_size=32, capacity=1024, block_size=32, **kwargs):
         super().__init__()
+        self.block_size = ck.check_int("block_size", block_size, minimum=1)
         if dtype not in CACHE_DTYPES:
             raise ArgumentError(f"dtype must be one of {CACHE_DTYPES}, got {dtype!r}")
         self.dtype = dtype
@@ -346,7 +367,7 @@ class SparseKVLayer(CacheLayerMixin):
             raise UnsupportedError(f"SparseKVCache needs K and V of one head_dim, got {d} and "
                                    f"{value_states.shape[3]}")
         self.kv = sa.KVCache(hkv, d, capacity=self.capacity, dtype=self.dtype,
-                             group_size=self.group_size)
+                             group_size=self.group_size, block_size=self.block_size)
         self.model_dtype = key_states.dtype
         self.device = key_states.device
         self.is_initialized = True
@@ -403,9 +424,17 @@ class SparseKVLayer(CacheLayerMixin):
         pass
 
     def crop(self, tokens_to_remove):
-        if tokens_to_remove:
-            raise UnsupportedError("SparseKVCache cannot be cropped (assisted decoding, "
-                                   "rollbacks): use a DynamicCache for that")
+        """Remove the last ``-tokens_to_remove`` tokens (a negative count, as
+        transformers' ``DynamicLayer.crop`` takes): rolls back decode steps
+        (assisted decoding, or re-running decode from one prefill).  The
+        importance the kept tokens received stays as recorded."""
+        if tokens_to_remove > 0:
+            raise ArgumentError(f"crop takes a negative number of tokens to remove, got "
+                                f"{tokens_to_remove}")
+        if tokens_to_remove == 0 or self.kv is None:
+            return
+        self.kv.truncate(max(self.kv.seq_len + tokens_to_remove, 0))
+        self._handles()
 
     def reorder_cache(self, beam_idx):
         if self.get_seq_length() and beam_idx.tolist() != [0]:
@@ -469,7 +498,8 @@ class SparseKVCache(Cache):
         if kinds != {"full_attention"} or getattr(text, "use_sliding_window", False):
             raise UnsupportedError(f"SparseKVCache serves full-attention layers only; this model "
                                    f"has layer types {sorted(kinds)}: use a DynamicCache")
-        super().__init__(layers=[SparseKVLayer(dtype, group_size, capacity)
+        block_size = getattr(settings, "block_size", 32)
+        super().__init__(layers=[SparseKVLayer(dtype, group_size, capacity, block_size)
                                  for _ in range(n_layers)])
         self.dtype = dtype
 
@@ -643,10 +673,17 @@ def sparse_topk_attention(module, query, key, value, attention_mask, scaling=Non
             out = sa.dense_decode(qd, k, v, scale=scaling, threads=threads)
         else:
             importance = kv.importance if store is None else store.importance
+            kwargs = settings.decode_kwargs()
+            if (settings.scoring == "minmax" and store is None
+                    and kv.block_size == settings.block_size):
+                kwargs["bounds"] = kv.bounds   # kept up to date on append
             out, blocks = sa.sparse_decode(qd, k, v, importance=importance, scale=scaling,
-                                           threads=threads, return_blocks=True,
-                                           **settings.decode_kwargs())
+                                           threads=threads, return_blocks=True, **kwargs)
             module.sparse_attn_blocks = blocks
+            if settings.compare_exact:
+                exact = sa.dense_decode(qd, k, v, scale=scaling, threads=threads)
+                err = float(np.abs(out - exact).max() / max(np.abs(exact).max(), 1e-30))
+                module.__dict__.setdefault("sparse_attn_errors", []).append(err)
         out = torch.from_numpy(out).unsqueeze(0)
     return out.unsqueeze(0).to(query.dtype), None
 
