@@ -22,7 +22,8 @@ int sa_check_finite(const float *x, int64_t n);
 
 static inline int sa_min(int a, int b) { return a < b ? a : b; }
 static inline int sa_max(int a, int b) { return a > b ? a : b; }
-static inline int sa_ceil_div(int a, int b) { return (a + b - 1) / b; }
+/* a >= 0, b > 0; no a + b - 1, which overflows for b near INT_MAX. */
+static inline int sa_ceil_div(int a, int b) { return a / b + (a % b != 0); }
 
 /* Row pointers into a KV tensor. */
 static inline const float *sa_kv_f32_row(const sa_kv *kv, int kh, int row)

@@ -63,7 +63,22 @@ class Q8:
             raise ArgumentError(
                 f"Q8.scales must have shape {want} for data of shape {data.shape} and "
                 f"group_size {group_size}, got {scales.shape}")
+        # SPEC §4 clamps to [-127, 127]; the x86 kernels' unsigned x signed
+        # dot relies on it (-128 has no positive twin).
+        if data.size and data.min() < -127:
+            raise ArgumentError("Q8.data holds -128: q8 values are in [-127, 127] (SPEC §4); "
+                                "quantise with sparse_attn.quantize_q8")
+        if not np.isfinite(scales).all():
+            raise ArgumentError("Q8.scales holds NaN or Inf values")
         self.data, self.scales, self.group_size = data, scales, group_size
+
+    @classmethod
+    def _wrap(cls, data, scales, group_size):
+        """A Q8 over arrays this package made (quantize_q8, KVCache views):
+        already known to hold valid values, so not scanned again."""
+        self = cls.__new__(cls)
+        self.data, self.scales, self.group_size = data, scales, group_size
+        return self
 
     @property
     def shape(self):
@@ -120,7 +135,7 @@ def quantize_q8(x, group_size=32):
     rc = lib.sa_quantize_q8(_ptr(x, "float"), rows, dim, group_size,
                             ffi.from_buffer("int8_t[]", data), ffi.from_buffer("float[]", scales))
     _raise_for(rc, "quantize_q8")
-    return Q8(data, scales, group_size)
+    return Q8._wrap(data, scales, group_size)
 
 
 # --------------------------------------------------------------------------- KV views
@@ -703,7 +718,7 @@ def accumulate_v(p, v, out=None):
     if isinstance(v, Q8):
         if v.data.ndim != 2:
             raise ArgumentError(f"v must be [N, D], got {v.shape}")
-        vop = kv_operand("v", Q8(v.data[None], v.scales[None], v.group_size))
+        vop = kv_operand("v", Q8._wrap(v.data[None], v.scales[None], v.group_size))
     else:
         ck.check_array("v", v, dtype=np.float32, ndim=2)
         vop = kv_operand("v", v[None])

@@ -71,8 +71,8 @@ class KVCache:
         if self.dtype == "float32":
             return np.zeros(shape, np.float32)
         ng = self.head_dim // self.group_size
-        return Q8(np.zeros(shape, np.int8),
-                  np.zeros((self.n_kv_heads, capacity, ng), np.float32), self.group_size)
+        return Q8._wrap(np.zeros(shape, np.int8),
+                        np.zeros((self.n_kv_heads, capacity, ng), np.float32), self.group_size)
 
     def _alloc_bounds(self, capacity):
         return _api.empty_bounds(self.n_kv_heads, -(-capacity // self.block_size),
@@ -105,7 +105,7 @@ class KVCache:
     @staticmethod
     def _view(t, n):
         if isinstance(t, Q8):
-            return Q8(t.data[:, :n], t.scales[:, :n], t.group_size)
+            return Q8._wrap(t.data[:, :n], t.scales[:, :n], t.group_size)
         return t[:, :n]
 
     @property

@@ -126,6 +126,14 @@ def test_q8_rejects(ok, rng):
         sa.Q8(ok["kq"].data, ok["kq"].scales[..., :1], 32)
     with pytest.raises(ValueError, match="group_size"):
         sa.Q8(ok["kq"].data, ok["kq"].scales, 48)
+    bad_data = ok["kq"].data.copy()
+    bad_data[1, 5, 7] = -128                    # outside SPEC §4's [-127, 127]
+    with pytest.raises(ValueError, match="-128"):
+        sa.Q8(bad_data, ok["kq"].scales, 32)
+    bad_scales = ok["kq"].scales.copy()
+    bad_scales[0, 0, 0] = np.nan
+    with pytest.raises(ValueError, match="Q8.scales holds NaN"):
+        sa.Q8(ok["kq"].data, bad_scales, 32)
     # K and V quantised with different group sizes
     with pytest.raises(ValueError, match="group_size"):
         sa.dense_decode(ok["q"], ok["kq"], sa.quantize_q8(ok["v"], 16))

@@ -1,0 +1,55 @@
+/*
+ * Plain ARMv8-A NEON kernels (Advanced SIMD is baseline on aarch64).
+ *
+ * The float kernels live in neon_common.h, shared with the dotprod file.
+ * The q8 dot here widens int8 x int8 to int16 products (vmull_s8 /
+ * vmull_high_s8: 127*127 and even -128*-128 fit in int16) and adds adjacent
+ * pairs of products into int32 lanes (vpadalq_s16), so nothing can overflow
+ * and the group sum is exact.
+ */
+#if defined(__aarch64__)
+
+#include <arm_neon.h>
+
+#include "../kernels.h"
+#include "neon_common.h"
+
+/* One group of gs int8 values (gs a multiple of 8): 16 per step, then an
+ * 8-wide step when gs % 16 == 8. */
+static inline int32x4_t q8_group_dot_neon(const int8_t *a, const int8_t *b, int gs)
+{
+    int32x4_t acc = vdupq_n_s32(0);
+    int i = 0;
+    for (; i + 16 <= gs; i += 16) {
+        const int8x16_t x = vld1q_s8(a + i), y = vld1q_s8(b + i);
+        acc = vpadalq_s16(acc, vmull_s8(vget_low_s8(x), vget_low_s8(y)));
+        acc = vpadalq_s16(acc, vmull_high_s8(x, y));
+    }
+    if (i < gs)
+        acc = vpadalq_s16(acc, vmull_s8(vld1_s8(a + i), vld1_s8(b + i)));
+    return acc;
+}
+
+static void neon_scores_q8(const int8_t *qq, const float *qd, int G, int D, int gs,
+                           const int8_t *k, const float *kd, ptrdiff_t row_stride,
+                           ptrdiff_t scale_stride, int n, float *const *s)
+{
+    /* The default group size gets a copy of its own, with the group's dot
+     * unrolled and the query loads shared by the four tokens; same results. */
+    if (gs == 32)
+        q8_scores_body(qq, qd, G, D, 32, k, kd, row_stride, scale_stride, n, s, q8_group_dot_neon);
+    else
+        q8_scores_body(qq, qd, G, D, gs, k, kd, row_stride, scale_stride, n, s, q8_group_dot_neon);
+}
+
+const sa_kernels sa_kernels_neon = {
+    .name = "neon",
+    .scores_f32 = neon_scores_f32,
+    .scores_q8 = neon_scores_q8,
+    .softmax_exp = neon_softmax_exp,
+    .accumulate_v_f32 = neon_accumulate_v_f32,
+    .accumulate_v_q8 = neon_accumulate_v_q8,
+    .minmax_scores = neon_minmax_scores,
+};
+
+#endif

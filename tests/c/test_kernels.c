@@ -1,0 +1,1496 @@
+/*
+ * C harness: every ISA kernel table this CPU can run against the portable
+ * one, the public API end to end on every ISA, and argument rejection.
+ *
+ *   test_kernels [--expect-isa NAME]
+ *
+ * Prints the default ISA, one line per failing check, and last a line
+ * "N passed, N failed"; exits 0 only if nothing failed.  Built and run by
+ * scripts/test-c.sh (natively under ASan/UBSan, and for aarch64 under
+ * qemu-user with a CPU that has dotprod and one that has not).
+ *
+ * Two kinds of comparison:
+ *  - bitwise, wherever the project promises it: a kernel's result for one
+ *    (head, token) pair must not depend on the batch it came in (kernels.h),
+ *    threads 1/2/3 agree, sparse decode with every block chosen equals dense
+ *    decode, a prefill row equals dense decode at that position (SPEC §5);
+ *  - within float rounding against the portable path (SPEC §5 agreement),
+ *    with the tolerances below.  Selections must be identical.
+ */
+#include <float.h>
+#include <math.h>
+#include <stdarg.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "kernels.h"
+#include "sparse_attn.h"
+
+#if defined(__SANITIZE_ADDRESS__)
+#include <sanitizer/asan_interface.h>
+#define POISON(p, n) ASAN_POISON_MEMORY_REGION((p), (n))
+#define UNPOISON(p, n) ASAN_UNPOISON_MEMORY_REGION((p), (n))
+#else
+#include <sys/mman.h>
+#include <unistd.h>
+#define POISON(p, n) ((void)(p), (void)(n))
+#define UNPOISON(p, n) ((void)(p), (void)(n))
+#endif
+
+/* ---- tolerances (float rounding only) ------------------------------ */
+/* Each can be overridden with -D; building with them at 0 prints every
+ * error, which is how the margins were measured (worst seen on x86 and
+ * under qemu-aarch64: 6e-7 against the 1e-5 below, exp 1.77 ulp). */
+
+/* Kernel level, per element: |isa - portable| <= TOL * magnitude, where the
+ * magnitude is the same sum taken over absolute values (sum |q_i k_i| for a
+ * dot, |out0| + sum |p_t v_t| for V accumulation).  Rounding error scales
+ * with that, not with the possibly cancelled result.  Integer group sums
+ * are exact in q8, so only the scale products and float sums differ. */
+#ifndef TOL_DOT_F32
+#define TOL_DOT_F32 1e-5
+#endif
+#ifndef TOL_DOT_Q8
+#define TOL_DOT_Q8 1e-5
+#endif
+#ifndef TOL_ACCUM
+#define TOL_ACCUM 1e-5
+#endif
+/* softmax_exp, per weight: relative TOL_SOFTMAX, plus what rounding the
+ * argument scale*s - scale*max can cost (a few ulps of scale*|s| and
+ * scale*|max|; one path may fuse it into an fma, the other not), plus
+ * FLT_MIN for results below the normal range.  The sum: the sum of those. */
+#ifndef TOL_SOFTMAX
+#define TOL_SOFTMAX 1e-5
+#endif
+#ifndef SOFTMAX_ARG_ULPS
+#define SOFTMAX_ARG_ULPS 2.0
+#endif
+/* The vectorised exp itself, against exp() in double. */
+#ifndef EXP_MAX_ULP
+#define EXP_MAX_ULP 2.0
+#endif
+/* End to end, normwise relative (SPEC §5: 1e-5 for float32 KV; q8 KV is
+ * quantised identically on every path, so the same holds). */
+#ifndef TOL_E2E
+#define TOL_E2E 1e-5
+#endif
+
+/* ---- checks ---------------------------------------------------------- */
+
+static long n_passed, n_failed;
+static char where[200] = "setup";
+
+static int check(int ok, const char *fmt, ...)
+{
+    if (ok) {
+        n_passed++;
+        return 1;
+    }
+    n_failed++;
+    va_list ap;
+    va_start(ap, fmt);
+    printf("FAIL [%s] ", where);
+    vprintf(fmt, ap);
+    putchar('\n');
+    va_end(ap);
+    fflush(stdout);
+    return 0;
+}
+
+static void set_where(const char *fmt, ...)
+{
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(where, sizeof where, fmt, ap);
+    va_end(ap);
+}
+
+/* ---- random data ------------------------------------------------------ */
+
+static uint64_t rng_state = 0x243F6A8885A308D3ull;
+
+static uint64_t next_u64(void) /* splitmix64 */
+{
+    uint64_t z = (rng_state += 0x9E3779B97F4A7C15ull);
+    z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
+    z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
+    return z ^ (z >> 31);
+}
+
+static double uniform(void) { return (double)(next_u64() >> 11) * 0x1.0p-53; }
+
+/* Box-Muller, both values used (the harness makes a lot of data, and under
+ * qemu making it costs more than testing it). */
+static float gauss(void)
+{
+    static int have;
+    static double spare;
+    if (have) {
+        have = 0;
+        return (float)spare;
+    }
+    const double u1 = 1.0 - uniform(), u2 = 6.283185307179586 * uniform();
+    const double r = sqrt(-2.0 * log(u1));
+    spare = r * sin(u2);
+    have = 1;
+    return (float)(r * cos(u2));
+}
+
+
+static void fill_gauss(float *x, size_t n)
+{
+    for (size_t i = 0; i < n; i++)
+        x[i] = gauss();
+}
+
+static void *xmalloc(size_t n)
+{
+    void *p = malloc(n ? n : 1);
+    if (!p) {
+        fprintf(stderr, "test_kernels: out of memory\n");
+        exit(2);
+    }
+    return p;
+}
+
+/* ---- kernel operands ------------------------------------------------- */
+
+#if defined(__SANITIZE_ADDRESS__)
+/* ASan watches every byte of a malloc'd block. */
+static void *operand_alloc(size_t n) { return xmalloc(n); }
+static void operand_free(void *p) { free(p); }
+#else
+/* Without ASan (the aarch64 runs under qemu) an operand ends exactly where
+ * an inaccessible page begins, so a kernel that reads or writes past the
+ * end of its last row or output faults instead of passing. */
+enum { MAX_GUARDED = 512 };
+static struct {
+    char *user, *base;
+    size_t total;
+} guarded[MAX_GUARDED];
+
+static void *operand_alloc(size_t n)
+{
+    const size_t page = (size_t)sysconf(_SC_PAGESIZE);
+    const size_t body = (n + page - 1) / page * page, total = body + page;
+    char *base = mmap(NULL, total, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+    if (base == MAP_FAILED || mprotect(base + body, page, PROT_NONE) != 0) {
+        fprintf(stderr, "test_kernels: mmap/mprotect failed\n");
+        exit(2);
+    }
+    for (int i = 0; i < MAX_GUARDED; i++)
+        if (!guarded[i].base) {
+            guarded[i].user = base + body - n;
+            guarded[i].base = base;
+            guarded[i].total = total;
+            return guarded[i].user;
+        }
+    fprintf(stderr, "test_kernels: too many guarded operands\n");
+    exit(2);
+}
+
+static void operand_free(void *p)
+{
+    for (int i = 0; i < MAX_GUARDED; i++)
+        if (guarded[i].base && guarded[i].user == p) {
+            munmap(guarded[i].base, guarded[i].total);
+            guarded[i].base = NULL;
+            return;
+        }
+    fprintf(stderr, "test_kernels: freeing an unknown operand\n");
+    exit(2);
+}
+#endif
+
+/* ---- strided operands ------------------------------------------------ */
+
+/* n rows of `width` elements, `stride` elements apart: exactly the bytes up
+ * to the end of the last row are allocated (a read past it is caught), and
+ * under ASan the gaps between rows are poisoned too, so a kernel that
+ * touches anything but rows t < n, columns d < width is caught. */
+typedef struct {
+    char *base;
+    size_t elem, bytes;
+    int n, width;
+    ptrdiff_t stride;
+} strided;
+
+static strided strided_new(size_t elem, int n, int width, ptrdiff_t stride)
+{
+    strided s = {NULL, elem, 0, n, width, stride};
+    s.bytes = ((size_t)(n - 1) * (size_t)stride + (size_t)width) * elem;
+    s.base = operand_alloc(s.bytes);
+    return s;
+}
+
+/* Random contents for the rows (the gaps are never read). */
+static void strided_fill_gauss(strided *s)
+{
+    for (int t = 0; t < s->n; t++)
+        fill_gauss((float *)s->base + t * s->stride, (size_t)s->width);
+}
+
+static void strided_poison(strided *s)
+{
+    for (int t = 0; t + 1 < s->n; t++)
+        POISON(s->base + ((size_t)t * s->stride + s->width) * s->elem,
+               (size_t)(s->stride - s->width) * s->elem);
+}
+
+static void strided_free(strided *s)
+{
+    UNPOISON(s->base, s->bytes);
+    operand_free(s->base);
+}
+
+/* G separately allocated rows of len floats (writes past len are caught). */
+static float **rows_new(int G, int len)
+{
+    float **r = xmalloc((size_t)G * sizeof *r);
+    for (int g = 0; g < G; g++)
+        r[g] = operand_alloc((size_t)len * sizeof(float));
+    return r;
+}
+
+static void rows_free(float **r, int G)
+{
+    for (int g = 0; g < G; g++)
+        operand_free(r[g]);
+    free(r);
+}
+
+/* ---- shared case lists ------------------------------------------------ */
+
+static const int DIMS[] = {1, 3, 8, 16, 31, 64, 67, 128, 256};
+static const int GROUPS[] = {1, 3, 8, 16, 32, 64, 128};
+static const int HEADS[] = {1, 2, 3, 4, 8, 9};
+static const int TOKENS[] = {1, 2, 7, 8, 9, 31, 32, 33, 100};
+static const int STRIDE_ROWS[] = {1, 5}; /* row_stride = D or 5*D */
+#define LEN(a) ((int)(sizeof(a) / sizeof((a)[0])))
+
+/* q8 value patterns, all within SPEC §4's [-127, 127] (the x86 kernels rely
+ * on it: they take |k| and sign(q, k), which -128 breaks): random, then the
+ * extremes: every value +-127 with random signs, and every value 127 in q
+ * against +-127 rows. */
+enum { Q8_RANDOM, Q8_PM127, Q8_ALL127, Q8_MODES };
+static const char *const Q8_MODE_NAME[] = {"random", "+-127", "all 127"};
+
+static void fill_q8(int8_t *x, size_t n, int mode, int is_query)
+{
+    uint64_t bits = 0;
+    for (size_t i = 0; i < n; i++) {
+        if (i % 8 == 0)
+            bits = next_u64();
+        const int8_t byte = (int8_t)(bits >> (8 * (i % 8)));
+        if (mode == Q8_RANDOM)
+            x[i] = byte == -128 ? 0 : byte;
+        else if (mode == Q8_PM127 || !is_query)
+            x[i] = byte < 0 ? -127 : 127;
+        else
+            x[i] = 127;
+    }
+}
+
+static void fill_scales(float *x, size_t n)
+{
+    for (size_t i = 0; i < n; i++)
+        x[i] = (float)(0.001 + 0.05 * uniform());
+}
+
+static void strided_fill_scales(strided *s)
+{
+    for (int t = 0; t < s->n; t++)
+        fill_scales((float *)s->base + t * s->stride, (size_t)s->width);
+}
+
+static void strided_fill_q8(strided *s, int mode)
+{
+    for (int t = 0; t < s->n; t++)
+        fill_q8((int8_t *)s->base + t * s->stride, (size_t)s->width, mode, 0);
+}
+
+/* ====================================================================== */
+/* Kernel tables against the portable one                                 */
+/* ====================================================================== */
+
+static const sa_kernels *const REF = &sa_kernels_portable;
+
+static void test_scores_f32(const sa_kernels *kern)
+{
+    for (int a = 0; a < LEN(DIMS); a++)
+    for (int b = 0; b < LEN(HEADS); b++)
+    for (int c = 0; c < LEN(TOKENS); c++)
+    for (int e = 0; e < LEN(STRIDE_ROWS); e++) {
+        const int D = DIMS[a], G = HEADS[b], n = TOKENS[c];
+        const ptrdiff_t rs = (ptrdiff_t)STRIDE_ROWS[e] * D;
+        float *q = operand_alloc((size_t)G * D * sizeof(float));
+        fill_gauss(q, (size_t)G * D);
+        strided k = strided_new(sizeof(float), n, D, rs);
+        strided_fill_gauss(&k);
+        strided_poison(&k);
+        const float *kf = (const float *)k.base;
+        float **ref = rows_new(G, n), **got = rows_new(G, n);
+        REF->scores_f32(q, G, D, kf, rs, n, ref);
+        kern->scores_f32(q, G, D, kf, rs, n, got);
+
+        double worst = 0.0;
+        int same = 1;
+        for (int g = 0; g < G; g++)
+            for (int t = 0; t < n; t++) {
+                double mag = 0.0;
+                for (int i = 0; i < D; i++)
+                    mag += fabs((double)q[g * D + i] * kf[t * rs + i]);
+                const double err = fabs((double)got[g][t] - ref[g][t]);
+                worst = fmax(worst, err / fmax(mag, DBL_MIN));
+                /* The same pair alone: one head, one token. */
+                float one, *op = &one;
+                kern->scores_f32(q + g * D, 1, D, kf + t * rs, rs, 1, &op);
+                same &= memcmp(&one, &got[g][t], sizeof one) == 0;
+            }
+        check(worst <= TOL_DOT_F32, "scores_f32 D=%d G=%d n=%d stride=%tdD: error %.3g of "
+              "magnitude > %.1g", D, G, n, rs / D, worst, TOL_DOT_F32);
+        check(same, "scores_f32 D=%d G=%d n=%d stride=%tdD: a (head, token) pair scored "
+              "alone differs bitwise from the batched call", D, G, n, rs / D);
+        rows_free(ref, G), rows_free(got, G);
+        strided_free(&k);
+        operand_free(q);
+    }
+}
+
+static void test_scores_q8(const sa_kernels *kern)
+{
+    for (int a = 0; a < LEN(DIMS); a++)
+    for (int f = 0; f < LEN(GROUPS); f++)
+    for (int b = 0; b < LEN(HEADS); b++)
+    for (int c = 0; c < LEN(TOKENS); c++)
+    for (int e = 0; e < LEN(STRIDE_ROWS); e++)
+    for (int mode = 0; mode < Q8_MODES; mode++) {
+        const int D = DIMS[a], gs = GROUPS[f], G = HEADS[b], n = TOKENS[c];
+        if (D % gs || (mode != Q8_RANDOM && e > 0)) /* values and strides are independent */
+            continue;
+        const int ng = D / gs;
+        const ptrdiff_t rs = (ptrdiff_t)STRIDE_ROWS[e] * D, ss = (ptrdiff_t)STRIDE_ROWS[e] * ng;
+        int8_t *qq = operand_alloc((size_t)G * D);
+        float *qd = operand_alloc((size_t)G * ng * sizeof(float));
+        fill_q8(qq, (size_t)G * D, mode, 1);
+        fill_scales(qd, (size_t)G * ng);
+        strided k = strided_new(1, n, D, rs), kd = strided_new(sizeof(float), n, ng, ss);
+        strided_fill_q8(&k, mode);
+        strided_fill_scales(&kd);
+        strided_poison(&k), strided_poison(&kd);
+        const int8_t *kq = (const int8_t *)k.base;
+        const float *ks = (const float *)kd.base;
+        float **ref = rows_new(G, n), **got = rows_new(G, n);
+        REF->scores_q8(qq, qd, G, D, gs, kq, ks, rs, ss, n, ref);
+        kern->scores_q8(qq, qd, G, D, gs, kq, ks, rs, ss, n, got);
+
+        double worst = 0.0;
+        int same = 1;
+        for (int g = 0; g < G; g++)
+            for (int t = 0; t < n; t++) {
+                double mag = 0.0;
+                for (int grp = 0; grp < ng; grp++) {
+                    int64_t isum = 0;
+                    for (int i = grp * gs; i < (grp + 1) * gs; i++)
+                        isum += (int64_t)qq[g * D + i] * kq[t * rs + i];
+                    mag += fabs((double)qd[g * ng + grp] * ks[t * ss + grp] * (double)isum);
+                }
+                const double err = fabs((double)got[g][t] - ref[g][t]);
+                worst = fmax(worst, err / fmax(mag, DBL_MIN));
+                float one, *op = &one;
+                kern->scores_q8(qq + g * D, qd + g * ng, 1, D, gs, kq + t * rs, ks + t * ss,
+                                rs, ss, 1, &op);
+                same &= memcmp(&one, &got[g][t], sizeof one) == 0;
+            }
+        check(worst <= TOL_DOT_Q8, "scores_q8 D=%d gs=%d G=%d n=%d stride=%tdD %s: error "
+              "%.3g of magnitude > %.1g", D, gs, G, n, rs / D, Q8_MODE_NAME[mode], worst,
+              TOL_DOT_Q8);
+        check(same, "scores_q8 D=%d gs=%d G=%d n=%d stride=%tdD %s: a (head, token) pair "
+              "scored alone differs bitwise from the batched call", D, gs, G, n, rs / D,
+              Q8_MODE_NAME[mode]);
+        rows_free(ref, G), rows_free(got, G);
+        strided_free(&k), strided_free(&kd);
+        operand_free(qq), operand_free(qd);
+    }
+}
+
+/* ulps between x and the double y, in units of the float spacing at y. */
+static double ulp_error(float x, double y)
+{
+    const float yf = (float)y;
+    const double spacing = (double)nextafterf(fabsf(yf), INFINITY) - fabsf(yf);
+    return fabs((double)x - y) / spacing;
+}
+
+static void test_softmax(const sa_kernels *kern)
+{
+    static const int extra_n[] = {1000, 4099};
+    static const float scales[] = {0.01f, 0.088388348f, 1.0f, 8.0f, 1000.0f};
+    static const float spreads[] = {1.0f, 50.0f};
+    for (int c = 0; c < LEN(TOKENS) + LEN(extra_n); c++)
+    for (int a = 0; a < LEN(scales); a++)
+    for (int b = 0; b < LEN(spreads); b++) {
+        const int n = c < LEN(TOKENS) ? TOKENS[c] : extra_n[c - LEN(TOKENS)];
+        float *x = xmalloc((size_t)n * sizeof(float)), *r = xmalloc((size_t)n * sizeof(float));
+        float *y = operand_alloc((size_t)n * sizeof(float));
+        float *y2 = operand_alloc((size_t)n * sizeof(float));
+        const float offset = 3.0f * gauss();
+        for (int t = 0; t < n; t++)
+            x[t] = offset + spreads[b] * gauss();
+        memcpy(r, x, (size_t)n * sizeof(float));
+        memcpy(y, x, (size_t)n * sizeof(float));
+        memcpy(y2, x, (size_t)n * sizeof(float));
+        const float zr = REF->softmax_exp(r, n, scales[a]);
+        const float zy = kern->softmax_exp(y, n, scales[a]);
+        const float zy2 = kern->softmax_exp(y2, n, scales[a]);
+        float m = x[0];
+        for (int t = 1; t < n; t++)
+            m = x[t] > m ? x[t] : m;
+        double worst = 0.0, allowed_sum = TOL_SOFTMAX * zr;
+        for (int t = 0; t < n; t++) {
+            const double arg = SOFTMAX_ARG_ULPS * FLT_EPSILON * scales[a] * (fabs(x[t]) + fabs(m));
+            const double allowed = r[t] * (TOL_SOFTMAX + arg) + FLT_MIN;
+            worst = fmax(worst, fabs((double)y[t] - r[t]) / allowed);
+            allowed_sum += allowed;
+        }
+        const double zerr = fabs((double)zy - zr) / allowed_sum;
+        check(worst <= 1.0 && zerr <= 1.0, "softmax_exp n=%d scale=%g spread=%g: weights off by "
+              "%.3g, sum by %.3g of the allowed rounding", n, scales[a], spreads[b], worst, zerr);
+        check(memcmp(y, y2, (size_t)n * sizeof(float)) == 0 && memcmp(&zy, &zy2, sizeof zy) == 0,
+              "softmax_exp n=%d scale=%g: two identical calls differ", n, scales[a]);
+        free(x), free(r), operand_free(y), operand_free(y2);
+    }
+
+    /* The exp itself: with max 0 and scale 1 the argument is exactly s[t]. */
+    enum { N_EXP = 4099 };
+    float *s = xmalloc(N_EXP * sizeof(float)), *x = xmalloc(N_EXP * sizeof(float));
+    s[0] = 0.0f;
+    for (int t = 1; t < N_EXP; t++)
+        s[t] = (float)(-87.3 * uniform());
+    memcpy(x, s, N_EXP * sizeof(float));
+    kern->softmax_exp(s, N_EXP, 1.0f);
+    double worst = 0.0;
+    int t_worst = 0;
+    for (int t = 0; t < N_EXP; t++) {
+        const double u = ulp_error(s[t], exp((double)x[t]));
+        if (u > worst)
+            worst = u, t_worst = t;
+    }
+    check(worst <= EXP_MAX_ULP, "softmax_exp: exp(%.9g) off by %.2f ulp (> %.0f)",
+          x[t_worst], worst, EXP_MAX_ULP);
+
+    /* Below the normal range: 0 or subnormal, never negative or NaN. */
+    s[0] = 0.0f;
+    for (int t = 1; t < N_EXP; t++)
+        s[t] = (float)(-87.4 - 30.0 * uniform());
+    kern->softmax_exp(s, N_EXP, 1.0f);
+    int ok = s[0] == 1.0f;
+    for (int t = 1; t < N_EXP; t++)
+        ok &= s[t] >= 0.0f && s[t] < FLT_MIN;
+    check(ok, "softmax_exp: arguments below -87.4 must give 0 or a subnormal");
+
+    /* Huge negative arguments give exactly 0; the sum is exactly 1. */
+    for (int n = 2; n <= 9; n++) {
+        static const float big[] = {-1000.0f, -1e30f, -FLT_MAX, -200.0f};
+        s[0] = 0.0f;
+        for (int t = 1; t < n; t++)
+            s[t] = big[t % 4];
+        const float z = kern->softmax_exp(s, n, 1.0f);
+        ok = s[0] == 1.0f && z == 1.0f;
+        for (int t = 1; t < n; t++)
+            ok &= s[t] == 0.0f;
+        check(ok, "softmax_exp n=%d: huge negative arguments must give exactly 0", n);
+    }
+    free(s), free(x);
+}
+
+static void test_accumulate_f32(const sa_kernels *kern)
+{
+    for (int a = 0; a < LEN(DIMS); a++)
+    for (int b = 0; b < LEN(HEADS); b++)
+    for (int c = 0; c < LEN(TOKENS); c++)
+    for (int e = 0; e < LEN(STRIDE_ROWS); e++) {
+        const int D = DIMS[a], G = HEADS[b], n = TOKENS[c];
+        const ptrdiff_t rs = (ptrdiff_t)STRIDE_ROWS[e] * D;
+        strided v = strided_new(sizeof(float), n, D, rs);
+        strided_fill_gauss(&v);
+        strided_poison(&v);
+        const float *vf = (const float *)v.base;
+        float **p = rows_new(G, n), **o0 = rows_new(G, D);
+        float **ref = rows_new(G, D), **got = rows_new(G, D), **one = rows_new(G, D);
+        for (int g = 0; g < G; g++) {
+            for (int t = 0; t < n; t++)
+                p[g][t] = (float)uniform();
+            fill_gauss(o0[g], (size_t)D);
+            memcpy(ref[g], o0[g], (size_t)D * sizeof(float));
+            memcpy(got[g], o0[g], (size_t)D * sizeof(float));
+            memcpy(one[g], o0[g], (size_t)D * sizeof(float));
+        }
+        REF->accumulate_v_f32(ref, (const float *const *)p, G, D, vf, rs, n);
+        kern->accumulate_v_f32(got, (const float *const *)p, G, D, vf, rs, n);
+        /* The same sums one head and one token per call. */
+        for (int g = 0; g < G; g++)
+            for (int t = 0; t < n; t++) {
+                const float *pp = p[g] + t;
+                kern->accumulate_v_f32(&one[g], &pp, 1, D, vf + t * rs, rs, 1);
+            }
+        double worst = 0.0;
+        int same = 1;
+        for (int g = 0; g < G; g++) {
+            for (int d = 0; d < D; d++) {
+                double mag = fabs(o0[g][d]);
+                for (int t = 0; t < n; t++)
+                    mag += fabs((double)p[g][t] * vf[t * rs + d]);
+                worst = fmax(worst, fabs((double)got[g][d] - ref[g][d]) / mag);
+            }
+            same &= memcmp(one[g], got[g], (size_t)D * sizeof(float)) == 0;
+        }
+        check(worst <= TOL_ACCUM, "accumulate_v_f32 D=%d G=%d n=%d stride=%tdD: error %.3g of "
+              "magnitude > %.1g", D, G, n, rs / D, worst, TOL_ACCUM);
+        check(same, "accumulate_v_f32 D=%d G=%d n=%d stride=%tdD: one head and one token per "
+              "call differs bitwise from the batched call", D, G, n, rs / D);
+        rows_free(p, G), rows_free(o0, G), rows_free(ref, G), rows_free(got, G);
+        rows_free(one, G);
+        strided_free(&v);
+    }
+}
+
+static void test_accumulate_q8(const sa_kernels *kern)
+{
+    for (int a = 0; a < LEN(DIMS); a++)
+    for (int f = 0; f < LEN(GROUPS); f++)
+    for (int b = 0; b < LEN(HEADS); b++)
+    for (int c = 0; c < LEN(TOKENS); c++)
+    for (int e = 0; e < LEN(STRIDE_ROWS); e++)
+    for (int mode = 0; mode < Q8_ALL127; mode++) {
+        const int D = DIMS[a], gs = GROUPS[f], G = HEADS[b], n = TOKENS[c];
+        if (D % gs || (mode != Q8_RANDOM && e > 0))
+            continue;
+        const int ng = D / gs;
+        const ptrdiff_t rs = (ptrdiff_t)STRIDE_ROWS[e] * D, ss = (ptrdiff_t)STRIDE_ROWS[e] * ng;
+        strided v = strided_new(1, n, D, rs), vd = strided_new(sizeof(float), n, ng, ss);
+        strided_fill_q8(&v, mode);
+        strided_fill_scales(&vd);
+        strided_poison(&v), strided_poison(&vd);
+        const int8_t *vq = (const int8_t *)v.base;
+        const float *vs = (const float *)vd.base;
+        float **p = rows_new(G, n), **o0 = rows_new(G, D);
+        float **ref = rows_new(G, D), **got = rows_new(G, D), **one = rows_new(G, D);
+        for (int g = 0; g < G; g++) {
+            for (int t = 0; t < n; t++)
+                p[g][t] = (float)uniform();
+            fill_gauss(o0[g], (size_t)D);
+            memcpy(ref[g], o0[g], (size_t)D * sizeof(float));
+            memcpy(got[g], o0[g], (size_t)D * sizeof(float));
+            memcpy(one[g], o0[g], (size_t)D * sizeof(float));
+        }
+        REF->accumulate_v_q8(ref, (const float *const *)p, G, D, gs, vq, vs, rs, ss, n);
+        kern->accumulate_v_q8(got, (const float *const *)p, G, D, gs, vq, vs, rs, ss, n);
+        for (int g = 0; g < G; g++)
+            for (int t = 0; t < n; t++) {
+                const float *pp = p[g] + t;
+                kern->accumulate_v_q8(&one[g], &pp, 1, D, gs, vq + t * rs, vs + t * ss, rs, ss, 1);
+            }
+        double worst = 0.0;
+        int same = 1;
+        for (int g = 0; g < G; g++) {
+            for (int d = 0; d < D; d++) {
+                double mag = fabs(o0[g][d]);
+                for (int t = 0; t < n; t++)
+                    mag += fabs((double)p[g][t] * vs[t * ss + d / gs] * vq[t * rs + d]);
+                worst = fmax(worst, fabs((double)got[g][d] - ref[g][d]) / mag);
+            }
+            same &= memcmp(one[g], got[g], (size_t)D * sizeof(float)) == 0;
+        }
+        check(worst <= TOL_ACCUM, "accumulate_v_q8 D=%d gs=%d G=%d n=%d stride=%tdD %s: error "
+              "%.3g of magnitude > %.1g", D, gs, G, n, rs / D, Q8_MODE_NAME[mode], worst,
+              TOL_ACCUM);
+        check(same, "accumulate_v_q8 D=%d gs=%d G=%d n=%d stride=%tdD %s: one head and one "
+              "token per call differs bitwise from the batched call", D, gs, G, n, rs / D,
+              Q8_MODE_NAME[mode]);
+        rows_free(p, G), rows_free(o0, G), rows_free(ref, G), rows_free(got, G);
+        rows_free(one, G);
+        strided_free(&v), strided_free(&vd);
+    }
+}
+
+static void test_minmax(const sa_kernels *kern)
+{
+    for (int a = 0; a < LEN(DIMS); a++)
+    for (int f = 0; f < LEN(GROUPS); f++)
+    for (int b = 0; b < LEN(HEADS); b++)
+    for (int c = 0; c < LEN(TOKENS); c++)
+    for (int e = 0; e < LEN(STRIDE_ROWS); e++)
+    for (int extreme = 0; extreme < 2; extreme++) {
+        const int D = DIMS[a], gs = GROUPS[f], G = HEADS[b], n = TOKENS[c];
+        if (D % gs || (extreme && (e > 0 || b % 2))) /* extremes: a sample suffices */
+            continue;
+        const int ng = D / gs;
+        const ptrdiff_t bs = (ptrdiff_t)STRIDE_ROWS[e] * D, ss = bs / gs;
+        float *q = operand_alloc((size_t)G * D * sizeof(float));
+        fill_gauss(q, (size_t)G * D);
+        strided lo = strided_new(1, n, D, bs), hi = strided_new(1, n, D, bs);
+        strided sc = strided_new(sizeof(float), n, ng, ss);
+        int8_t *mn = (int8_t *)lo.base, *mx = (int8_t *)hi.base;
+        strided_fill_q8(&lo, extreme ? Q8_PM127 : Q8_RANDOM);
+        strided_fill_q8(&hi, extreme ? Q8_PM127 : Q8_RANDOM);
+        for (int t = 0; t < n; t++)
+            for (int i = 0; i < D; i++) {
+                int8_t *x = &mn[t * bs + i], *y = &mx[t * bs + i];
+                if (*x > *y) {
+                    const int8_t tmp = *x;
+                    *x = *y, *y = tmp;
+                }
+            }
+        strided_fill_scales(&sc);
+        strided_poison(&lo), strided_poison(&hi), strided_poison(&sc);
+        const float *scf = (const float *)sc.base;
+        float **ref = rows_new(G, n), **got = rows_new(G, n);
+        REF->minmax_scores(q, G, D, gs, mn, mx, scf, bs, n, ref);
+        kern->minmax_scores(q, G, D, gs, mn, mx, scf, bs, n, got);
+
+        double worst = 0.0;
+        int same = 1;
+        for (int g = 0; g < G; g++)
+            for (int t = 0; t < n; t++) {
+                double mag = 0.0;
+                for (int i = 0; i < D; i++) {
+                    const double x = (double)q[g * D + i] * mn[t * bs + i];
+                    const double y = (double)q[g * D + i] * mx[t * bs + i];
+                    mag += scf[t * ss + i / gs] * fabs(x > y ? x : y);
+                }
+                const double err = fabs((double)got[g][t] - ref[g][t]);
+                worst = fmax(worst, err / fmax(mag, DBL_MIN));
+                float one, *op = &one;
+                kern->minmax_scores(q + g * D, 1, D, gs, mn + t * bs, mx + t * bs, scf + t * ss,
+                                    bs, 1, &op);
+                same &= memcmp(&one, &got[g][t], sizeof one) == 0;
+            }
+        check(worst <= TOL_DOT_F32, "minmax_scores D=%d gs=%d G=%d n=%d stride=%tdD%s: error "
+              "%.3g of magnitude > %.1g", D, gs, G, n, bs / D, extreme ? " +-127" : "", worst,
+              TOL_DOT_F32);
+        check(same, "minmax_scores D=%d gs=%d G=%d n=%d stride=%tdD%s: a (head, block) pair "
+              "scored alone differs bitwise from the batched call", D, gs, G, n, bs / D,
+              extreme ? " +-127" : "");
+        rows_free(ref, G), rows_free(got, G);
+        strided_free(&lo), strided_free(&hi), strided_free(&sc);
+        operand_free(q);
+    }
+}
+
+/* ====================================================================== */
+/* Public API, per ISA                                                     */
+/* ====================================================================== */
+
+static double rel_err(const float *got, const float *ref, size_t n)
+{
+    double num = 0.0, den = 0.0;
+    for (size_t i = 0; i < n; i++) {
+        num += ((double)got[i] - ref[i]) * ((double)got[i] - ref[i]);
+        den += (double)ref[i] * ref[i];
+    }
+    return sqrt(num) / fmax(sqrt(den), 1e-30);
+}
+
+static int set_isa(const char *name)
+{
+    return check(sa_set_isa(name) == SA_OK, "sa_set_isa(\"%s\") failed", name);
+}
+
+/* sa_kernel_q8_dot and sa_kernel_accumulate_v: the microbenchmark entry
+ * points go through the active table too. */
+static void test_api_kernels(const char *isa)
+{
+    static const int shapes[][3] = {{128, 32, 100}, {64, 8, 7}, {67, 1, 33}, {256, 128, 9}};
+    for (int c = 0; c < LEN(shapes); c++) {
+        const int D = shapes[c][0], gs = shapes[c][1], n = shapes[c][2], ng = D / gs;
+        float *x = xmalloc((size_t)(n + 1) * D * sizeof(float));
+        int8_t *xq = xmalloc((size_t)(n + 1) * D);
+        float *xs = xmalloc((size_t)(n + 1) * ng * sizeof(float));
+        fill_gauss(x, (size_t)(n + 1) * D);
+        check(sa_quantize_q8(x, n + 1, D, gs, xq, xs) == SA_OK, "sa_quantize_q8");
+        float *ref = xmalloc((size_t)n * sizeof(float)), *got = xmalloc((size_t)n * sizeof(float));
+        set_isa("portable");
+        int rc1 = sa_kernel_q8_dot(xq, xs, D, gs, xq + D, xs + ng, n, ref);
+        set_isa(isa);
+        int rc2 = sa_kernel_q8_dot(xq, xs, D, gs, xq + D, xs + ng, n, got);
+        double e = rel_err(got, ref, (size_t)n);
+        check(rc1 == SA_OK && rc2 == SA_OK && e <= TOL_E2E,
+              "sa_kernel_q8_dot D=%d gs=%d n=%d: rc %d/%d, error %.3g", D, gs, n, rc1, rc2, e);
+
+        float *p = xmalloc((size_t)n * sizeof(float));
+        for (int t = 0; t < n; t++)
+            p[t] = (float)uniform();
+        float *o_ref = xmalloc((size_t)D * sizeof(float)), *o_got = xmalloc((size_t)D * sizeof(float));
+        for (int dt = 0; dt < 2; dt++) {
+            sa_kv v = {.dtype = dt ? SA_DTYPE_Q8 : SA_DTYPE_F32, .n_kv_heads = 1,
+                       .head_stride = n, .n_rows = n, .head_dim = D, .group_size = gs,
+                       .f32 = x, .q8 = xq, .scales = xs};
+            memset(o_ref, 0, (size_t)D * sizeof(float));
+            memset(o_got, 0, (size_t)D * sizeof(float));
+            set_isa("portable");
+            rc1 = sa_kernel_accumulate_v(p, &v, n, o_ref);
+            set_isa(isa);
+            rc2 = sa_kernel_accumulate_v(p, &v, n, o_got);
+            e = rel_err(o_got, o_ref, (size_t)D);
+            check(rc1 == SA_OK && rc2 == SA_OK && e <= TOL_E2E,
+                  "sa_kernel_accumulate_v %s D=%d n=%d: rc %d/%d, error %.3g",
+                  dt ? "q8" : "f32", D, n, rc1, rc2, e);
+        }
+        free(x), free(xq), free(xs), free(ref), free(got), free(p), free(o_ref), free(o_got);
+    }
+}
+
+/* ---- end to end ------------------------------------------------------- */
+
+typedef struct {
+    int dtype, D, gs, Hkv, G, H, seq_len, bs;
+    int n_rows, head_stride, NB, T;
+    float *kf, *vf;        /* [Hkv, head_stride, D] */
+    int8_t *kq, *vq;       /* q8 copies */
+    float *ks, *vs;
+    sa_kv k, v;
+    float *q;              /* [H, D] */
+    float *qp;             /* prefill queries [H, T, D] */
+    float *importance;     /* [seq_len] */
+    sa_bounds bounds;      /* minmax bounds of K over seq_len rows */
+} e2e_data;
+
+enum { N_PSETS = 7 };
+
+typedef struct {
+    int n_sel[N_PSETS];
+    int32_t *blocks[N_PSETS];  /* [H, n_sel] */
+    float *sparse[N_PSETS];    /* [H, D] */
+    float *dense;              /* [H, D] */
+    float *probe;              /* [H, NB] */
+    float *pre_out, *pre_imp;  /* [H, T, D], [seq_len] */
+} e2e_results;
+
+/* The parameter sets: sparse with the importance reserve, sparse with sinks
+ * and a shared GQA choice, sparse without recency and with a short probe,
+ * two with every block chosen (must equal dense decode bitwise), and two
+ * scoring blocks by the minmax bound. */
+static sa_select_params pset(const e2e_data *d, int i, int *with_importance)
+{
+    const int kb = d->NB / 3 + 1;
+    sa_select_params p = {.block_size = d->bs, .k_blocks = kb, .n_probe = 8, .recency = 1,
+                          .importance_blocks = (kb + 1) / 2, .sink_blocks = 0,
+                          .share = SA_SHARE_HEAD};
+    *with_importance = 0;
+    switch (i) {
+    case 0: *with_importance = 1; break;
+    case 1: p.sink_blocks = 1, p.share = SA_SHARE_GROUP, p.n_probe = 3; break;
+    case 2: p.recency = 0, p.n_probe = 1, p.k_blocks = d->NB > 2 ? d->NB - 2 : 1; break;
+    case 3: p.k_blocks = d->NB; *with_importance = 1; break;
+    case 4: p.k_blocks = d->NB + 7; break;
+    case 5: p.scoring = SA_SCORING_MINMAX; *with_importance = 1; break;
+    default: p.scoring = SA_SCORING_MINMAX, p.share = SA_SHARE_GROUP, p.sink_blocks = 1; break;
+    }
+    p.bounds = &d->bounds;
+    return p;
+}
+
+static void e2e_data_new(e2e_data *d, int dtype, int D, int gs, int Hkv, int G, int seq_len,
+                         int bs)
+{
+    *d = (e2e_data){.dtype = dtype, .D = D, .gs = gs, .Hkv = Hkv, .G = G, .H = Hkv * G,
+                    .seq_len = seq_len, .bs = bs};
+    d->n_rows = seq_len + 3;       /* capacity the calls must not read */
+    d->head_stride = seq_len + 5;
+    d->NB = (seq_len + bs - 1) / bs;
+    d->T = seq_len < 4 ? seq_len : 4;
+    const size_t rows = (size_t)Hkv * d->head_stride, ng = (size_t)(D / gs);
+    d->kf = xmalloc(rows * D * sizeof(float));
+    d->vf = xmalloc(rows * D * sizeof(float));
+    fill_gauss(d->kf, rows * D);
+    fill_gauss(d->vf, rows * D);
+    d->k = (sa_kv){.dtype = dtype, .n_kv_heads = Hkv, .head_stride = d->head_stride,
+                   .n_rows = d->n_rows, .head_dim = D, .group_size = gs};
+    d->v = d->k;
+    if (dtype == SA_DTYPE_Q8) {
+        d->kq = xmalloc(rows * D), d->vq = xmalloc(rows * D);
+        d->ks = xmalloc(rows * ng * sizeof(float)), d->vs = xmalloc(rows * ng * sizeof(float));
+        check(sa_quantize_q8(d->kf, (int64_t)rows, D, gs, d->kq, d->ks) == SA_OK &&
+              sa_quantize_q8(d->vf, (int64_t)rows, D, gs, d->vq, d->vs) == SA_OK,
+              "sa_quantize_q8 of the KV");
+        d->k.q8 = d->kq, d->k.scales = d->ks;
+        d->v.q8 = d->vq, d->v.scales = d->vs;
+        /* Rows at and beyond seq_len must never be read. */
+        for (int h = 0; h < Hkv; h++) {
+            const size_t r0 = (size_t)h * d->head_stride + seq_len, nr = d->head_stride - seq_len;
+            POISON(d->kq + r0 * D, nr * D), POISON(d->vq + r0 * D, nr * D);
+            POISON(d->ks + r0 * ng, nr * ng * sizeof(float));
+            POISON(d->vs + r0 * ng, nr * ng * sizeof(float));
+        }
+    } else {
+        d->k.f32 = d->kf, d->v.f32 = d->vf;
+        for (int h = 0; h < Hkv; h++) {
+            const size_t r0 = (size_t)h * d->head_stride + seq_len, nr = d->head_stride - seq_len;
+            POISON(d->kf + r0 * D, nr * D * sizeof(float));
+            POISON(d->vf + r0 * D, nr * D * sizeof(float));
+        }
+    }
+    d->q = xmalloc((size_t)d->H * D * sizeof(float));
+    d->qp = xmalloc((size_t)d->H * d->T * D * sizeof(float));
+    fill_gauss(d->q, (size_t)d->H * D);
+    fill_gauss(d->qp, (size_t)d->H * d->T * D);
+    d->importance = xmalloc((size_t)seq_len * sizeof(float));
+    for (int t = 0; t < seq_len; t++)
+        d->importance[t] = (float)(uniform() * uniform());
+    /* Bounds grouped like q8 K, or by 32 (1 when that does not divide D). */
+    const int bgs = dtype == SA_DTYPE_Q8 ? gs : (D % 32 ? 1 : 32);
+    d->bounds = (sa_bounds){.n_kv_heads = Hkv, .head_dim = D, .block_size = bs,
+                            .group_size = bgs, .head_stride = d->NB};
+    d->bounds.mn = xmalloc((size_t)Hkv * d->NB * D);
+    d->bounds.mx = xmalloc((size_t)Hkv * d->NB * D);
+    d->bounds.scales = xmalloc((size_t)Hkv * d->NB * (D / bgs) * sizeof(float));
+    const int rc = sa_bounds_update(&d->k, 0, seq_len, &d->bounds);
+    check(rc == SA_OK && d->bounds.n_rows == seq_len, "sa_bounds_update: %s", sa_strerror(rc));
+}
+
+static void e2e_data_free(e2e_data *d)
+{
+    const size_t rows = (size_t)d->Hkv * d->head_stride, ng = (size_t)(d->D / d->gs);
+    UNPOISON(d->kf, rows * d->D * sizeof(float));
+    UNPOISON(d->vf, rows * d->D * sizeof(float));
+    free(d->kf), free(d->vf);
+    if (d->kq) {
+        UNPOISON(d->kq, rows * d->D), UNPOISON(d->vq, rows * d->D);
+        UNPOISON(d->ks, rows * ng * sizeof(float)), UNPOISON(d->vs, rows * ng * sizeof(float));
+        free(d->kq), free(d->vq), free(d->ks), free(d->vs);
+    }
+    free(d->q), free(d->qp), free(d->importance);
+    free(d->bounds.mn), free(d->bounds.mx), free(d->bounds.scales);
+}
+
+static void e2e_results_free(e2e_results *r)
+{
+    for (int i = 0; i < N_PSETS; i++)
+        free(r->blocks[i]), free(r->sparse[i]);
+    free(r->dense), free(r->probe), free(r->pre_out), free(r->pre_imp);
+}
+
+static int blocks_valid(const int32_t *b, int H, int n_sel, int NB)
+{
+    for (int h = 0; h < H; h++)
+        for (int i = 0; i < n_sel; i++) {
+            const int32_t x = b[h * n_sel + i];
+            if (x < 0 || x >= NB || (i > 0 && x <= b[h * n_sel + i - 1]))
+                return 0;
+        }
+    return 1;
+}
+
+/* Everything through the public API on the active ISA; checks what must
+ * hold on one ISA (threads, dense equality, prefill rows) and keeps the
+ * threads=1 results for the comparison with portable. */
+static void e2e_run(const e2e_data *d, e2e_results *r)
+{
+    const int H = d->H, D = d->D, T = d->T, S = d->seq_len;
+    const size_t out_n = (size_t)H * D;
+    float *out[3], *dense[3];
+    int32_t *sel[3], *blk[3];
+    for (int th = 0; th < 3; th++)
+        dense[th] = xmalloc(out_n * sizeof(float));
+    for (int th = 0; th < 3; th++) {
+        const int rc = sa_dense_decode(d->q, H, &d->k, &d->v, S, 1.0f / sqrtf((float)D),
+                                       dense[th], th + 1);
+        check(rc == SA_OK, "sa_dense_decode threads=%d: %s", th + 1, sa_strerror(rc));
+    }
+    check(!memcmp(dense[1], dense[0], out_n * 4) && !memcmp(dense[2], dense[0], out_n * 4),
+          "dense decode differs between threads 1/2/3");
+    r->dense = dense[0];
+    free(dense[1]), free(dense[2]);
+
+    for (int i = 0; i < N_PSETS; i++) {
+        int with_imp;
+        const sa_select_params p = pset(d, i, &with_imp);
+        if (p.scoring == SA_SCORING_MINMAX && !sa_active_kernels()->minmax_scores)
+            continue; /* reported as an incomplete table; would crash */
+        const int n_sel = p.k_blocks < d->NB ? p.k_blocks : d->NB;
+        const size_t nb = (size_t)H * n_sel;
+        const float *imp = with_imp ? d->importance : NULL;
+        for (int th = 0; th < 3; th++) {
+            out[th] = xmalloc(out_n * sizeof(float));
+            sel[th] = xmalloc(nb * sizeof(int32_t)), blk[th] = xmalloc(nb * sizeof(int32_t));
+            int rc = sa_select_blocks(d->q, H, &d->k, S, &p, imp, S, sel[th], th + 1);
+            check(rc == SA_OK, "sa_select_blocks pset %d threads=%d: %s", i, th + 1, sa_strerror(rc));
+            rc = sa_sparse_decode(d->q, H, &d->k, &d->v, S, &p, imp, S, 1.0f / sqrtf((float)D),
+                                  out[th], blk[th], th + 1);
+            check(rc == SA_OK, "sa_sparse_decode pset %d threads=%d: %s", i, th + 1, sa_strerror(rc));
+        }
+        check(blocks_valid(sel[0], H, n_sel, d->NB), "pset %d: blocks not ascending in "
+              "[0, n_blocks)", i);
+        for (int th = 1; th < 3; th++) {
+            check(!memcmp(sel[th], sel[0], nb * 4) && !memcmp(blk[th], sel[0], nb * 4),
+                  "pset %d: selections differ between threads 1 and %d", i, th + 1);
+            check(!memcmp(out[th], out[0], out_n * 4),
+                  "pset %d: sparse decode differs between threads 1 and %d", i, th + 1);
+        }
+        check(!memcmp(blk[0], sel[0], nb * 4),
+              "pset %d: sparse decode chose other blocks than sa_select_blocks", i);
+        if (p.k_blocks >= d->NB)
+            check(!memcmp(out[0], r->dense, out_n * 4), "pset %d (k_blocks %d >= n_blocks "
+                  "%d): sparse decode is not bitwise equal to dense decode", i, p.k_blocks, d->NB);
+        r->n_sel[i] = n_sel;
+        r->blocks[i] = sel[0];
+        r->sparse[i] = out[0];
+        free(sel[1]), free(sel[2]), free(blk[0]), free(blk[1]), free(blk[2]);
+        free(out[1]), free(out[2]);
+    }
+
+    /* Probe scores. */
+    float *probe[3];
+    const size_t pn = (size_t)H * d->NB;
+    for (int th = 0; th < 3; th++) {
+        probe[th] = xmalloc(pn * sizeof(float));
+        const int rc = sa_probe_scores(d->q, H, &d->k, S, d->bs, 8, probe[th], th + 1);
+        check(rc == SA_OK, "sa_probe_scores threads=%d: %s", th + 1, sa_strerror(rc));
+    }
+    check(!memcmp(probe[1], probe[0], pn * 4) && !memcmp(probe[2], probe[0], pn * 4),
+          "probe scores differ between threads 1/2/3");
+    r->probe = probe[0];
+    free(probe[1]), free(probe[2]);
+
+    /* Prefill of the last T positions. */
+    const int start = S - T;
+    const size_t pre_n = (size_t)H * T * D;
+    float *pout[3], *pimp[3];
+    for (int th = 0; th < 3; th++) {
+        pout[th] = xmalloc(pre_n * sizeof(float));
+        pimp[th] = xmalloc((size_t)S * sizeof(float));
+        const int rc = sa_prefill(d->qp, H, T, &d->k, &d->v, start, 1.0f / sqrtf((float)D),
+                                  pout[th], pimp[th], th + 1);
+        check(rc == SA_OK, "sa_prefill threads=%d: %s", th + 1, sa_strerror(rc));
+    }
+    for (int th = 1; th < 3; th++)
+        check(!memcmp(pout[th], pout[0], pre_n * 4) && !memcmp(pimp[th], pimp[0], (size_t)S * 4),
+              "prefill differs between threads 1 and %d", th + 1);
+    double mass = 0.0;
+    for (int j = 0; j < S; j++)
+        mass += pimp[0][j];
+    check(fabs(mass - (double)H * T) <= 1e-4 * H * T,
+          "prefill importance sums to %.7g, expected n_heads*T = %d", mass, H * T);
+    /* Row t of the prefill is dense decode at seq_len start+t+1, bitwise. */
+    float *qt = xmalloc(out_n * sizeof(float)), *ot = xmalloc(out_n * sizeof(float));
+    for (int t = 0; t < T; t += (T > 1 ? T - 1 : 1)) {
+        for (int h = 0; h < H; h++)
+            memcpy(qt + (size_t)h * D, d->qp + ((size_t)h * T + t) * D, (size_t)D * 4);
+        const int rc = sa_dense_decode(qt, H, &d->k, &d->v, start + t + 1,
+                                       1.0f / sqrtf((float)D), ot, 1);
+        int same = rc == SA_OK;
+        for (int h = 0; h < H; h++)
+            same &= !memcmp(ot + (size_t)h * D, pout[0] + ((size_t)h * T + t) * D, (size_t)D * 4);
+        check(same, "prefill row at position %d is not bitwise equal to dense decode", start + t);
+    }
+    free(qt), free(ot);
+    r->pre_out = pout[0], r->pre_imp = pimp[0];
+    free(pout[1]), free(pout[2]), free(pimp[1]), free(pimp[2]);
+}
+
+static void e2e_compare(const e2e_data *d, const e2e_results *got, const e2e_results *ref)
+{
+    const size_t out_n = (size_t)d->H * d->D;
+    for (int i = 0; i < N_PSETS; i++) {
+        if (!got->blocks[i] || !ref->blocks[i])
+            continue;
+        check(!memcmp(got->blocks[i], ref->blocks[i], (size_t)d->H * got->n_sel[i] * 4),
+              "pset %d: selection differs from portable", i);
+        const double e = rel_err(got->sparse[i], ref->sparse[i], out_n);
+        check(e <= TOL_E2E, "pset %d: sparse decode off portable by %.3g > %.1g", i, e, TOL_E2E);
+    }
+    double e = rel_err(got->dense, ref->dense, out_n);
+    check(e <= TOL_E2E, "dense decode off portable by %.3g > %.1g", e, TOL_E2E);
+    e = rel_err(got->probe, ref->probe, (size_t)d->H * d->NB);
+    check(e <= TOL_E2E, "probe scores off portable by %.3g > %.1g", e, TOL_E2E);
+    e = rel_err(got->pre_out, ref->pre_out, (size_t)d->H * d->T * d->D);
+    check(e <= TOL_E2E, "prefill output off portable by %.3g > %.1g", e, TOL_E2E);
+    e = rel_err(got->pre_imp, ref->pre_imp, (size_t)d->seq_len);
+    check(e <= TOL_E2E, "prefill importance off portable by %.3g > %.1g", e, TOL_E2E);
+}
+
+static void test_e2e(const char *const *isas, int n_isas)
+{
+    /* {dtype, D, gs}: f32 at 64, 128 and an odd D; q8 at 64 and 128 with
+     * the default group, a 16-multiple, an 8-multiple and the scalar path. */
+    static const int kinds[][3] = {
+        {SA_DTYPE_F32, 64, 1}, {SA_DTYPE_F32, 128, 1}, {SA_DTYPE_F32, 67, 1},
+        {SA_DTYPE_Q8, 64, 32}, {SA_DTYPE_Q8, 128, 32}, {SA_DTYPE_Q8, 128, 64},
+        {SA_DTYPE_Q8, 64, 8}, {SA_DTYPE_Q8, 64, 4},
+    };
+    static const int ratios[] = {1, 2, 4};
+    /* {block_size, seq_len}: partial last blocks, and a context shorter
+     * than one block. */
+    static const int lens[][2] = {{7, 7 * 19 + 3}, {32, 32 * 9 + 5}, {32, 20}};
+    for (int a = 0; a < LEN(kinds); a++)
+    for (int b = 0; b < LEN(ratios); b++)
+    for (int c = 0; c < LEN(lens); c++) {
+        e2e_data d;
+        const int Hkv = 3;
+        e2e_data_new(&d, kinds[a][0], kinds[a][1], kinds[a][2], Hkv, ratios[b], lens[c][1],
+                     lens[c][0]);
+        e2e_results ref = {0};
+        for (int i = 0; i < n_isas; i++) {
+            set_where("%s e2e %s D=%d gs=%d Hkv=%d G=%d seq_len=%d bs=%d", isas[i],
+                      d.dtype == SA_DTYPE_Q8 ? "q8" : "f32", d.D, d.gs, Hkv, d.G, d.seq_len, d.bs);
+            if (!set_isa(isas[i]))
+                continue;
+            e2e_results got = {0};
+            e2e_run(&d, &got);
+            if (i == 0) {
+                ref = got; /* isas[0] is portable */
+                continue;
+            }
+            e2e_compare(&d, &got, &ref);
+            e2e_results_free(&got);
+        }
+        e2e_results_free(&ref);
+        e2e_data_free(&d);
+    }
+}
+
+/* ====================================================================== */
+/* Argument checking                                                      */
+/* ====================================================================== */
+
+#define EXPECT(code, call)                                                           \
+    do {                                                                             \
+        const int rc_ = (call);                                                      \
+        check(rc_ == (code), "%s returned %d (%s), expected %d (%s)", #call, rc_,   \
+              sa_strerror(rc_), (code), sa_strerror(code));                          \
+    } while (0)
+
+static void test_bad_args(void)
+{
+    set_where("arguments");
+    enum { HKV = 2, H = 4, D = 16, GS = 8, ROWS = 20, S = 20, NG = D / GS };
+    float *kf = xmalloc(HKV * ROWS * D * 4), *vf = xmalloc(HKV * ROWS * D * 4);
+    int8_t *kq = xmalloc(HKV * ROWS * D), *vq = xmalloc(HKV * ROWS * D);
+    float *ks = xmalloc(HKV * ROWS * NG * 4), *vs = xmalloc(HKV * ROWS * NG * 4);
+    fill_gauss(kf, HKV * ROWS * D), fill_gauss(vf, HKV * ROWS * D);
+    sa_quantize_q8(kf, HKV * ROWS, D, GS, kq, ks);
+    sa_quantize_q8(vf, HKV * ROWS, D, GS, vq, vs);
+    const sa_kv K = {SA_DTYPE_F32, HKV, ROWS, ROWS, D, 0, kf, NULL, NULL};
+    const sa_kv V = {SA_DTYPE_F32, HKV, ROWS, ROWS, D, 0, vf, NULL, NULL};
+    const sa_kv KQ = {SA_DTYPE_Q8, HKV, ROWS, ROWS, D, GS, NULL, kq, ks};
+    const sa_kv VQ = {SA_DTYPE_Q8, HKV, ROWS, ROWS, D, GS, NULL, vq, vs};
+    float q[H * D], q_nan[H * D], q_inf[H * D], qp[H * 3 * D], qp_nan[H * 3 * D];
+    fill_gauss(q, H * D), fill_gauss(qp, H * 3 * D);
+    memcpy(q_nan, q, sizeof q), memcpy(q_inf, q, sizeof q), memcpy(qp_nan, qp, sizeof qp);
+    q_nan[H * D - 1] = NAN;
+    q_inf[5] = -INFINITY;
+    qp_nan[2 * 3 * D + D + 1] = NAN;
+    float out[H * D], pout[H * 3 * D], probe[H * S], imp[S], p[S];
+    int32_t blocks[H * S];
+    for (int i = 0; i < S; i++)
+        imp[i] = 1.0f, p[i] = 0.5f;
+    const sa_select_params P = {.block_size = 4, .k_blocks = 2, .n_probe = 2, .recency = 1,
+                                .importance_blocks = 1, .sink_blocks = 0, .share = SA_SHARE_HEAD};
+    sa_kv k;
+    sa_select_params pp;
+    const float sc = 0.25f;
+
+    /* The valid baseline of each call succeeds. */
+    EXPECT(SA_OK, sa_probe_scores(q, H, &K, S, 4, 2, probe, 1));
+    EXPECT(SA_OK, sa_select_blocks(q, H, &KQ, S, &P, imp, S, blocks, 1));
+    EXPECT(SA_OK, sa_sparse_decode(q, H, &K, &V, S, &P, imp, S, sc, out, blocks, 1));
+    EXPECT(SA_OK, sa_sparse_decode(q, H, &KQ, &VQ, S, &P, NULL, 0, sc, out, NULL, 2));
+    EXPECT(SA_OK, sa_dense_decode(q, H, &KQ, &VQ, S, sc, out, 1));
+    EXPECT(SA_OK, sa_prefill(qp, H, 3, &K, &V, S - 3, sc, pout, imp, 1));
+
+    /* NULL pointers. */
+    EXPECT(SA_ERR_NULL, sa_probe_scores(NULL, H, &K, S, 4, 2, probe, 1));
+    EXPECT(SA_ERR_NULL, sa_probe_scores(q, H, NULL, S, 4, 2, probe, 1));
+    EXPECT(SA_ERR_NULL, sa_probe_scores(q, H, &K, S, 4, 2, NULL, 1));
+    EXPECT(SA_ERR_NULL, sa_select_blocks(q, H, &K, S, NULL, NULL, 0, blocks, 1));
+    EXPECT(SA_ERR_NULL, sa_select_blocks(q, H, &K, S, &P, NULL, 0, NULL, 1));
+    EXPECT(SA_ERR_NULL, sa_select_blocks(NULL, H, &K, S, &P, NULL, 0, blocks, 1));
+    EXPECT(SA_ERR_NULL, sa_sparse_decode(NULL, H, &K, &V, S, &P, NULL, 0, sc, out, NULL, 1));
+    EXPECT(SA_ERR_NULL, sa_sparse_decode(q, H, NULL, &V, S, &P, NULL, 0, sc, out, NULL, 1));
+    EXPECT(SA_ERR_NULL, sa_sparse_decode(q, H, &K, NULL, S, &P, NULL, 0, sc, out, NULL, 1));
+    EXPECT(SA_ERR_NULL, sa_sparse_decode(q, H, &K, &V, S, NULL, NULL, 0, sc, out, NULL, 1));
+    EXPECT(SA_ERR_NULL, sa_sparse_decode(q, H, &K, &V, S, &P, NULL, 0, sc, NULL, NULL, 1));
+    EXPECT(SA_ERR_NULL, sa_dense_decode(NULL, H, &K, &V, S, sc, out, 1));
+    EXPECT(SA_ERR_NULL, sa_dense_decode(q, H, NULL, &V, S, sc, out, 1));
+    EXPECT(SA_ERR_NULL, sa_dense_decode(q, H, &K, NULL, S, sc, out, 1));
+    EXPECT(SA_ERR_NULL, sa_dense_decode(q, H, &K, &V, S, sc, NULL, 1));
+    EXPECT(SA_ERR_NULL, sa_prefill(NULL, H, 3, &K, &V, 0, sc, pout, imp, 1));
+    EXPECT(SA_ERR_NULL, sa_prefill(qp, H, 3, NULL, &V, 0, sc, pout, imp, 1));
+    EXPECT(SA_ERR_NULL, sa_prefill(qp, H, 3, &K, NULL, 0, sc, pout, imp, 1));
+    EXPECT(SA_ERR_NULL, sa_prefill(qp, H, 3, &K, &V, 0, sc, NULL, imp, 1));
+    EXPECT(SA_ERR_NULL, sa_prefill(qp, H, 3, &K, &V, 0, sc, pout, NULL, 1));
+    k = K, k.f32 = NULL;
+    EXPECT(SA_ERR_NULL, sa_dense_decode(q, H, &k, &V, S, sc, out, 1));
+    k = KQ, k.q8 = NULL;
+    EXPECT(SA_ERR_NULL, sa_probe_scores(q, H, &k, S, 4, 2, probe, 1));
+    k = KQ, k.scales = NULL;
+    EXPECT(SA_ERR_NULL, sa_select_blocks(q, H, &k, S, &P, NULL, 0, blocks, 1));
+    k = VQ, k.q8 = NULL;
+    EXPECT(SA_ERR_NULL, sa_sparse_decode(q, H, &KQ, &k, S, &P, NULL, 0, sc, out, NULL, 1));
+
+    /* seq_len 0 or beyond the rows. */
+    EXPECT(SA_ERR_SEQ_LEN, sa_probe_scores(q, H, &K, 0, 4, 2, probe, 1));
+    EXPECT(SA_ERR_SEQ_LEN, sa_probe_scores(q, H, &K, ROWS + 1, 4, 2, probe, 1));
+    EXPECT(SA_ERR_SEQ_LEN, sa_select_blocks(q, H, &K, 0, &P, NULL, 0, blocks, 1));
+    EXPECT(SA_ERR_SEQ_LEN, sa_select_blocks(q, H, &KQ, ROWS + 1, &P, NULL, 0, blocks, 1));
+    EXPECT(SA_ERR_SEQ_LEN, sa_sparse_decode(q, H, &K, &V, 0, &P, NULL, 0, sc, out, NULL, 1));
+    EXPECT(SA_ERR_SEQ_LEN, sa_sparse_decode(q, H, &K, &V, -3, &P, NULL, 0, sc, out, NULL, 1));
+    EXPECT(SA_ERR_SEQ_LEN, sa_sparse_decode(q, H, &K, &V, ROWS + 1, &P, NULL, 0, sc, out, NULL, 1));
+    EXPECT(SA_ERR_SEQ_LEN, sa_dense_decode(q, H, &K, &V, 0, sc, out, 1));
+    EXPECT(SA_ERR_SEQ_LEN, sa_dense_decode(q, H, &KQ, &VQ, ROWS + 1, sc, out, 1));
+    k = V, k.n_rows = S - 1; /* V holds fewer rows than K */
+    EXPECT(SA_ERR_SEQ_LEN, sa_dense_decode(q, H, &K, &k, S, sc, out, 1));
+    EXPECT(SA_ERR_SEQ_LEN, sa_sparse_decode(q, H, &K, &k, S, &P, NULL, 0, sc, out, NULL, 1));
+    EXPECT(SA_ERR_SEQ_LEN, sa_prefill(qp, H, 3, &K, &V, ROWS - 2, sc, pout, imp, 1));
+    EXPECT(SA_ERR_SEQ_LEN, sa_prefill(qp, H, 3, &K, &k, S - 3, sc, pout, imp, 1));
+
+    /* block_size, k_blocks, n_probe < 1 and other selection knobs. */
+    EXPECT(SA_ERR_PARAM, sa_probe_scores(q, H, &K, S, 0, 2, probe, 1));
+    EXPECT(SA_ERR_PARAM, sa_probe_scores(q, H, &K, S, 4, 0, probe, 1));
+    EXPECT(SA_ERR_PARAM, sa_probe_scores(q, H, &K, S, -1, 2, probe, 1));
+    static const char *const knob[] = {"block_size 0", "k_blocks 0", "n_probe 0", "n_probe -3",
+                                       "k_blocks -1", "recency 2", "share 2",
+                                       "sink_blocks -1", "importance_blocks -1"};
+    for (int i = 0; i < LEN(knob); i++) {
+        pp = P;
+        switch (i) {
+        case 0: pp.block_size = 0; break;
+        case 1: pp.k_blocks = 0; break;
+        case 2: pp.n_probe = 0; break;
+        case 3: pp.n_probe = -3; break;
+        case 4: pp.k_blocks = -1; break;
+        case 5: pp.recency = 2; break;
+        case 6: pp.share = 2; break;
+        case 7: pp.sink_blocks = -1; break;
+        default: pp.importance_blocks = -1; break;
+        }
+        set_where("arguments, %s", knob[i]);
+        EXPECT(SA_ERR_PARAM, sa_select_blocks(q, H, &K, S, &pp, NULL, 0, blocks, 1));
+        EXPECT(SA_ERR_PARAM, sa_sparse_decode(q, H, &K, &V, S, &pp, NULL, 0, sc, out, NULL, 1));
+        EXPECT(SA_ERR_PARAM, sa_sparse_decode(q, H, &KQ, &VQ, S, &pp, imp, S, sc, out, blocks, 2));
+    }
+    set_where("arguments");
+
+    /* GQA and shapes. */
+    EXPECT(SA_ERR_GQA, sa_probe_scores(q, 3, &K, S, 4, 2, probe, 1));
+    EXPECT(SA_ERR_GQA, sa_select_blocks(q, 3, &KQ, S, &P, NULL, 0, blocks, 1));
+    EXPECT(SA_ERR_GQA, sa_sparse_decode(q, 3, &K, &V, S, &P, NULL, 0, sc, out, NULL, 1));
+    EXPECT(SA_ERR_GQA, sa_dense_decode(q, 1, &K, &V, S, sc, out, 1));
+    EXPECT(SA_ERR_GQA, sa_prefill(qp, 3, 3, &K, &V, 0, sc, pout, imp, 1));
+    EXPECT(SA_ERR_SHAPE, sa_dense_decode(q, 0, &K, &V, S, sc, out, 1));
+    EXPECT(SA_ERR_SHAPE, sa_sparse_decode(q, -2, &K, &V, S, &P, NULL, 0, sc, out, NULL, 1));
+    EXPECT(SA_ERR_SHAPE, sa_prefill(qp, H, 0, &K, &V, 0, sc, pout, imp, 1));
+    EXPECT(SA_ERR_SHAPE, sa_prefill(qp, H, 3, &K, &V, -1, sc, pout, imp, 1));
+    k = K, k.head_dim = 0;
+    EXPECT(SA_ERR_SHAPE, sa_dense_decode(q, H, &k, &V, S, sc, out, 1));
+    k = K, k.n_kv_heads = 0;
+    EXPECT(SA_ERR_SHAPE, sa_probe_scores(q, H, &k, S, 4, 2, probe, 1));
+    k = K, k.head_stride = ROWS - 1;
+    EXPECT(SA_ERR_SHAPE, sa_dense_decode(q, H, &k, &V, S - 1, sc, out, 1));
+    k = V, k.head_dim = D / 2;
+    EXPECT(SA_ERR_SHAPE, sa_dense_decode(q, H, &K, &k, S, sc, out, 1));
+    k = V, k.n_kv_heads = 1;
+    EXPECT(SA_ERR_SHAPE, sa_sparse_decode(q, H, &K, &k, S, &P, NULL, 0, sc, out, NULL, 1));
+
+    /* dtypes and q8 groups. */
+    EXPECT(SA_ERR_DTYPE, sa_dense_decode(q, H, &K, &VQ, S, sc, out, 1));
+    EXPECT(SA_ERR_DTYPE, sa_sparse_decode(q, H, &KQ, &V, S, &P, NULL, 0, sc, out, NULL, 1));
+    EXPECT(SA_ERR_DTYPE, sa_prefill(qp, H, 3, &KQ, &V, 0, sc, pout, imp, 1));
+    k = K, k.dtype = 7;
+    EXPECT(SA_ERR_DTYPE, sa_probe_scores(q, H, &k, S, 4, 2, probe, 1));
+    k = KQ, k.group_size = 3;
+    EXPECT(SA_ERR_GROUP, sa_probe_scores(q, H, &k, S, 4, 2, probe, 1));
+    EXPECT(SA_ERR_GROUP, sa_select_blocks(q, H, &k, S, &P, NULL, 0, blocks, 1));
+    k = KQ, k.group_size = 0;
+    EXPECT(SA_ERR_GROUP, sa_dense_decode(q, H, &k, &VQ, S, sc, out, 1));
+    k = VQ, k.group_size = 5;
+    EXPECT(SA_ERR_GROUP, sa_sparse_decode(q, H, &KQ, &k, S, &P, NULL, 0, sc, out, NULL, 1));
+    EXPECT(SA_ERR_GROUP, sa_prefill(qp, H, 3, &KQ, &k, 0, sc, pout, imp, 1));
+
+    /* NaN / Inf in q. */
+    EXPECT(SA_ERR_NONFINITE, sa_probe_scores(q_nan, H, &K, S, 4, 2, probe, 1));
+    EXPECT(SA_ERR_NONFINITE, sa_select_blocks(q_inf, H, &KQ, S, &P, NULL, 0, blocks, 1));
+    EXPECT(SA_ERR_NONFINITE, sa_sparse_decode(q_nan, H, &K, &V, S, &P, NULL, 0, sc, out, NULL, 1));
+    EXPECT(SA_ERR_NONFINITE, sa_dense_decode(q_inf, H, &KQ, &VQ, S, sc, out, 1));
+    EXPECT(SA_ERR_NONFINITE, sa_prefill(qp_nan, H, 3, &K, &V, 0, sc, pout, imp, 1));
+
+    /* scale <= 0, NaN, Inf. */
+    static const float bad_scales[] = {0.0f, -0.0f, -1.0f, NAN, INFINITY};
+    for (int i = 0; i < LEN(bad_scales); i++) {
+        set_where("arguments, scale %g", bad_scales[i]);
+        EXPECT(SA_ERR_SCALE, sa_sparse_decode(q, H, &K, &V, S, &P, NULL, 0, bad_scales[i], out,
+                                              NULL, 1));
+        EXPECT(SA_ERR_SCALE, sa_dense_decode(q, H, &KQ, &VQ, S, bad_scales[i], out, 1));
+        EXPECT(SA_ERR_SCALE, sa_prefill(qp, H, 3, &K, &V, 0, bad_scales[i], pout, imp, 1));
+    }
+    set_where("arguments");
+
+    /* importance shorter than seq_len. */
+    EXPECT(SA_ERR_IMPORTANCE, sa_select_blocks(q, H, &K, S, &P, imp, S - 1, blocks, 1));
+    EXPECT(SA_ERR_IMPORTANCE, sa_select_blocks(q, H, &KQ, S, &P, imp, -1, blocks, 1));
+    EXPECT(SA_ERR_IMPORTANCE, sa_sparse_decode(q, H, &K, &V, S, &P, imp, 0, sc, out, NULL, 1));
+    EXPECT(SA_OK, sa_select_blocks(q, H, &K, S - 1, &P, imp, S - 1, blocks, 1));
+
+    /* scoring="minmax" and its bounds. */
+    {
+        enum { NBB = S / 4 };
+        sa_bounds B = {.n_kv_heads = HKV, .head_dim = D, .block_size = 4, .group_size = GS,
+                       .head_stride = NBB};
+        B.mn = xmalloc(HKV * NBB * D), B.mx = xmalloc(HKV * NBB * D);
+        B.scales = xmalloc(HKV * NBB * NG * 4);
+        sa_bounds b;
+        EXPECT(SA_OK, sa_bounds_update(&K, 0, S, &B));
+        EXPECT(SA_OK, sa_bounds_update(&KQ, S - 3, S, &B));
+        EXPECT(SA_ERR_NULL, sa_bounds_update(NULL, 0, S, &B));
+        EXPECT(SA_ERR_NULL, sa_bounds_update(&K, 0, S, NULL));
+        b = B, b.mx = NULL;
+        EXPECT(SA_ERR_NULL, sa_bounds_update(&K, 0, S, &b));
+        b = B, b.n_kv_heads = 1;
+        EXPECT(SA_ERR_SHAPE, sa_bounds_update(&K, 0, S, &b));
+        b = B, b.block_size = 0;
+        EXPECT(SA_ERR_SHAPE, sa_bounds_update(&K, 0, S, &b));
+        b = B, b.group_size = 3;
+        EXPECT(SA_ERR_GROUP, sa_bounds_update(&K, 0, S, &b));
+        b = B;
+        EXPECT(SA_ERR_SEQ_LEN, sa_bounds_update(&K, 0, ROWS + 1, &b));
+        EXPECT(SA_ERR_SEQ_LEN, sa_bounds_update(&K, 5, 4, &b));
+        EXPECT(SA_ERR_SEQ_LEN, sa_bounds_update(&K, -1, 4, &b));
+        b = B, b.head_stride = NBB - 1;
+        EXPECT(SA_ERR_SEQ_LEN, sa_bounds_update(&K, 0, S, &b));
+
+        pp = P, pp.scoring = SA_SCORING_MINMAX, pp.bounds = &B;
+        EXPECT(SA_OK, sa_select_blocks(q, H, &K, S, &pp, NULL, 0, blocks, 1));
+        EXPECT(SA_OK, sa_sparse_decode(q, H, &KQ, &VQ, S, &pp, imp, S, sc, out, blocks, 2));
+        pp.scoring = 2;
+        EXPECT(SA_ERR_PARAM, sa_select_blocks(q, H, &K, S, &pp, NULL, 0, blocks, 1));
+        pp.scoring = SA_SCORING_MINMAX, pp.bounds = NULL;
+        EXPECT(SA_ERR_BOUNDS, sa_select_blocks(q, H, &K, S, &pp, NULL, 0, blocks, 1));
+        EXPECT(SA_ERR_BOUNDS, sa_sparse_decode(q, H, &K, &V, S, &pp, NULL, 0, sc, out, NULL, 1));
+        pp.bounds = &b;
+        b = B, b.scales = NULL;
+        EXPECT(SA_ERR_BOUNDS, sa_select_blocks(q, H, &K, S, &pp, NULL, 0, blocks, 1));
+        b = B, b.block_size = 5; /* made for another block size */
+        EXPECT(SA_ERR_BOUNDS, sa_select_blocks(q, H, &K, S, &pp, NULL, 0, blocks, 1));
+        b = B, b.n_rows = S - 1; /* made for another seq_len */
+        EXPECT(SA_ERR_BOUNDS, sa_sparse_decode(q, H, &K, &V, S, &pp, NULL, 0, sc, out, NULL, 1));
+        b = B, b.head_dim = D / 2;
+        EXPECT(SA_ERR_BOUNDS, sa_select_blocks(q, H, &K, S, &pp, NULL, 0, blocks, 1));
+        b = B, b.group_size = 3;
+        EXPECT(SA_ERR_BOUNDS, sa_select_blocks(q, H, &K, S, &pp, NULL, 0, blocks, 1));
+        b = B, b.head_stride = NBB - 1;
+        EXPECT(SA_ERR_BOUNDS, sa_select_blocks(q, H, &K, S, &pp, NULL, 0, blocks, 1));
+        free(B.mn), free(B.mx), free(B.scales);
+    }
+
+    /* The bandwidth probe: the checksum is the sum of the 64-bit words. */
+    {
+        enum { WORDS = 1001 };
+        uint64_t *buf = xmalloc(WORDS * 8), want = 0, sum = 0;
+        for (int i = 0; i < WORDS; i++)
+            want += buf[i] = next_u64();
+        EXPECT(SA_ERR_NULL, sa_stream_read(NULL, 8, 1, &sum));
+        EXPECT(SA_ERR_NULL, sa_stream_read(buf, 8, 1, NULL));
+        EXPECT(SA_ERR_SHAPE, sa_stream_read(buf, -1, 1, &sum));
+        for (int th = 1; th <= 3; th++) {
+            EXPECT(SA_OK, sa_stream_read(buf, WORDS * 8, th, &sum));
+            check(sum == want, "sa_stream_read threads=%d: checksum %llx, expected %llx", th,
+                  (unsigned long long)sum, (unsigned long long)want);
+        }
+        free(buf);
+    }
+
+    /* sa_quantize_q8 and sa_kv_write. */
+    int8_t qq[D];
+    float qs[D];
+    EXPECT(SA_ERR_NULL, sa_quantize_q8(NULL, 1, D, GS, qq, qs));
+    EXPECT(SA_ERR_NULL, sa_quantize_q8(q, 1, D, GS, NULL, qs));
+    EXPECT(SA_ERR_NULL, sa_quantize_q8(q, 1, D, GS, qq, NULL));
+    EXPECT(SA_ERR_SHAPE, sa_quantize_q8(q, -1, D, GS, qq, qs));
+    EXPECT(SA_ERR_SHAPE, sa_quantize_q8(q, 1, 0, GS, qq, qs));
+    EXPECT(SA_ERR_SHAPE, sa_quantize_q8(q, 1, D, 0, qq, qs));
+    EXPECT(SA_ERR_GROUP, sa_quantize_q8(q, 1, D, 3, qq, qs));
+    EXPECT(SA_OK, sa_quantize_q8(q, 0, D, GS, qq, qs));
+    {
+        float *cache = xmalloc(HKV * ROWS * D * 4), *before = xmalloc(HKV * ROWS * D * 4);
+        int8_t *cq = xmalloc(HKV * ROWS * D);
+        float *cs = xmalloc(HKV * ROWS * NG * 4);
+        memcpy(cache, kf, HKV * ROWS * D * 4);
+        memcpy(before, kf, HKV * ROWS * D * 4);
+        memcpy(cq, kq, HKV * ROWS * D);
+        memcpy(cs, ks, HKV * ROWS * NG * 4);
+        const sa_kv C = {SA_DTYPE_F32, HKV, ROWS, ROWS, D, 0, cache, NULL, NULL};
+        const sa_kv CQ = {SA_DTYPE_Q8, HKV, ROWS, ROWS, D, GS, NULL, cq, cs};
+        float src[HKV * 2 * D];
+        fill_gauss(src, HKV * 2 * D);
+        EXPECT(SA_ERR_NULL, sa_kv_write(NULL, 0, src, 2));
+        EXPECT(SA_ERR_NULL, sa_kv_write(&C, 0, NULL, 2));
+        EXPECT(SA_ERR_SEQ_LEN, sa_kv_write(&C, ROWS - 1, src, 2));
+        EXPECT(SA_ERR_SEQ_LEN, sa_kv_write(&C, -1, src, 2));
+        EXPECT(SA_ERR_SEQ_LEN, sa_kv_write(&CQ, 0, src, -1));
+        src[HKV * 2 * D - 1] = NAN; /* the last value of the last KV head */
+        EXPECT(SA_ERR_NONFINITE, sa_kv_write(&C, 3, src, 2));
+        EXPECT(SA_ERR_NONFINITE, sa_kv_write(&CQ, 3, src, 2));
+        check(!memcmp(cache, before, HKV * ROWS * D * 4) && !memcmp(cq, kq, HKV * ROWS * D) &&
+              !memcmp(cs, ks, HKV * ROWS * NG * 4),
+              "sa_kv_write wrote to the cache before rejecting non-finite input");
+        src[HKV * 2 * D - 1] = 1.0f;
+        EXPECT(SA_OK, sa_kv_write(&CQ, ROWS - 2, src, 2));
+        free(cache), free(before), free(cq), free(cs);
+    }
+
+    /* The microbenchmark entry points. */
+    float dots[S];
+    EXPECT(SA_ERR_NULL, sa_kernel_q8_dot(NULL, ks, D, GS, kq, ks, S, dots));
+    EXPECT(SA_ERR_NULL, sa_kernel_q8_dot(kq, NULL, D, GS, kq, ks, S, dots));
+    EXPECT(SA_ERR_NULL, sa_kernel_q8_dot(kq, ks, D, GS, NULL, ks, S, dots));
+    EXPECT(SA_ERR_NULL, sa_kernel_q8_dot(kq, ks, D, GS, kq, NULL, S, dots));
+    EXPECT(SA_ERR_NULL, sa_kernel_q8_dot(kq, ks, D, GS, kq, ks, S, NULL));
+    EXPECT(SA_ERR_SHAPE, sa_kernel_q8_dot(kq, ks, 0, GS, kq, ks, S, dots));
+    EXPECT(SA_ERR_SHAPE, sa_kernel_q8_dot(kq, ks, D, 0, kq, ks, S, dots));
+    EXPECT(SA_ERR_SHAPE, sa_kernel_q8_dot(kq, ks, D, GS, kq, ks, -1, dots));
+    EXPECT(SA_ERR_GROUP, sa_kernel_q8_dot(kq, ks, D, 3, kq, ks, S, dots));
+    EXPECT(SA_OK, sa_kernel_q8_dot(kq, ks, D, GS, kq, ks, 0, dots));
+    EXPECT(SA_ERR_NULL, sa_kernel_accumulate_v(NULL, &V, S, out));
+    EXPECT(SA_ERR_NULL, sa_kernel_accumulate_v(p, NULL, S, out));
+    EXPECT(SA_ERR_NULL, sa_kernel_accumulate_v(p, &VQ, S, NULL));
+    EXPECT(SA_ERR_SEQ_LEN, sa_kernel_accumulate_v(p, &V, ROWS + 1, out));
+    EXPECT(SA_ERR_SEQ_LEN, sa_kernel_accumulate_v(p, &VQ, -1, out));
+    k = VQ, k.group_size = 3;
+    EXPECT(SA_ERR_GROUP, sa_kernel_accumulate_v(p, &k, S, out));
+    EXPECT(SA_OK, sa_kernel_accumulate_v(p, &V, 0, out));
+
+    /* ISA names. */
+    const char *before = sa_isa_name();
+    EXPECT(SA_ERR_ISA, sa_set_isa("no-such-isa"));
+    EXPECT(SA_ERR_ISA, sa_set_isa(""));
+    EXPECT(SA_ERR_ISA, sa_set_isa(NULL));
+    EXPECT(SA_ERR_ISA, sa_set_isa("NEON"));
+#if defined(__aarch64__)
+    EXPECT(SA_ERR_ISA, sa_set_isa("avx2"));
+#else
+    EXPECT(SA_ERR_ISA, sa_set_isa("neon"));
+#endif
+    check(sa_isa_available("no-such-isa") == 0 && sa_isa_available(NULL) == 0,
+          "sa_isa_available accepts an unknown name");
+    check(strcmp(sa_isa_name(), before) == 0, "a rejected sa_set_isa changed the ISA");
+    check(sa_isa_name_at(-1) == NULL && sa_isa_name_at(sa_isa_count()) == NULL,
+          "sa_isa_name_at out of range is not NULL");
+
+    /* Every status has its own text. */
+    for (int st = SA_OK; st <= SA_ERR_BOUNDS; st++)
+        check(sa_strerror(st) && strcmp(sa_strerror(st), "unknown status") != 0,
+              "sa_strerror(%d) has no text", st);
+    check(strcmp(sa_strerror(99), "unknown status") == 0, "sa_strerror(99)");
+
+    free(kf), free(vf), free(kq), free(vq), free(ks), free(vs);
+}
+
+/* ====================================================================== */
+
+/* Every table the build knows about, by the extern names of kernels.h. */
+static const sa_kernels *const TABLES[] = {
+    &sa_kernels_portable,
+#if defined(__x86_64__) || defined(_M_X64)
+    &sa_kernels_avx2,
+    &sa_kernels_avx512_vnni,
+#endif
+#if defined(__aarch64__)
+    &sa_kernels_neon,
+    &sa_kernels_neon_dotprod,
+#endif
+};
+
+static const sa_kernels *table_named(const char *name)
+{
+    for (int i = 0; i < LEN(TABLES); i++)
+        if (strcmp(TABLES[i]->name, name) == 0)
+            return TABLES[i];
+    return NULL;
+}
+
+int main(int argc, char **argv)
+{
+    const char *expect = NULL;
+    for (int i = 1; i < argc; i++) {
+        if (strcmp(argv[i], "--expect-isa") == 0 && i + 1 < argc) {
+            expect = argv[++i];
+        } else {
+            fprintf(stderr, "usage: %s [--expect-isa NAME]\n", argv[0]);
+            return 2;
+        }
+    }
+    setvbuf(stdout, NULL, _IOLBF, 0);
+
+    /* The default, before anything sets an ISA. */
+    const char *def = sa_isa_name();
+    printf("default ISA: %s\n", def);
+    if (expect)
+        check(strcmp(def, expect) == 0, "default ISA is %s, expected %s", def, expect);
+
+    const int count = sa_isa_count();
+    const char *isas[16];
+    int n_isas = 0;
+    const char *best = NULL;
+    check(count == LEN(TABLES), "sa_isa_count() is %d, the build has %d tables", count,
+          LEN(TABLES));
+    for (int i = 0; i < count; i++) {
+        const char *name = sa_isa_name_at(i);
+        const sa_kernels *table = name ? table_named(name) : NULL;
+        const int avail = name ? sa_isa_available(name) : 0;
+        printf("ISA %-14s %s\n", name ? name : "(null)",
+               avail ? "runs on this CPU" : "not supported by this CPU: skipped");
+        set_where("%s", name ? name : "(null)");
+        if (!check(table != NULL, "sa_isa_name_at(%d) = %s names no table of kernels.h", i,
+                   name ? name : "NULL"))
+            continue;
+        check(i > 0 || strcmp(name, "portable") == 0, "the first ISA is not portable");
+        check(table->scores_f32 && table->scores_q8 && table->softmax_exp &&
+              table->accumulate_v_f32 && table->accumulate_v_q8 && table->minmax_scores,
+              "table %s leaves a kernel NULL", name);
+        if (!avail) {
+            check(sa_set_isa(name) == SA_ERR_ISA, "sa_set_isa(\"%s\") accepted an ISA this CPU "
+                  "cannot run", name);
+            continue;
+        }
+        if (set_isa(name))
+            check(sa_active_kernels() == table, "sa_set_isa(\"%s\") did not activate that table",
+                  name);
+        isas[n_isas++] = name;
+        best = name;
+    }
+    check(best && strcmp(def, best) == 0, "default ISA %s is not the best available (%s)", def,
+          best ? best : "none");
+
+    for (int i = 0; i < n_isas; i++) {
+        const sa_kernels *kern = table_named(isas[i]);
+        set_where("%s kernels", isas[i]);
+        /* A NULL entry was reported above; skip it rather than crash. */
+        if (kern->scores_f32)
+            test_scores_f32(kern);
+        if (kern->scores_q8)
+            test_scores_q8(kern);
+        if (kern->softmax_exp)
+            test_softmax(kern);
+        if (kern->accumulate_v_f32)
+            test_accumulate_f32(kern);
+        if (kern->accumulate_v_q8)
+            test_accumulate_q8(kern);
+        if (kern->minmax_scores)
+            test_minmax(kern);
+        set_where("%s api kernels", isas[i]);
+        test_api_kernels(isas[i]);
+    }
+    test_e2e(isas, n_isas);
+    /* Argument checks do not depend on the ISA; portable always has every
+     * kernel, so an incomplete table elsewhere cannot crash them. */
+    sa_set_isa("portable");
+    test_bad_args();
+    sa_set_isa(def);
+
+    printf("%ld passed, %ld failed\n", n_passed, n_failed);
+    return n_failed ? 1 : 0;
+}
