@@ -23,7 +23,9 @@ sa_scratch *sa_scratch_new(int G, int D, int group_size, int NB, int n_sel,
     size_t o_qsub = take(&l, g * D * sizeof(float)), o_qqsub = take(&l, g * D);
     size_t o_qdsub = take(&l, g * ng * sizeof(float));
     size_t o_probe = take(&l, g * nb * sizeof(float));
-    size_t o_ptmp = take(&l, g * (size_t)sa_max(block_size, NB) * sizeof(float));
+    /* Sampled dots of every full block, or of one offset, or of the last
+     * block: at most NB*BS + BS (callers pass BS <= seq_len). */
+    size_t o_ptmp = take(&l, g * ((size_t)NB * block_size + block_size) * sizeof(float));
     size_t o_val = take(&l, nb * sizeof(double)), o_score = take(&l, nb * sizeof(double)), o_top = take(&l, nb * sizeof(int32_t));
     size_t o_used = take(&l, nb), o_sel = take(&l, (size_t)n_sel * sizeof(int32_t));
     size_t o_chosen = take(&l, g * nb);
@@ -128,23 +130,41 @@ void sa_probe_group(const sa_kernels *kern, sa_scratch *s, const sa_kv *k, int k
     const int G = s->G, NB = s->NB;
     for (int g = 0; g < G; g++)
         s->heads[g] = g;
-    /* Full blocks sample the same offsets j*step, so the j-th samples of all
-     * of them are one strided run of rows (block_size apart): one kernel
-     * call per offset instead of one per block. */
+    /* Full blocks all sample the offsets j*step.  When the samples tile the
+     * block evenly (the default 32 / 8: every 4th row), the samples of all
+     * full blocks are one run of rows `step` apart, read front to back in
+     * one kernel call; otherwise one call per offset j takes that offset's
+     * row of every block. */
     const int full = seq_len / block_size;
     const int step = sa_max(1, block_size / n_probe);
     const int cnt = sa_ceil_div(block_size, step);
-    for (int j = 0; j < cnt && full > 0; j++) {
+    if (full > 0 && cnt * step == block_size) {
         for (int g = 0; g < G; g++)
-            s->sp[g] = (j == 0 ? s->probe : s->probe_tmp) + (ptrdiff_t)g * NB;
-        sa_score_rows(kern, s, k, kh, qf, s->heads, G, j * step, block_size, full);
-        if (j == 0)
-            continue;
+            s->sp[g] = s->probe_tmp + (ptrdiff_t)g * full * cnt;
+        sa_score_rows(kern, s, k, kh, qf, s->heads, G, 0, step, full * cnt);
         for (int g = 0; g < G; g++) {
+            const float *d = s->sp[g];
             float *best = s->probe + (ptrdiff_t)g * NB;
-            const float *d = s->probe_tmp + (ptrdiff_t)g * NB;
-            for (int b = 0; b < full; b++)
-                best[b] = d[b] > best[b] ? d[b] : best[b];
+            for (int b = 0; b < full; b++) {
+                float m = d[(ptrdiff_t)b * cnt];
+                for (int i = 1; i < cnt; i++)
+                    m = d[(ptrdiff_t)b * cnt + i] > m ? d[(ptrdiff_t)b * cnt + i] : m;
+                best[b] = m;
+            }
+        }
+    } else {
+        for (int j = 0; j < cnt && full > 0; j++) {
+            for (int g = 0; g < G; g++)
+                s->sp[g] = (j == 0 ? s->probe : s->probe_tmp) + (ptrdiff_t)g * NB;
+            sa_score_rows(kern, s, k, kh, qf, s->heads, G, j * step, block_size, full);
+            if (j == 0)
+                continue;
+            for (int g = 0; g < G; g++) {
+                float *best = s->probe + (ptrdiff_t)g * NB;
+                const float *d = s->probe_tmp + (ptrdiff_t)g * NB;
+                for (int b = 0; b < full; b++)
+                    best[b] = d[b] > best[b] ? d[b] : best[b];
+            }
         }
     }
     if (full < NB) {

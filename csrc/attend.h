@@ -16,7 +16,7 @@ typedef struct sa_scratch {
     int8_t *qqsub;     /* G*D */
     float *qdsub;      /* G*ng */
     float *probe;      /* G*NB  probe score per head and block */
-    float *probe_tmp;  /* G*max(BS, NB)  sampled dots */
+    float *probe_tmp;  /* G*(NB*BS + BS)  sampled dots */
     double *val;       /* NB    the values a choice ranks by */
     double *score;     /* NB    the probe score (or group sum) being ranked */
     int32_t *top;      /* NB    the ranked picks */

@@ -107,7 +107,8 @@ static int run(decode_ctx *c, int n_heads, int threads, const float *importance,
     }
     c->imp_sum = imp_sum;
     const int workers = sa_workers_for(Hkv, threads);
-    c->scratch = sa_scratch_array(workers, G, D, gs, NB, n_sel, c->block_size,
+    /* A block longer than the context holds only seq_len rows. */
+    c->scratch = sa_scratch_array(workers, G, D, gs, NB, n_sel, sa_min(c->block_size, c->seq_len),
                                   c->mode == ATTEND ? max_tok : 1);
     if (!c->scratch) {
         free(imp_sum);
