@@ -1,0 +1,94 @@
+/*
+ * TEST-ONLY.  Never part of the package build.
+ *
+ * Lets scripts/test-c.sh --avx512-emulated compile csrc/x86/kernels_avx512_vnni.c
+ * for an AVX2 machine: the script copies that file into the build directory,
+ * swaps its `#pragma GCC target(...)` for "avx2,fma" and its
+ * `#include <immintrin.h>` for this header, so every _mm512_* intrinsic
+ * resolves to SIMDe's portable model (Debian: libsimde-dev, header-only) and
+ * the AVX-512 kernels run, and are checked, on a CPU without AVX-512.
+ *
+ * SIMDe 0.7.4 lacks (or has no native alias for) a few intrinsics the file
+ * uses; they are modelled below as scalar loops.  The masked loads and stores
+ * and the gather touch only the enabled lanes / addressed elements, like the
+ * hardware (which never faults on a masked-off lane), rather than loading
+ * the full vector and blending: so under AddressSanitizer a wrong mask or
+ * index in the kernels is reported instead of being hidden by, or wrongly
+ * blamed on, the emulation.
+ */
+#ifndef SA_TEST_SIMDE_AVX512_SHIM_H
+#define SA_TEST_SIMDE_AVX512_SHIM_H
+
+#define SIMDE_ENABLE_NATIVE_ALIASES
+#include <simde/x86/avx512.h>
+#include <string.h>
+#include <stdint.h>
+
+static inline simde__m512i emu_shuffle_i64x2(simde__m512i a, simde__m512i b, int imm) {
+    simde__m512i_private A = simde__m512i_to_private(a), B = simde__m512i_to_private(b), R;
+    for (int i = 0; i < 4; i++) {
+        int sel = (imm >> (2 * i)) & 3;
+        const simde__m512i_private *src = i < 2 ? &A : &B;
+        R.i64[2 * i] = src->i64[2 * sel]; R.i64[2 * i + 1] = src->i64[2 * sel + 1];
+    }
+    return simde__m512i_from_private(R);
+}
+#undef _mm512_shuffle_i64x2
+#define _mm512_shuffle_i64x2(a, b, imm) emu_shuffle_i64x2(a, b, imm)
+
+static inline simde__m512i emu_maskz_loadu_epi8(uint64_t k, const void *p) {
+    simde__m512i_private R; const int8_t *x = p;
+    for (int i = 0; i < 64; i++) R.i8[i] = (k >> i) & 1 ? x[i] : 0;
+    return simde__m512i_from_private(R);
+}
+#undef _mm512_maskz_loadu_epi8
+#define _mm512_maskz_loadu_epi8(k, p) emu_maskz_loadu_epi8(k, p)
+
+static inline simde__m512 emu_maskz_loadu_ps(uint16_t k, const void *p) {
+    simde__m512_private R; const float *x = p;
+    for (int i = 0; i < 16; i++) R.f32[i] = (k >> i) & 1 ? x[i] : 0.0f;
+    return simde__m512_from_private(R);
+}
+#undef _mm512_maskz_loadu_ps
+#define _mm512_maskz_loadu_ps(k, p) emu_maskz_loadu_ps(k, p)
+
+static inline void emu_mask_storeu_ps(void *p, uint16_t k, simde__m512 a) {
+    simde__m512_private A = simde__m512_to_private(a); float *x = p;
+    for (int i = 0; i < 16; i++) if ((k >> i) & 1) x[i] = A.f32[i];
+}
+#undef _mm512_mask_storeu_ps
+#define _mm512_mask_storeu_ps(p, k, a) emu_mask_storeu_ps(p, k, a)
+
+static inline simde__m512 emu_i32gather_ps(simde__m512i idx, const void *base, int scale) {
+    simde__m512i_private I = simde__m512i_to_private(idx); simde__m512_private R;
+    for (int i = 0; i < 16; i++) memcpy(&R.f32[i], (const char *)base + (ptrdiff_t)I.i32[i] * scale, 4);
+    return simde__m512_from_private(R);
+}
+#undef _mm512_i32gather_ps
+#define _mm512_i32gather_ps(idx, base, scale) emu_i32gather_ps(idx, base, scale)
+
+static inline simde__m512 emu_cvtepi32_ps(simde__m512i a) {
+    simde__m512i_private A = simde__m512i_to_private(a); simde__m512_private R;
+    for (int i = 0; i < 16; i++) R.f32[i] = (float)A.i32[i];
+    return simde__m512_from_private(R);
+}
+#undef _mm512_cvtepi32_ps
+#define _mm512_cvtepi32_ps(a) emu_cvtepi32_ps(a)
+
+static inline simde__m512i emu_cvtepi8_epi32(simde__m128i a) {
+    simde__m128i_private A = simde__m128i_to_private(a); simde__m512i_private R;
+    for (int i = 0; i < 16; i++) R.i32[i] = A.i8[i];
+    return simde__m512i_from_private(R);
+}
+#undef _mm512_cvtepi8_epi32
+#define _mm512_cvtepi8_epi32(a) emu_cvtepi8_epi32(a)
+
+static inline simde__m512d emu_cvtps_pd(simde__m256 a) {
+    simde__m256_private A = simde__m256_to_private(a); simde__m512d_private R;
+    for (int i = 0; i < 8; i++) R.f64[i] = A.f32[i];
+    return simde__m512d_from_private(R);
+}
+#undef _mm512_cvtps_pd
+#define _mm512_cvtps_pd(a) emu_cvtps_pd(a)
+
+#endif
