@@ -87,14 +87,17 @@ def torch_or_none():
 # --------------------------------------------------------------------------- the layers
 
 class Layer:
-    """One distinct layer: its needle context in both KV dtypes and the
-    importance its prompt's last chunk recorded through a real prefill."""
+    """One distinct layer: its needle context in both KV dtypes, the
+    importance its prompt's last chunk recorded through a real prefill, and
+    the per-block key bounds a KVCache would keep for scoring="minmax"."""
 
-    def __init__(self, ctx, importance, group_size):
+    def __init__(self, ctx, importance, group_size, block_size):
         self.ctx = ctx
         self.importance = importance
         self.kv = {"float32": (ctx.k, ctx.v),
                    "q8": (sa.quantize_q8(ctx.k, group_size), sa.quantize_q8(ctx.v, group_size))}
+        self.bounds = {dtype: sa.block_bounds(kv[0], block_size=block_size)
+                       for dtype, kv in self.kv.items()}
 
 
 def build_layers(length, n_distinct, args):
@@ -107,7 +110,7 @@ def build_layers(length, n_distinct, args):
                              block_size=args.block_size, prompt_tokens=args.prefill_tokens)
         t = ctx.prompt_q.shape[1]
         _, imp = sa.prefill(ctx.prompt_q, ctx.k, ctx.v, start=length - t, threads=args.threads)
-        layers.append(Layer(ctx, imp, args.group_size))
+        layers.append(Layer(ctx, imp, args.group_size, args.block_size))
     return layers
 
 
@@ -115,13 +118,21 @@ def kv_row_bytes(dtype, head_dim, group_size):
     return head_dim * 4 if dtype == "float32" else head_dim + 4 * (head_dim // group_size)
 
 
-def step_bytes(blocks, length, dtype, args):
+def step_bytes(blocks, length, dtype, args, scoring="probe"):
     """Bytes one layer's decode step must read: for sparse, the probed K rows
-    and the K and V rows of the blocks chosen by any head of each KV head
-    (each row once per KV head); for dense, all of K and V."""
+    (or, for scoring="minmax", the blocks' key bounds) and the K and V rows of
+    the blocks chosen by any head of each KV head (each row once per KV
+    head); for dense, all of K and V."""
     row = kv_row_bytes(dtype, args.head_dim, args.group_size)
     if blocks is None:
         return 2 * args.kv_heads * length * row
+    if scoring == "minmax":
+        bgroup = args.group_size if dtype == "q8" else \
+            sa._api.default_bounds_group(None, args.head_dim)
+        bound_bytes = 2 * args.head_dim + 4 * (args.head_dim // bgroup)
+        probe_cost = -(-length // args.block_size) * bound_bytes
+    else:
+        probe_cost = None
     bs, nb = args.block_size, -(-length // args.block_size)
     total = 0
     per_kv = blocks.reshape(args.kv_heads, -1)
@@ -130,7 +141,9 @@ def step_bytes(blocks, length, dtype, args):
                      for b in range(nb))
     for chosen in per_kv:
         rows = sum(min((b + 1) * bs, length) - b * bs for b in np.unique(chosen))
-        total += 2 * rows * row + (probe_rows * row if len(np.unique(chosen)) < nb else 0)
+        if len(np.unique(chosen)) < nb:
+            total += probe_rows * row if probe_cost is None else probe_cost
+        total += 2 * rows * row
     return int(total)  # not a numpy integer: json.dump takes only Python ints
 
 
@@ -149,8 +162,11 @@ def run_length(length, args, bandwidth, torch):
         exact = [sa.dense_decode(l.ctx.question_q, *l.kv[dtype], threads=args.threads)
                  for l in layers]
         dense_time = None
-        for config in args.configs:
-            log(f"  [{length}] {dtype} {config}")
+        cells = [("dense", None, None)] if "dense" in args.configs else []
+        cells += [(c, name, knobs) for name, knobs in args.policies
+                  for c in args.configs if c != "dense"]
+        for config, policy, knobs in cells:
+            log(f"  [{length}] {dtype} {config} {policy or ''}")
             if config == "dense":
                 def step():
                     for l in order:
@@ -159,14 +175,17 @@ def run_length(length, args, bandwidth, torch):
                 blocks = [None] * n_distinct
             else:
                 kb = int(config)
-                kw = dict(k_blocks=kb, block_size=args.block_size, n_probe=args.n_probe,
+                kw = dict(knobs, k_blocks=kb, block_size=args.block_size, n_probe=args.n_probe,
                           threads=args.threads)
+                minmax = kw.get("scoring") == "minmax"
 
-                def step(kw=kw):
+                def step(kw=kw, minmax=minmax):
                     for l in order:
                         sa.sparse_decode(l.ctx.question_q, *l.kv[dtype],
-                                         importance=l.importance, **kw)
+                                         importance=l.importance,
+                                         bounds=l.bounds[dtype] if minmax else None, **kw)
                 res = [sa.sparse_decode(l.ctx.question_q, *l.kv[dtype], importance=l.importance,
+                                        bounds=l.bounds[dtype] if minmax else None,
                                         return_blocks=True, **kw) for l in layers]
                 outs, blocks = [r[0] for r in res], [r[1] for r in res]
             med, lo, hi = timed(step, args.repeats)
@@ -179,10 +198,12 @@ def run_length(length, args, bandwidth, torch):
                 needle_hits += int(heads.sum()) if b is None else int(
                     (b[heads] == l.ctx.needle_block).any(axis=1).sum())
             err = max(float(np.abs(o - e).max() / np.abs(e).max()) for o, e in zip(outs, exact))
-            nbytes = sum(step_bytes(blocks[i % n_distinct], length, dtype, args)
+            scoring = (knobs or {}).get("scoring", "probe")
+            nbytes = sum(step_bytes(blocks[i % n_distinct], length, dtype, args, scoring)
                          for i in range(args.layers))
             floor = nbytes / bandwidth
             rows.append(dict(length=length, impl="sparse_attn", dtype=dtype, config=config,
+                             policy=policy, knobs=knobs,
                              recall=needle_hits / needle_heads, rel_err=err,
                              ms=med * 1e3, ms_min=lo * 1e3, ms_max=hi * 1e3,
                              speedup_vs_dense=(dense_time / med) if dense_time else None,
@@ -196,7 +217,8 @@ def run_length(length, args, bandwidth, torch):
             med, lo, hi = timed(fn, max(1, args.repeats // 2))
             ref_dense = next((r["ms"] for r in rows if r["dtype"] == "float32"
                               and r["config"] == "dense"), None)
-            rows.append(dict(length=length, impl=impl, dtype=dtype, config="dense", recall=1.0,
+            rows.append(dict(length=length, impl=impl, dtype=dtype, config="dense", policy=None,
+                             knobs=None, recall=1.0,
                              rel_err=None, ms=med * 1e3, ms_min=lo * 1e3, ms_max=hi * 1e3,
                              speedup_vs_dense=(ref_dense / (med * 1e3)) if ref_dense else None,
                              bytes=dense_bytes * (2 if dtype == "float32" else 1) // 2,
@@ -237,7 +259,7 @@ def print_table(rows, args, bandwidth):
     print("ms = time per token for all layers, median [min–max] of "
           f"{args.repeats}; err = max relative error vs dense at the same dtype;")
     print("floor = bytes the step must read / streaming-read bandwidth; x floor = ms / floor.\n")
-    head = (f"{'ctx':>6} {'impl':<12} {'KV':<8} {'config':<6} {'needle':>6} {'err':>8} "
+    head = (f"{'ctx':>6} {'impl':<12} {'KV':<8} {'config':<6} {'policy':<8} {'needle':>6} {'err':>8} "
             f"{'ms/token [min–max]':>24} {'vs dense':>8} {'MB read':>8} {'floor ms':>8} "
             f"{'x floor':>7}")
     print(head)
@@ -251,10 +273,11 @@ def print_table(rows, args, bandwidth):
         needle = "YES" if r["recall"] == 1 else ("NO" if r["recall"] == 0 else f"{r['recall']:.0%}")
         err = "-" if r["rel_err"] is None else f"{r['rel_err']:.1e}"
         vs = "-" if r["speedup_vs_dense"] is None else f"{r['speedup_vs_dense']:.2f}x"
-        print(f"{r['length']:>6} {r['impl']:<12} {r['dtype']:<8} {cfg:<6} {needle:>6} {err:>8} "
+        print(f"{r['length']:>6} {r['impl']:<12} {r['dtype']:<8} {cfg:<6} {r['policy'] or '-':<8} "
+              f"{needle:>6} {err:>8} "
               f"{fmt_ms(r):>24} {vs:>8} {r['bytes'] / 1e6:8.1f} {r['floor_ms']:8.2f} "
               f"{r['x_floor']:7.2f}")
-    if any(r["config"] == "1" and r["recall"] == 0 for r in rows):
+    if any(r["config"] == "1" and r["recall"] == 0 and r["policy"] == "seed" for r in rows):
         print("\n" + WHY_K1)
     print("baseline rows: 'vs dense' is sparse_attn dense float32 time / baseline time "
           "(> 1 means the baseline is faster).")
@@ -317,10 +340,13 @@ def run_kernels(args):
     rows1 = sa.Q8(kq.data[0], kq.scales[0], gs)
     p = rng.random(S, dtype=np.float32)
     imp = rng.random(S, dtype=np.float32)
+    bounds = sa.block_bounds(kq)
     t = args.threads
     cases = [
         ("probe q8 (all heads)", lambda: sa.probe_scores(q, kq, threads=t)),
         ("probe f32 (all heads)", lambda: sa.probe_scores(q, k, threads=t)),
+        ("minmax select q8 (all heads)", lambda: sa.select_blocks(
+            q, kq, policy="fast", bounds=bounds, threads=t)),
         (f"q8 dot ({S} rows)", lambda: sa.q8_dot(q1, rows1)),
         (f"accumulate V q8 ({S} rows)", lambda: sa.accumulate_v(p, rows1)),
         (f"accumulate V f32 ({S} rows)", lambda: sa.accumulate_v(p, k[0])),
@@ -376,6 +402,10 @@ def parse_args(argv):
     ap.add_argument("--configs", default=",".join(DEFAULT_CONFIGS),
                     help="'dense' and/or k_blocks values (default %(default)s)")
     ap.add_argument("--dtypes", default="q8,float32", help="KV dtypes (default %(default)s)")
+    ap.add_argument("--policies", default="seed",
+                    help="selection policies for the sparse rows, ';'-separated: presets "
+                         f"({', '.join(sa.POLICIES)}) or name:knob=value,... "
+                         "(default %(default)s)")
     ap.add_argument("--layers", type=int, default=QWEN3_VL_2B["n_layers"])
     ap.add_argument("--heads", type=int, default=QWEN3_VL_2B["n_heads"])
     ap.add_argument("--kv-heads", type=int, default=QWEN3_VL_2B["n_kv_heads"])
@@ -410,6 +440,8 @@ def parse_args(argv):
     except ValueError:
         ap.error("--lengths takes integers and --configs 'dense' or integers >= 1")
     args.dtypes = [d.strip() for d in args.dtypes.split(",")]
+    from sparse_attn.eval import parse_policy
+    args.policies = [parse_policy(p.strip()) for p in args.policies.split(";") if p.strip()]
     if not set(args.dtypes) <= {"q8", "float32"}:
         ap.error("--dtypes takes q8 and/or float32")
     if min(args.lengths) < 4 * args.block_size:

@@ -128,12 +128,13 @@ def load_model(args):
 
 
 def parse_policy(spec):
-    """``name`` of a preset, or ``name:key=value,key=value`` over selection knobs."""
+    """``name`` of a preset, or ``name:key=value,key=value`` over selection
+    knobs; returns (name, knobs).  Shared with python -m sparse_attn.bench."""
     import sparse_attn as sa
     name, _, rest = spec.partition(":")
     if not rest:
         if name not in sa.POLICIES:
-            raise SystemExit(f"unknown policy {name!r}: presets are {sorted(sa.POLICIES)}, or "
+            raise SystemExit(f"unknown policy {name!r}: presets are {list(sa.POLICIES)}, or "
                              "write name:importance_fraction=0,sink_blocks=1,...")
         return name, dict(sa.POLICIES[name])
     knobs = {}
