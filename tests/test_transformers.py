@@ -455,4 +455,4 @@ def test_policy_fills_the_knobs_left_unset(eager):
     s = sat.SparseAttnSettings(policy="seed", sink_blocks=2)
     assert (s.importance_fraction, s.sink_blocks, s.share, s.scoring) == (0.5, 2, "head", "probe")
     with pytest.raises(ValueError, match="policy must be one of"):
-        sat.SparseAttnSettings(policy="fast")
+        sat.SparseAttnSettings(policy="turbo")
