@@ -1,5 +1,6 @@
 """Argument validation: every check runs before any C code, and every message
 names the argument and shows what was expected and what came."""
+import functools
 import math
 import numbers
 import os
@@ -70,7 +71,7 @@ def check_array(name, a, *, dtype, ndim=None, contiguous=True, finite=False):
     if contiguous and not a.flags.c_contiguous:
         raise ArgumentError(
             f"{name} must be C-contiguous (use numpy.ascontiguousarray({name}))")
-    if a.ctypes.data % a.dtype.alignment:
+    if not a.flags.aligned:           # data address a multiple of the dtype's alignment
         raise ArgumentError(
             f"{name} is misaligned: its data address is not a multiple of "
             f"{a.dtype.alignment} bytes (copy it with {name}.copy())")
@@ -90,6 +91,12 @@ def default_threads():
         if n < 1:
             raise ArgumentError(f"SPARSE_ATTN_NUM_THREADS must be >= 1, got {n}")
         return n
+    return _usable_cores()
+
+
+@functools.lru_cache(maxsize=None)
+def _usable_cores():
+    """The cores this process may run on, read once (it sits on every call's path)."""
     try:
         return len(os.sched_getaffinity(0))
     except AttributeError:  # not Linux
