@@ -193,31 +193,6 @@ static void scores_f32(const float *q, int G, int D, const float *k, ptrdiff_t r
  * scores_q8
  * ---------------------------------------------------------------------- */
 
-/* The same formula as the portable kernel, for group sizes the SIMD path
- * does not take. */
-static void scores_q8_scalar(const int8_t *qq, const float *qd, int G, int D, int gs,
-                             const int8_t *k, const float *kd, ptrdiff_t row_stride,
-                             ptrdiff_t scale_stride, int n, float *const *s)
-{
-    const int ng = D / gs;
-    for (int t = 0; t < n; t++) {
-        const int8_t *row = k + (ptrdiff_t)t * row_stride;
-        const float *rd = kd + (ptrdiff_t)t * scale_stride;
-        for (int h = 0; h < G; h++) {
-            const int8_t *a = qq + (ptrdiff_t)h * D;
-            const float *da = qd + (ptrdiff_t)h * ng;
-            float acc = 0.0f;
-            for (int g = 0; g < ng; g++) {
-                int32_t isum = 0;
-                for (int i = g * gs; i < (g + 1) * gs; i++)
-                    isum += (int32_t)a[i] * (int32_t)row[i];
-                acc += (da[g] * rd[g]) * (float)isum;
-            }
-            s[h][t] = acc;
-        }
-    }
-}
-
 /* 32 bytes of q . k into 8 int32 lanes (4 products each).  maddubs multiplies
  * u8 x s8 with int16 saturation, so it gets |k| as the unsigned operand and
  * q * sign(k) as the signed one: products are exact and a pair stays within
@@ -336,7 +311,7 @@ static void scores_q8(const int8_t *qq, const float *qd, int G, int D, int gs, c
     if (gs % 32 == 0 && scale_stride >= 0 && scale_stride <= INT32_MAX / 8)
         scores_q8_gs32(qq, qd, G, D, gs, k, kd, row_stride, scale_stride, n, s);
     else
-        scores_q8_scalar(qq, qd, G, D, gs, k, kd, row_stride, scale_stride, n, s);
+        sa_kernels_portable.scores_q8(qq, qd, G, D, gs, k, kd, row_stride, scale_stride, n, s);
 }
 
 /* -------------------------------------------------------------------------
@@ -491,25 +466,6 @@ static void accumulate_v_f32(float *const *out, const float *const *p, int G, in
  * accumulate_v_q8
  * ---------------------------------------------------------------------- */
 
-static void accumulate_v_q8_scalar(float *const *out, const float *const *p, int G, int D,
-                                   int gs, const int8_t *v, const float *vd,
-                                   ptrdiff_t row_stride, ptrdiff_t scale_stride, int n)
-{
-    for (int t = 0; t < n; t++) {
-        const int8_t *row = v + (ptrdiff_t)t * row_stride;
-        const float *rd = vd + (ptrdiff_t)t * scale_stride;
-        for (int h = 0; h < G; h++) {
-            const float pt = p[h][t];
-            float *o = out[h];
-            for (int d0 = 0, grp = 0; d0 < D; d0 += gs, grp++) {
-                const float w = pt * rd[grp];
-                for (int d = d0; d < d0 + gs; d++)
-                    o[d] += w * (float)row[d];
-            }
-        }
-    }
-}
-
 /* 8 int8 -> 8 floats (exact). */
 SA_INLINE __m256 load8_s8_ps(const int8_t *x)
 {
@@ -607,7 +563,7 @@ static void accumulate_v_q8(float *const *out, const float *const *p, int G, int
                             ptrdiff_t scale_stride, int n)
 {
     if (gs % 8 != 0) {
-        accumulate_v_q8_scalar(out, p, G, D, gs, v, vd, row_stride, scale_stride, n);
+        sa_kernels_portable.accumulate_v_q8(out, p, G, D, gs, v, vd, row_stride, scale_stride, n);
         return;
     }
     const int ng = D / gs;
@@ -627,35 +583,10 @@ static void accumulate_v_q8(float *const *out, const float *const *p, int G, int
 }
 
 /* -------------------------------------------------------------------------
- * minmax_scores (Quest bounds).  Not on the per-token path (one call per
- * decode step scores n blocks), so it stays simple: 8 lanes per step, one
- * head at a time.
+ * minmax_scores (Quest bounds): one call per decode step scores all
+ * blocks of a KV head; at 32K tokens it is the largest cost of a minmax
+ * selection, bound by widening the int8 bounds and by loads.
  * ---------------------------------------------------------------------- */
-
-static void minmax_scores_scalar(const float *q, int G, int D, int gs, const int8_t *mn,
-                                 const int8_t *mx, const float *sc, ptrdiff_t block_stride,
-                                 int n, float *const *s)
-{
-    const ptrdiff_t sc_stride = block_stride / gs;
-    for (int b = 0; b < n; b++) {
-        const int8_t *lo = mn + (ptrdiff_t)b * block_stride;
-        const int8_t *hi = mx + (ptrdiff_t)b * block_stride;
-        const float *scale = sc + (ptrdiff_t)b * sc_stride;
-        for (int h = 0; h < G; h++) {
-            const float *qh = q + (ptrdiff_t)h * D;
-            float acc = 0.0f;
-            for (int i0 = 0, grp = 0; i0 < D; i0 += gs, grp++) {
-                float part = 0.0f;
-                for (int i = i0; i < i0 + gs; i++) {
-                    const float a = qh[i] * (float)lo[i], c = qh[i] * (float)hi[i];
-                    part += a > c ? a : c;
-                }
-                acc += scale[grp] * part;
-            }
-            s[h][b] = acc;
-        }
-    }
-}
 
 /* Sum of 8 lanes in a fixed order. */
 SA_INLINE float hsum8_ps(__m256 v)
@@ -678,7 +609,7 @@ static void minmax_scores(const float *q, int G, int D, int gs, const int8_t *mn
                           float *const *s)
 {
     if (gs % 8 != 0 || D > MINMAX_MAX_D || (ptrdiff_t)G * D > MINMAX_MAX_QD) {
-        minmax_scores_scalar(q, G, D, gs, mn, mx, sc, block_stride, n, s);
+        sa_kernels_portable.minmax_scores(q, G, D, gs, mn, mx, sc, block_stride, n, s);
         return;
     }
     float qpos[MINMAX_MAX_QD] __attribute__((aligned(32)));
