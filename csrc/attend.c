@@ -14,8 +14,18 @@ static size_t take(layout *l, size_t bytes)
     return at;
 }
 
+size_t sa_probe_tmp_floats(int seq_len, int block_size, int n_probe)
+{
+    int step;
+    const int cnt = sa_probe_rows_geometry(block_size, n_probe, &step);
+    const size_t full = (size_t)(seq_len / block_size) * (size_t)cnt;
+    const size_t nb = (size_t)sa_ceil_div(seq_len, block_size);
+    const size_t last = (size_t)sa_min(block_size, seq_len);
+    return full > nb ? (full > last ? full : last) : (nb > last ? nb : last);
+}
+
 sa_scratch *sa_scratch_new(int G, int D, int group_size, int NB, int n_sel,
-                           int block_size, int max_tok)
+                           size_t probe_tmp_per_head, int max_tok)
 {
     const size_t g = (size_t)G, ng = (size_t)(D / group_size), nb = (size_t)NB;
     layout l = {sizeof(sa_scratch)};
@@ -23,9 +33,8 @@ sa_scratch *sa_scratch_new(int G, int D, int group_size, int NB, int n_sel,
     size_t o_qsub = take(&l, g * D * sizeof(float)), o_qqsub = take(&l, g * D);
     size_t o_qdsub = take(&l, g * ng * sizeof(float));
     size_t o_probe = take(&l, g * nb * sizeof(float));
-    /* Sampled dots of every full block, or of one offset, or of the last
-     * block: at most NB*BS + BS (callers pass BS <= seq_len). */
-    size_t o_ptmp = take(&l, g * ((size_t)NB * block_size + block_size) * sizeof(float));
+    size_t o_qpos = take(&l, g * D * sizeof(float)), o_qneg = take(&l, g * D * sizeof(float));
+    size_t o_ptmp = take(&l, g * probe_tmp_per_head * sizeof(float));
     size_t o_val = take(&l, nb * sizeof(double)), o_score = take(&l, nb * sizeof(double)), o_top = take(&l, nb * sizeof(int32_t));
     size_t o_used = take(&l, nb), o_sel = take(&l, (size_t)n_sel * sizeof(int32_t));
     size_t o_chosen = take(&l, g * nb);
@@ -42,6 +51,7 @@ sa_scratch *sa_scratch_new(int G, int D, int group_size, int NB, int n_sel,
         .qq = (int8_t *)(base + o_qq), .qd = (float *)(base + o_qd),
         .qsub = (float *)(base + o_qsub), .qqsub = (int8_t *)(base + o_qqsub),
         .qdsub = (float *)(base + o_qdsub), .probe = (float *)(base + o_probe),
+        .qpos = (float *)(base + o_qpos), .qneg = (float *)(base + o_qneg),
         .probe_tmp = (float *)(base + o_ptmp), .val = (double *)(base + o_val), .score = (double *)(base + o_score),
         .top = (int32_t *)(base + o_top), .used = (uint8_t *)(base + o_used),
         .sel = (int32_t *)(base + o_sel), .chosen = (uint8_t *)(base + o_chosen),
@@ -56,13 +66,13 @@ sa_scratch *sa_scratch_new(int G, int D, int group_size, int NB, int n_sel,
 void sa_scratch_free(sa_scratch *s) { free(s); }
 
 sa_scratch **sa_scratch_array(int n_workers, int G, int D, int group_size, int NB,
-                              int n_sel, int block_size, int max_tok)
+                              int n_sel, size_t probe_tmp_per_head, int max_tok)
 {
     sa_scratch **arr = calloc((size_t)n_workers, sizeof *arr);
     if (!arr)
         return NULL;
     for (int w = 0; w < n_workers; w++) {
-        arr[w] = sa_scratch_new(G, D, group_size, NB, n_sel, block_size, max_tok);
+        arr[w] = sa_scratch_new(G, D, group_size, NB, n_sel, probe_tmp_per_head, max_tok);
         if (!arr[w]) {
             sa_scratch_array_free(arr, n_workers);
             return NULL;
@@ -124,34 +134,50 @@ void sa_score_rows(const sa_kernels *kern, sa_scratch *s, const sa_kv *k, int kh
     }
 }
 
+/* s->probe[g*NB + b] = the largest of the cnt dots d[b*cnt + i] of head g,
+ * for the first `full` blocks; head g's dots start at s->sp[g]. */
+static void block_max(sa_scratch *s, int full, int cnt)
+{
+    for (int g = 0; g < s->G; g++) {
+        const float *d = s->sp[g];
+        float *best = s->probe + (ptrdiff_t)g * s->NB;
+        for (int b = 0; b < full; b++) {
+            float m = d[(ptrdiff_t)b * cnt];
+            for (int i = 1; i < cnt; i++)
+                m = d[(ptrdiff_t)b * cnt + i] > m ? d[(ptrdiff_t)b * cnt + i] : m;
+            best[b] = m;
+        }
+    }
+}
+
 void sa_probe_group(const sa_kernels *kern, sa_scratch *s, const sa_kv *k, int kh,
-                    const float *qf, int seq_len, int block_size, int n_probe)
+                    const float *qf, int seq_len, int block_size, int n_probe,
+                    const sa_probe_rows *rows)
 {
     const int G = s->G, NB = s->NB;
     for (int g = 0; g < G; g++)
         s->heads[g] = g;
-    /* Full blocks all sample the offsets j*step.  When the samples tile the
-     * block evenly (the default 32 / 8: every 4th row), the samples of all
-     * full blocks are one run of rows `step` apart, read front to back in
-     * one kernel call; otherwise one call per offset j takes that offset's
-     * row of every block. */
+    /* Full blocks all sample the offsets j*step.  From copies of the probe
+     * rows, the samples of all full blocks are one contiguous run of rows.
+     * In K, when the samples tile the block evenly (the default 32 / 8:
+     * every 4th row) they are one run of rows `step` apart; both are read
+     * front to back in one kernel call.  Otherwise one call per offset j
+     * takes that offset's row of every block.  The dots are the same either
+     * way (kernels.h: a row's dot does not depend on the batch it is in). */
     const int full = seq_len / block_size;
-    const int step = sa_max(1, block_size / n_probe);
-    const int cnt = sa_ceil_div(block_size, step);
-    if (full > 0 && cnt * step == block_size) {
+    int step;
+    const int cnt = sa_probe_rows_geometry(block_size, n_probe, &step);
+    if (full > 0 && rows) {
+        const sa_kv view = sa_probe_rows_view(rows, full);
+        for (int g = 0; g < G; g++)
+            s->sp[g] = s->probe_tmp + (ptrdiff_t)g * full * cnt;
+        sa_score_rows(kern, s, &view, kh, qf, s->heads, G, 0, 1, full * cnt);
+        block_max(s, full, cnt);
+    } else if (full > 0 && cnt * step == block_size) {
         for (int g = 0; g < G; g++)
             s->sp[g] = s->probe_tmp + (ptrdiff_t)g * full * cnt;
         sa_score_rows(kern, s, k, kh, qf, s->heads, G, 0, step, full * cnt);
-        for (int g = 0; g < G; g++) {
-            const float *d = s->sp[g];
-            float *best = s->probe + (ptrdiff_t)g * NB;
-            for (int b = 0; b < full; b++) {
-                float m = d[(ptrdiff_t)b * cnt];
-                for (int i = 1; i < cnt; i++)
-                    m = d[(ptrdiff_t)b * cnt + i] > m ? d[(ptrdiff_t)b * cnt + i] : m;
-                best[b] = m;
-            }
-        }
+        block_max(s, full, cnt);
     } else {
         for (int j = 0; j < cnt && full > 0; j++) {
             for (int g = 0; g < G; g++)
@@ -172,7 +198,7 @@ void sa_probe_group(const sa_kernels *kern, sa_scratch *s, const sa_kv *k, int k
         const int p0 = full * block_size, len = seq_len - p0;
         const int pstep = sa_max(1, len / n_probe), pcnt = sa_ceil_div(len, pstep);
         for (int g = 0; g < G; g++)
-            s->sp[g] = s->probe_tmp + (ptrdiff_t)g * block_size;
+            s->sp[g] = s->probe_tmp + (ptrdiff_t)g * pcnt;
         sa_score_rows(kern, s, k, kh, qf, s->heads, G, p0, pstep, pcnt);
         for (int g = 0; g < G; g++) {
             const float *d = s->sp[g];
@@ -394,14 +420,31 @@ int sa_check_bounds(const sa_bounds *b, const sa_kv *k, int seq_len, int block_s
 }
 
 void sa_minmax_group(const sa_kernels *kern, sa_scratch *s, const sa_bounds *b, int kh,
-                     const float *qf)
+                     const float *qf, int shared)
 {
-    const int D = s->D, ng = D / b->group_size;
+    const int G = s->G, D = s->D, NB = s->NB, ng = D / b->group_size;
     const ptrdiff_t at = (ptrdiff_t)kh * b->head_stride;
-    for (int g = 0; g < s->G; g++)
-        s->sp[g] = s->probe + (ptrdiff_t)g * s->NB;
-    kern->minmax_scores(qf, s->G, D, b->group_size, b->mn + at * D, b->mx + at * D,
-                        b->scales + at * ng, D, s->NB, s->sp);
+    /* Split each query row by sign; for a shared selection sum the heads'
+     * parts (in head order), so one pass scores the group. */
+    const int rows = shared ? 1 : G;
+    for (int r = 0; r < rows; r++)
+        for (int i = 0; i < D; i++) {
+            const float x = qf[(ptrdiff_t)r * D + i];
+            s->qpos[(ptrdiff_t)r * D + i] = x > 0.0f ? x : 0.0f;
+            s->qneg[(ptrdiff_t)r * D + i] = x < 0.0f ? x : 0.0f;
+        }
+    for (int g = 1; shared && g < G; g++)
+        for (int i = 0; i < D; i++) {
+            const float x = qf[(ptrdiff_t)g * D + i];
+            s->qpos[i] += x > 0.0f ? x : 0.0f;
+            s->qneg[i] += x < 0.0f ? x : 0.0f;
+        }
+    for (int g = 0; g < rows; g++)
+        s->sp[g] = s->probe + (ptrdiff_t)g * NB;
+    kern->minmax_scores(s->qpos, s->qneg, rows, D, b->group_size, b->mn + at * D,
+                        b->mx + at * D, b->scales + at * ng, D, NB, s->sp);
+    if (shared)
+        memset(s->probe + NB, 0, (size_t)(G - 1) * NB * sizeof(float));
 }
 
 int sa_check_query(const float *q, int n_heads, const sa_kv *k, int64_t n_rows_q)

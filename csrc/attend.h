@@ -16,7 +16,9 @@ typedef struct sa_scratch {
     int8_t *qqsub;     /* G*D */
     float *qdsub;      /* G*ng */
     float *probe;      /* G*NB  probe score per head and block */
-    float *probe_tmp;  /* G*(NB*BS + BS)  sampled dots */
+    float *qpos;       /* G*D   max(q, 0) per head (minmax), or their group sum */
+    float *qneg;       /* G*D   min(q, 0) likewise */
+    float *probe_tmp;  /* G*probe_tmp_per_head  sampled dots */
     double *val;       /* NB    the values a choice ranks by */
     double *score;     /* NB    the probe score (or group sum) being ranked */
     int32_t *top;      /* NB    the ranked picks */
@@ -32,26 +34,44 @@ typedef struct sa_scratch {
     int *heads;        /* G heads of the current run */
 } sa_scratch;
 
-/* One arena per worker; sizes from the call.  block_size is the probe
- * block (for probe_tmp), max_tok the most tokens one head attends to. */
+/* One arena per worker; sizes from the call.  probe_tmp_per_head is
+ * sa_probe_tmp_floats() when the call probes, else 0; max_tok the most
+ * tokens one head attends to. */
 sa_scratch *sa_scratch_new(int G, int D, int group_size, int NB, int n_sel,
-                           int block_size, int max_tok);
+                           size_t probe_tmp_per_head, int max_tok);
 void sa_scratch_free(sa_scratch *s);
 sa_scratch **sa_scratch_array(int n_workers, int G, int D, int group_size, int NB,
-                              int n_sel, int block_size, int max_tok);
+                              int n_sel, size_t probe_tmp_per_head, int max_tok);
+
+/* Floats of probe_tmp per head that sa_probe_group needs for a context of
+ * seq_len rows: every sampled dot of the full blocks, or the last block's. */
+size_t sa_probe_tmp_floats(int seq_len, int block_size, int n_probe);
+
+/* Probe rows (probe_rows.c): rows kept per full block (returned) and the
+ * step between them; the K view of the copies of the first `blocks` full
+ * blocks; the check that copies serve this call. */
+int sa_probe_rows_geometry(int block_size, int n_probe, int *step);
+sa_kv sa_probe_rows_view(const sa_probe_rows *p, int blocks);
+int sa_check_probe_rows(const sa_probe_rows *p, const sa_kv *k, int seq_len,
+                        int block_size, int n_probe);
 void sa_scratch_array_free(sa_scratch **s, int n_workers);
 
 /* Quantise the G query rows at q (G x D compact) into s->qq / s->qd. */
 void sa_quantize_group(sa_scratch *s, const float *q, int group_size);
 
-/* probe[g*NB + b] for the G heads of KV head kh. */
+/* probe[g*NB + b] for the G heads of KV head kh; the full blocks' samples
+ * are read from `rows` (checked copies) when it is not NULL, else from K. */
 void sa_probe_group(const sa_kernels *kern, sa_scratch *s, const sa_kv *k, int kh,
-                    const float *qf, int seq_len, int block_size, int n_probe);
+                    const float *qf, int seq_len, int block_size, int n_probe,
+                    const sa_probe_rows *rows);
 
 /* Quest's bound (SPEC §6) of every block for the G heads of KV head kh,
- * into s->probe like the probe's scores. */
+ * into s->probe like the probe's scores.  With `shared` (share="group")
+ * head 0's row holds the group's summed bound, computed in one pass from the
+ * heads' summed query signs, and the other rows are zero, so the group sum
+ * sa_choose_group forms is that bound. */
 void sa_minmax_group(const sa_kernels *kern, sa_scratch *s, const sa_bounds *b, int kh,
-                     const float *qf);
+                     const float *qf, int shared);
 int sa_check_bounds(const sa_bounds *b, const sa_kv *k, int seq_len, int block_size);
 
 /* Fill s->chosen for the G heads of KV head kh (sparse selection), and write

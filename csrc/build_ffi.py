@@ -18,7 +18,7 @@ HERE = Path(__file__).resolve().parent
 HEADER = HERE / "sparse_attn.h"
 
 CORE = ["common.c", "cpu_features.c", "q8.c", "threads.c", "attend.c", "decode.c",
-        "prefill.c", "bounds.c", "stream.c", "portable/kernels_portable.c"]
+        "prefill.c", "bounds.c", "probe_rows.c", "stream.c", "portable/kernels_portable.c"]
 ISA_FILES = {
     "x86_64": ["x86/kernels_avx2.c", "x86/kernels_avx512_vnni.c"],
     "aarch64": ["arm/kernels_neon.c", "arm/kernels_neon_dotprod.c"],

@@ -22,6 +22,8 @@ const char *sa_strerror(int status)
     case SA_ERR_SCALE: return "scale must be finite and > 0";
     case SA_ERR_BOUNDS:
         return "minmax bounds are missing or were not computed for this K, seq_len and block_size";
+    case SA_ERR_PROBE_ROWS:
+        return "probe rows were not copied for this K, seq_len, block_size and n_probe";
     default: return "unknown status";
     }
 }

@@ -39,7 +39,7 @@ static int decode_item(void *arg, int kh, int worker)
         sa_quantize_group(s, qf, c->k->group_size);
 
     if (c->mode == PROBE_ONLY) {
-        sa_probe_group(c->kern, s, c->k, kh, qf, c->seq_len, c->block_size, c->n_probe);
+        sa_probe_group(c->kern, s, c->k, kh, qf, c->seq_len, c->block_size, c->n_probe, NULL);
         memcpy(c->probe_out + (ptrdiff_t)kh * G * NB, s->probe, (size_t)G * NB * sizeof(float));
         return SA_OK;
     }
@@ -53,9 +53,11 @@ static int decode_item(void *arg, int kh, int worker)
                     blocks[(ptrdiff_t)g * NB + b] = b;
     } else {
         if (c->params->scoring == SA_SCORING_MINMAX)
-            sa_minmax_group(c->kern, s, c->params->bounds, kh, qf);
+            sa_minmax_group(c->kern, s, c->params->bounds, kh, qf,
+                            c->params->share == SA_SHARE_GROUP);
         else
-            sa_probe_group(c->kern, s, c->k, kh, qf, c->seq_len, c->block_size, c->n_probe);
+            sa_probe_group(c->kern, s, c->k, kh, qf, c->seq_len, c->block_size, c->n_probe,
+                           c->params->probe_rows);
         sa_choose_group(s, c->params, c->imp_sum, blocks);
     }
     if (c->mode == SELECT_ONLY)
@@ -85,6 +87,11 @@ static int run(decode_ctx *c, int n_heads, int threads, const float *importance,
     if (c->mode != PROBE_ONLY && c->params && c->params->scoring == SA_SCORING_MINMAX &&
         (rc = sa_check_bounds(c->params->bounds, k, c->seq_len, c->block_size)))
         return rc;
+    if (c->mode != PROBE_ONLY && c->params && c->params->scoring == SA_SCORING_PROBE &&
+        c->params->probe_rows &&
+        (rc = sa_check_probe_rows(c->params->probe_rows, k, c->seq_len, c->block_size,
+                                  c->n_probe)))
+        return rc;
     if (c->mode == ATTEND && !(isfinite(c->scale) && c->scale > 0.0f))
         return SA_ERR_SCALE;
     if (c->mode == ATTEND && !c->out)
@@ -107,9 +114,12 @@ static int run(decode_ctx *c, int n_heads, int threads, const float *importance,
     }
     c->imp_sum = imp_sum;
     const int workers = sa_workers_for(Hkv, threads);
-    /* A block longer than the context holds only seq_len rows. */
-    c->scratch = sa_scratch_array(workers, G, D, gs, NB, n_sel, sa_min(c->block_size, c->seq_len),
-                                  c->mode == ATTEND ? max_tok : 1);
+    const int probes = c->mode == PROBE_ONLY ||
+                       (c->params && n_sel < NB && c->params->scoring == SA_SCORING_PROBE);
+    c->scratch = sa_scratch_array(
+        workers, G, D, gs, NB, n_sel,
+        probes ? sa_probe_tmp_floats(c->seq_len, c->block_size, c->n_probe) : 0,
+        c->mode == ATTEND ? max_tok : 1);
     if (!c->scratch) {
         free(imp_sum);
         return SA_ERR_NOMEM;

@@ -43,14 +43,17 @@ typedef struct sa_kernels {
                             int gs, const int8_t *v, const float *vd,
                             ptrdiff_t row_stride, ptrdiff_t scale_stride, int n);
 
-    /* Quest's bound per block: s[g][b] = sum over channels i of
-     * max(q[g][i] * mn_i, q[g][i] * mx_i) with mn_i = mn[b][i] * sc[b][i/gs]
-     * (likewise mx), for n blocks whose rows are block_stride elements apart
-     * (scale rows block_stride / gs apart).  Channel sums are taken per group
-     * and scaled once per group. */
-    void (*minmax_scores)(const float *q, int G, int D, int gs, const int8_t *mn,
-                          const int8_t *mx, const float *sc, ptrdiff_t block_stride,
-                          int n, float *const *s);
+    /* Quest's bound per block (SPEC §6) from the query split by sign:
+     * s[g][b] = sum over groups grp of sc[b][grp] * sum over i in grp of
+     * (qn[g][i] * mn[b][i] + qp[g][i] * mx[b][i]), for n blocks whose rows
+     * are block_stride elements apart (scale rows block_stride / gs apart).
+     * With qp = max(q, 0) and qn = min(q, 0) one of the two terms is zero and
+     * the other is max(q*mn, q*mx), so this is sum_i max(q_i*mn_i, q_i*mx_i);
+     * with qp, qn summed over a GQA group's heads it is the sum of their
+     * bounds (share="group") at the cost of one head. */
+    void (*minmax_scores)(const float *qp, const float *qn, int G, int D, int gs,
+                          const int8_t *mn, const int8_t *mx, const float *sc,
+                          ptrdiff_t block_stride, int n, float *const *s);
 } sa_kernels;
 
 extern const sa_kernels sa_kernels_portable;

@@ -141,7 +141,7 @@ int sa_prefill(const float *q, int n_heads, int T, const sa_kv *k, const sa_kv *
     slice_rows(start, T, c.slice_rows);
     c.imp = malloc((size_t)items * S * sizeof(double));
     c.qrows = malloc((size_t)workers * PREFILL_TILE * G * D * sizeof(float));
-    c.scratch = sa_scratch_array(workers, PREFILL_TILE * G, D, gs, 1, 1, 1, S);
+    c.scratch = sa_scratch_array(workers, PREFILL_TILE * G, D, gs, 1, 1, 0, S);
     if (!c.imp || !c.qrows || !c.scratch) {
         rc = SA_ERR_NOMEM;
     } else {

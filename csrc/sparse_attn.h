@@ -38,8 +38,10 @@ enum sa_status {
     SA_ERR_NONFINITE = 11,    /* NaN or Inf where finite values are required */
     SA_ERR_IMPORTANCE = 12,   /* importance shorter than seq_len */
     SA_ERR_SCALE = 13,        /* scale not finite or not > 0 */
-    SA_ERR_BOUNDS = 14        /* minmax bounds missing, or not made for this K,
+    SA_ERR_BOUNDS = 14,       /* minmax bounds missing, or not made for this K,
                                  seq_len and block_size */
+    SA_ERR_PROBE_ROWS = 15    /* probe rows not made for this K, seq_len,
+                                 block_size and n_probe */
 };
 
 enum sa_dtype { SA_DTYPE_F32 = 0, SA_DTYPE_Q8 = 1 };
@@ -80,6 +82,32 @@ typedef struct sa_bounds {
     float *scales;
 } sa_bounds;
 
+/* The probe's sampled K rows (SPEC §2.2), copied out of K block by block so
+ * that the probe reads them front to back instead of picking every step-th
+ * row out of K (which the hardware prefetchers turn into a read of all of
+ * K).  For block_size BS and n_probe P, step = max(1, BS / P) and each full
+ * block b keeps cnt = ceil(BS / step) rows: K rows b*BS + j*step, j < cnt,
+ * at copy rows b*cnt + j.  The last, partial block of a context is probed
+ * from K itself (its step differs).  Same dtype, row layout and q8 group as
+ * K; head_stride is in copy rows; n_rows is the number of K rows the copies
+ * are current for (rows of K beyond it may have changed).
+ *   f32     float [n_kv_heads, head_stride, head_dim]        (float32 K)
+ *   q8      int8  [n_kv_heads, head_stride, head_dim]        (q8 K)
+ *   scales  float [n_kv_heads, head_stride, head_dim / group_size] */
+typedef struct sa_probe_rows {
+    int dtype;
+    int n_kv_heads;
+    int head_dim;
+    int group_size;           /* q8 only */
+    int block_size;
+    int n_probe;
+    int head_stride;
+    int n_rows;
+    float *f32;
+    int8_t *q8;
+    float *scales;
+} sa_probe_rows;
+
 /* Block selection (SPEC §2 and §6).  The seed's rule is block_size 32,
  * k_blocks 32, n_probe 8, recency 1, importance_blocks (k_blocks+1)/2,
  * sink_blocks 0, share SA_SHARE_HEAD. */
@@ -95,6 +123,11 @@ typedef struct sa_select_params {
     int scoring;              /* enum sa_scoring */
     const sa_bounds *bounds;  /* scoring == SA_SCORING_MINMAX: bounds of K over
                                  exactly seq_len rows, same block_size */
+    const sa_probe_rows *probe_rows; /* scoring == SA_SCORING_PROBE, optional:
+                                 copies of the probe's rows, current for at
+                                 least seq_len rows, same block_size and
+                                 n_probe; the scores are bitwise those read
+                                 from K.  NULL probes K directly. */
 } sa_select_params;
 
 const char *sa_strerror(int status);
@@ -147,6 +180,12 @@ int sa_kv_write(const sa_kv *dst, int at, const float *src, int T);
  * from K's rows [block start, to_row), and set b->n_rows = to_row.  A cache
  * calls it after each append; from_row = 0 computes bounds from scratch. */
 int sa_bounds_update(const sa_kv *k, int from_row, int to_row, sa_bounds *b);
+
+/* Copy into p the sampled rows of [from_row, to_row) (those of blocks that
+ * fit in p's head_stride) and set p->n_rows = to_row.  from_row must not be
+ * beyond p->n_rows (the copies would have a gap).  A cache calls it after
+ * each append; from_row = 0 builds the copies from scratch. */
+int sa_probe_rows_update(const sa_kv *k, int from_row, int to_row, sa_probe_rows *p);
 
 /* The design card's kernels on their own, for microbenchmarks:
  * q8 dot of one quantised query against n rows of a q8 matrix,

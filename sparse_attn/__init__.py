@@ -9,9 +9,9 @@ NEON, NEON dotprod) at import from what the CPU reports;
 """
 import os as _os
 
-from ._api import (POLICIES, Q8, BlockBounds, accumulate_v, available_isas, block_bounds, built_isas,
-                   dense_decode, isa, prefill, probe_scores, q8_dot, quantize_q8,
-                   select_blocks, set_isa, sparse_decode)
+from ._api import (POLICIES, Q8, BlockBounds, ProbeRows, accumulate_v, available_isas,
+                   block_bounds, built_isas, dense_decode, isa, prefill, probe_rows,
+                   probe_scores, q8_dot, quantize_q8, select_blocks, set_isa, sparse_decode)
 from ._checks import ArgumentError, ArgumentTypeError, KernelError, SparseAttnError
 from .cache import KVCache
 
@@ -19,7 +19,7 @@ __version__ = "0.1.0"
 
 __all__ = [
     "POLICIES", "Q8", "KVCache", "BlockBounds", "quantize_q8", "probe_scores", "select_blocks",
-    "block_bounds", "sparse_decode",
+    "block_bounds", "ProbeRows", "probe_rows", "sparse_decode",
     "dense_decode", "prefill", "q8_dot", "accumulate_v", "isa", "set_isa",
     "available_isas", "built_isas", "SparseAttnError", "ArgumentError",
     "ArgumentTypeError", "KernelError",

@@ -361,6 +361,124 @@ def block_bounds(k, *, block_size=32, seq_len=None, group_size=None):
     return b
 
 
+def probe_geometry(block_size, n_probe):
+    """(rows kept per full block, step between them) of the probe (SPEC §2.2)."""
+    step = max(1, block_size // n_probe)
+    return -(-block_size // step), step
+
+
+class ProbeRows:
+    """Copies of the rows the probe samples (SPEC §2.2), for ``scoring="probe"``.
+
+    With ``step = max(1, block_size // n_probe)``, each full block ``b`` of K
+    keeps ``cnt = ceil(block_size / step)`` rows, K rows ``b*block_size +
+    j*step`` at copy rows ``b*cnt + j``.  The probe then reads these copies
+    front to back instead of every ``step``-th row of K, which on real
+    hardware costs about a full read of K (the prefetchers fetch the rows in
+    between).  The copies are byte copies, so scores, selections and outputs
+    are bitwise those computed from K.  They cost ``cnt / block_size`` of
+    K's memory (a quarter with the defaults).  The last, partial block of a
+    context is probed from K.
+
+    Attributes
+    ----------
+    rows : float32 ``[Hkv, R, D]`` or Q8, in K's dtype (and q8 group)
+    block_size, n_probe : int
+    n_rows : int, the rows of K the copies are current for
+    """
+
+    __slots__ = ("rows", "block_size", "n_probe", "n_rows")
+
+    def __init__(self, rows, block_size, n_probe, n_rows):
+        self.rows, self.block_size, self.n_probe, self.n_rows = rows, block_size, n_probe, n_rows
+
+    @property
+    def nbytes(self):
+        return self.rows.nbytes
+
+    def struct(self):
+        """The sa_probe_rows the C core reads and writes (rows must stay alive)."""
+        op = kv_operand("probe_rows.rows", self.rows)
+        st = op.struct
+        return ffi.new("sa_probe_rows *", {
+            "dtype": st.dtype, "n_kv_heads": st.n_kv_heads, "head_dim": st.head_dim,
+            "group_size": st.group_size, "block_size": self.block_size,
+            "n_probe": self.n_probe, "head_stride": st.head_stride, "n_rows": self.n_rows,
+            "f32": ffi.cast("float *", st.f32), "q8": ffi.cast("int8_t *", st.q8),
+            "scales": ffi.cast("float *", st.scales)})
+
+    def __repr__(self):
+        return (f"ProbeRows(rows={tuple(self.rows.shape)}, block_size={self.block_size}, "
+                f"n_probe={self.n_probe}, n_rows={self.n_rows})")
+
+
+def empty_probe_rows(n_kv_heads, capacity, head_dim, dtype, group_size, block_size, n_probe):
+    """Room for the copies of every block of `capacity` K rows, the last
+    partial one included (a cache that grows completes it later)."""
+    cnt, _ = probe_geometry(block_size, n_probe)
+    r = -(-capacity // block_size) * cnt
+    if dtype == "float32":
+        rows = np.zeros((n_kv_heads, r, head_dim), np.float32)
+    else:
+        rows = Q8._wrap(np.zeros((n_kv_heads, r, head_dim), np.int8),
+                        np.zeros((n_kv_heads, r, head_dim // group_size), np.float32),
+                        group_size)
+    return ProbeRows(rows, block_size, n_probe, 0)
+
+
+def probe_rows(k, *, block_size=32, n_probe=8, seq_len=None):
+    """Copy the probe's sampled rows of K's first ``seq_len`` rows into a
+    :class:`ProbeRows` (one strided read of K).  A :class:`KVCache` keeps its
+    copies up to date as tokens are appended instead (``cache.probe_rows``).
+
+    Parameters
+    ----------
+    k : float32 ``[Hkv, S, D]`` or Q8
+    block_size, n_probe : int, defaults 32 and 8 (those of the decode calls
+        the copies serve)
+    seq_len : int, default ``S``
+    """
+    kop = kv_operand("k", k)
+    seq_len = _check_seq_len(seq_len, kop)
+    block_size = ck.check_int("block_size", block_size, minimum=1)
+    n_probe = ck.check_int("n_probe", n_probe, minimum=1)
+    p = empty_probe_rows(kop.n_kv_heads, seq_len, kop.head_dim, kop.dtype, kop.group_size,
+                         block_size, n_probe)
+    _raise_for(lib.sa_probe_rows_update(kop.struct, 0, seq_len, p.struct()), "probe_rows")
+    p.n_rows = seq_len
+    return p
+
+
+def _probe_rows_for(scoring, rows, kop, seq_len, block_size, n_probe):
+    """The caller's probe-row copies, checked against this call, or None."""
+    if rows is None:
+        return None
+    if scoring != "probe":
+        raise ArgumentError("probe_rows= is only read with scoring='probe'")
+    if not isinstance(rows, ProbeRows):
+        raise ArgumentTypeError(f"probe_rows must be a ProbeRows (see probe_rows), got "
+                                f"{type(rows).__name__}")
+    r = rows.rows
+    dtype, group = ("q8", r.group_size) if isinstance(r, Q8) else ("float32", None)
+    shape = r.shape
+    if (dtype, group) != (kop.dtype, kop.group_size) or shape[0] != kop.n_kv_heads or \
+            shape[2] != kop.head_dim:
+        raise ArgumentError(f"probe_rows hold {dtype} rows of [{shape[0]} KV heads, head_dim "
+                            f"{shape[2]}], k is {kop.dtype} [{kop.n_kv_heads}, {kop.head_dim}]"
+                            " (and the q8 group sizes must match)")
+    if (rows.block_size, rows.n_probe) != (block_size, n_probe):
+        raise ArgumentError(f"probe_rows were copied for block_size {rows.block_size}, n_probe "
+                            f"{rows.n_probe}, not {block_size}, {n_probe}")
+    if rows.n_rows < seq_len:
+        raise ArgumentError(f"probe_rows cover {rows.n_rows} rows of K but seq_len is "
+                            f"{seq_len}; copy them again with probe_rows(k)")
+    cnt, _ = probe_geometry(block_size, n_probe)
+    if seq_len // block_size * cnt > shape[1]:
+        raise ArgumentError(f"probe_rows hold {shape[1]} rows, fewer than the "
+                            f"{seq_len // block_size * cnt} of seq_len {seq_len}")
+    return rows
+
+
 SCORINGS = {"probe": lib.SA_SCORING_PROBE, "minmax": lib.SA_SCORING_MINMAX}
 
 # Named selection policies (SPEC §6 knobs).  "seed" is the article's rule and
@@ -474,7 +592,8 @@ def probe_scores(q, k, *, seq_len=None, block_size=32, n_probe=8, threads=None):
 
 def select_blocks(q, k, *, seq_len=None, k_blocks=32, block_size=32, n_probe=8,
                   importance=None, recency=True, policy="seed", importance_fraction=None,
-                  sink_blocks=None, share=None, scoring=None, bounds=None, threads=None):
+                  sink_blocks=None, share=None, scoring=None, bounds=None, probe_rows=None,
+                  threads=None):
     """Choose the blocks each query head attends to (SPEC §2 steps 1-5, §6).
 
     In order, with ``total = min(k_blocks, NB)``:
@@ -517,6 +636,11 @@ def select_blocks(q, k, *, seq_len=None, k_blocks=32, block_size=32, n_probe=8,
     bounds : BlockBounds or None; for ``"minmax"``, the bounds of K over
         exactly ``seq_len`` rows (``KVCache.bounds``); None computes them now,
         reading all of K
+    probe_rows : ProbeRows or None; for ``"probe"``, copies of the probed
+        rows (``KVCache.probe_rows``, :func:`probe_rows`) covering at least
+        ``seq_len`` rows, made for this ``block_size`` and ``n_probe``; the
+        probe then reads a quarter of K's bytes instead of about all of them,
+        with bitwise the same result.  None probes K itself
     threads : int, default ``SPARSE_ATTN_NUM_THREADS`` or the usable cores
 
     Returns
@@ -540,6 +664,11 @@ def select_blocks(q, k, *, seq_len=None, k_blocks=32, block_size=32, n_probe=8,
     if bounds is not None:
         bstruct = bounds.struct()
         params.bounds = bstruct
+    probe_rows = _probe_rows_for(knobs["scoring"], probe_rows, kop, seq_len, params.block_size,
+                                 params.n_probe)
+    if probe_rows is not None:
+        pstruct = probe_rows.struct()
+        params.probe_rows = pstruct
     importance = _check_importance(importance, seq_len)
     threads = ck.check_threads(threads)
     nb = -(-seq_len // params.block_size)
@@ -555,7 +684,7 @@ def select_blocks(q, k, *, seq_len=None, k_blocks=32, block_size=32, n_probe=8,
 def sparse_decode(q, k, v, *, seq_len=None, k_blocks=32, block_size=32, n_probe=8,
                   importance=None, recency=True, scale=None, policy="seed",
                   importance_fraction=None, sink_blocks=None, share=None, scoring=None,
-                  bounds=None, threads=None, return_blocks=False):
+                  bounds=None, probe_rows=None, threads=None, return_blocks=False):
     """One decode step of one layer over the blocks :func:`select_blocks` picks.
 
     Equivalent to (the numpy reference, ``sparse_attn.reference``)::
@@ -592,6 +721,11 @@ def sparse_decode(q, k, v, *, seq_len=None, k_blocks=32, block_size=32, n_probe=
     if bounds is not None:
         bstruct = bounds.struct()
         params.bounds = bstruct
+    probe_rows = _probe_rows_for(knobs["scoring"], probe_rows, kop, seq_len, params.block_size,
+                                 params.n_probe)
+    if probe_rows is not None:
+        pstruct = probe_rows.struct()
+        params.probe_rows = pstruct
     importance = _check_importance(importance, seq_len)
     scale = _check_scale(scale, kop.head_dim)
     threads = ck.check_threads(threads)

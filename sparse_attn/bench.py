@@ -89,15 +89,23 @@ def torch_or_none():
 class Layer:
     """One distinct layer: its needle context in both KV dtypes, the
     importance its prompt's last chunk recorded through a real prefill, and
-    the per-block key bounds a KVCache would keep for scoring="minmax"."""
+    what a KVCache keeps for selection: the per-block key bounds for
+    scoring="minmax" and the copies of the probe's rows for scoring="probe"."""
 
-    def __init__(self, ctx, importance, group_size, block_size):
+    def __init__(self, ctx, importance, group_size, block_size, n_probe):
         self.ctx = ctx
         self.importance = importance
         self.kv = {"float32": (ctx.k, ctx.v),
                    "q8": (sa.quantize_q8(ctx.k, group_size), sa.quantize_q8(ctx.v, group_size))}
         self.bounds = {dtype: sa.block_bounds(kv[0], block_size=block_size)
                        for dtype, kv in self.kv.items()}
+        self.probe_rows = {dtype: sa.probe_rows(kv[0], block_size=block_size, n_probe=n_probe)
+                           for dtype, kv in self.kv.items()}
+
+    def selection(self, dtype, minmax):
+        """The metadata keyword a KVCache.decode would pass."""
+        return {"bounds": self.bounds[dtype]} if minmax else \
+            {"probe_rows": self.probe_rows[dtype]}
 
 
 def build_layers(length, n_distinct, args):
@@ -110,7 +118,7 @@ def build_layers(length, n_distinct, args):
                              block_size=args.block_size, prompt_tokens=args.prefill_tokens)
         t = ctx.prompt_q.shape[1]
         _, imp = sa.prefill(ctx.prompt_q, ctx.k, ctx.v, start=length - t, threads=args.threads)
-        layers.append(Layer(ctx, imp, args.group_size, args.block_size))
+        layers.append(Layer(ctx, imp, args.group_size, args.block_size, args.n_probe))
     return layers
 
 
@@ -182,11 +190,11 @@ def run_length(length, args, bandwidth, torch):
                 def step(kw=kw, minmax=minmax):
                     for l in order:
                         sa.sparse_decode(l.ctx.question_q, *l.kv[dtype],
-                                         importance=l.importance,
-                                         bounds=l.bounds[dtype] if minmax else None, **kw)
+                                         importance=l.importance, **l.selection(dtype, minmax),
+                                         **kw)
                 res = [sa.sparse_decode(l.ctx.question_q, *l.kv[dtype], importance=l.importance,
-                                        bounds=l.bounds[dtype] if minmax else None,
-                                        return_blocks=True, **kw) for l in layers]
+                                        **l.selection(dtype, minmax), return_blocks=True, **kw)
+                       for l in layers]
                 outs, blocks = [r[0] for r in res], [r[1] for r in res]
             med, lo, hi = timed(step, args.repeats)
             if config == "dense":

@@ -3,7 +3,7 @@ import numpy as np
 
 from . import _api
 from . import _checks as ck
-from ._api import Q8, BlockBounds
+from ._api import Q8, BlockBounds, ProbeRows
 from ._checks import ArgumentError
 from ._core import lib
 
@@ -26,7 +26,14 @@ class KVCache:
     dtype : ``"q8"`` (default) or ``"float32"``
     group_size : int, default 32; q8 only, must divide head_dim
     block_size : int, default 32; the blocks whose key bounds (for
-        ``scoring="minmax"``) the cache keeps up to date
+        ``scoring="minmax"``) and probe-row copies the cache keeps up to date
+    n_probe : int, default 8; the probe the copies serve
+    copy_probe_rows : bool, default True; keep copies of the rows the probe
+        samples (:class:`ProbeRows`), so that decode with ``scoring="probe"``
+        at this block_size and n_probe reads a quarter of K's bytes for the
+        probe instead of about all of them (same result, bitwise).  They cost
+        a quarter of K's memory with the defaults; turn them off when memory
+        is tighter than time, or when only ``scoring="minmax"`` is used
 
     Examples
     --------
@@ -43,7 +50,7 @@ class KVCache:
     """
 
     def __init__(self, n_kv_heads, head_dim, *, capacity=4096, dtype="q8", group_size=32,
-                 block_size=32):
+                 block_size=32, n_probe=8, copy_probe_rows=True):
         self.n_kv_heads = ck.check_int("n_kv_heads", n_kv_heads, minimum=1)
         self.head_dim = ck.check_int("head_dim", head_dim, minimum=1)
         capacity = ck.check_int("capacity", capacity, minimum=1)
@@ -58,12 +65,15 @@ class KVCache:
         else:
             self.group_size = None
         self.block_size = ck.check_int("block_size", block_size, minimum=1)
+        self.n_probe = ck.check_int("n_probe", n_probe, minimum=1)
+        self.copy_probe_rows = ck.check_bool("copy_probe_rows", copy_probe_rows)
         self._bounds_group = _api.default_bounds_group(self.group_size, head_dim)
         self.seq_len = 0
         self._k = self._alloc(capacity)
         self._v = self._alloc(capacity)
         self._importance = np.zeros(capacity, np.float32)
         self._bounds = self._alloc_bounds(capacity)
+        self._probe = self._alloc_probe(capacity)
 
     # ----------------------------------------------------------------- storage
     def _alloc(self, capacity):
@@ -77,6 +87,12 @@ class KVCache:
     def _alloc_bounds(self, capacity):
         return _api.empty_bounds(self.n_kv_heads, -(-capacity // self.block_size),
                                  self.head_dim, self.block_size, self._bounds_group)
+
+    def _alloc_probe(self, capacity):
+        if not self.copy_probe_rows:
+            return None
+        return _api.empty_probe_rows(self.n_kv_heads, capacity, self.head_dim, self.dtype,
+                                     self.group_size, self.block_size, self.n_probe)
 
     @property
     def capacity(self):
@@ -101,6 +117,18 @@ class KVCache:
             getattr(bounds, name)[:, :nb] = getattr(self._bounds, name)[:, :nb]
         bounds.n_rows = n
         self._bounds = bounds
+        if self._probe is not None:
+            probe = self._alloc_probe(cap)
+            # every old copy row, including a partial block's copies so far
+            old, new = self._probe.rows, probe.rows
+            r = old.shape[1]
+            if self.dtype == "float32":
+                new[:, :r] = old[:, :r]
+            else:
+                new.data[:, :r] = old.data[:, :r]
+                new.scales[:, :r] = old.scales[:, :r]
+            probe.n_rows = n
+            self._probe = probe
 
     @staticmethod
     def _view(t, n):
@@ -132,9 +160,22 @@ class KVCache:
                            b.group_size, self.seq_len)
 
     @property
+    def probe_rows(self):
+        """The copies of the probe's rows (:class:`ProbeRows`, current for
+        the valid rows), or None with ``copy_probe_rows=False``."""
+        p = self._probe
+        return None if p is None else ProbeRows(p.rows, p.block_size, p.n_probe, self.seq_len)
+
+    @property
     def nbytes(self):
         """Bytes held by K and V at the current capacity."""
         return self._k.nbytes + self._v.nbytes
+
+    @property
+    def metadata_nbytes(self):
+        """Bytes held at the current capacity by what selection reads beside
+        K and V: the key bounds and the probe-row copies."""
+        return self._bounds.nbytes + (self._probe.nbytes if self._probe else 0)
 
     # ----------------------------------------------------------------- updates
     def append(self, k, v):
@@ -162,6 +203,12 @@ class KVCache:
         rc = lib.sa_bounds_update(kop.struct, self.seq_len, self.seq_len + T, bstruct)
         _api._raise_for(rc, "KVCache.append")
         self._bounds.n_rows = self.seq_len + T
+        if self._probe is not None:
+            self._probe.n_rows = self.seq_len
+            rc = lib.sa_probe_rows_update(kop.struct, self.seq_len, self.seq_len + T,
+                                          self._probe.struct())
+            _api._raise_for(rc, "KVCache.append")
+            self._probe.n_rows = self.seq_len + T
         self.seq_len += T
 
     def add_importance(self, importance):
@@ -186,12 +233,16 @@ class KVCache:
         _api._raise_for(lib.sa_bounds_update(kop.struct, start, seq_len, bstruct),
                         "KVCache.truncate")
         self._bounds.n_rows = self.seq_len = seq_len
+        if self._probe is not None:
+            self._probe.n_rows = seq_len    # the copies of kept rows stay valid
 
     def reset(self):
         """Forget every token (keeps the allocation)."""
         self.seq_len = 0
         self._importance[:] = 0
         self._bounds.n_rows = 0
+        if self._probe is not None:
+            self._probe.n_rows = 0
 
     # ----------------------------------------------------------------- attention
     def prefill(self, q, *, scale=None, threads=None):
@@ -210,13 +261,30 @@ class KVCache:
 
     def decode(self, q, **kwargs):
         """:func:`sparse_attn.sparse_decode` over the cache, with its recorded
-        importance unless ``importance=`` is given, and with its key bounds
-        for ``scoring="minmax"`` when ``block_size`` is the cache's."""
+        importance unless ``importance=`` is given, with its key bounds for
+        ``scoring="minmax"`` when ``block_size`` is the cache's, and with its
+        probe-row copies for ``scoring="probe"`` when ``block_size`` and
+        ``n_probe`` are the cache's."""
         kwargs.setdefault("importance", self.importance if self.importance.any() else None)
-        if (kwargs.get("scoring") == "minmax" and kwargs.get("seq_len") in (None, self.seq_len)
-                and kwargs.get("block_size", 32) == self.block_size):
-            kwargs.setdefault("bounds", self.bounds)
+        kwargs.update(self.selection_metadata(**kwargs))
         return _api.sparse_decode(q, self.k, self.v, **kwargs)
+
+    def selection_metadata(self, **kwargs):
+        """The cache's bounds or probe-row copies that a selection with these
+        :func:`sparse_attn.sparse_decode` keyword arguments can read, as
+        keyword arguments (``{}`` when none applies or the caller gave them)."""
+        if "bounds" in kwargs or "probe_rows" in kwargs or \
+                kwargs.get("seq_len") not in (None, self.seq_len) or \
+                kwargs.get("block_size", 32) != self.block_size:
+            return {}
+        scoring = kwargs.get("scoring") or _api.POLICIES.get(
+            kwargs.get("policy", "seed"), {}).get("scoring")
+        if scoring == "minmax":
+            return {"bounds": self.bounds}
+        if scoring == "probe" and self._probe is not None and \
+                kwargs.get("n_probe", 8) == self.n_probe:
+            return {"probe_rows": self.probe_rows}
+        return {}
 
     def __repr__(self):
         return (f"KVCache(n_kv_heads={self.n_kv_heads}, head_dim={self.head_dim}, "

@@ -515,23 +515,21 @@ static void neon_accumulate_v_q8(float *const *out, const float *const *p, int G
 
 /* Any group size: the portable order, with the same fma per group as the
  * vector path. */
-static void minmax_scores_scalar(const float *q, int G, int D, int gs, const int8_t *mn,
-                                 const int8_t *mx, const float *sc, ptrdiff_t block_stride,
-                                 int n, float *const *s)
+static void minmax_scores_scalar(const float *qp, const float *qn, int G, int D, int gs,
+                                 const int8_t *mn, const int8_t *mx, const float *sc,
+                                 ptrdiff_t block_stride, int n, float *const *s)
 {
     const ptrdiff_t sc_stride = block_stride / gs;
     for (int b = 0; b < n; b++) {
         const int8_t *lo = mn + b * block_stride, *hi = mx + b * block_stride;
         const float *scale = sc + b * sc_stride;
         for (int g = 0; g < G; g++) {
-            const float *qg = q + (ptrdiff_t)g * D;
+            const float *p = qp + (ptrdiff_t)g * D, *m = qn + (ptrdiff_t)g * D;
             float acc = 0.0f;
             for (int i0 = 0, grp = 0; i0 < D; i0 += gs, grp++) {
                 float part = 0.0f;
-                for (int i = i0; i < i0 + gs; i++) {
-                    const float a = qg[i] * (float)lo[i], c = qg[i] * (float)hi[i];
-                    part += a > c ? a : c;
-                }
+                for (int i = i0; i < i0 + gs; i++)
+                    part += m[i] * (float)lo[i] + p[i] * (float)hi[i];
                 acc = fmaf(scale[grp], part, acc);
             }
             s[g][b] = acc;
@@ -544,9 +542,9 @@ static void minmax_scores_scalar(const float *q, int G, int D, int gs, const int
  * A group's channel sum keeps 8 lanes (two registers) reduced by hsum8, then
  * one fma with the group's scale, so a (head, block) result never depends
  * on the heads beside it. */
-SA_INLINE void minmax_tile(const float *const qh[2], int NH, const int8_t *lo,
-                           const int8_t *hi, const float *scale, int D, int gs,
-                           float *const sh[2], int b)
+SA_INLINE void minmax_tile(const float *const ph[2], const float *const mh[2], int NH,
+                           const int8_t *lo, const int8_t *hi, const float *scale, int D,
+                           int gs, float *const sh[2], int b)
 {
     float acc[2] = {0.0f, 0.0f};
     for (int i0 = 0, grp = 0; i0 < D; i0 += gs, grp++) {
@@ -560,9 +558,11 @@ SA_INLINE void minmax_tile(const float *const qh[2], int NH, const int8_t *lo,
             const float32x4_t u0 = vcvtq_f32_s32(vmovl_s16(vget_low_s16(u)));
             const float32x4_t u1 = vcvtq_f32_s32(vmovl_high_s16(u));
             for (int h = 0; h < NH; h++) {
-                const float32x4_t q0 = vld1q_f32(qh[h] + i), q1 = vld1q_f32(qh[h] + i + 4);
-                pa[h] = vaddq_f32(pa[h], vmaxq_f32(vmulq_f32(q0, l0), vmulq_f32(q0, u0)));
-                pb[h] = vaddq_f32(pb[h], vmaxq_f32(vmulq_f32(q1, l1), vmulq_f32(q1, u1)));
+                const float *p = ph[h] + i, *m = mh[h] + i;
+                pa[h] = vaddq_f32(pa[h], vaddq_f32(vmulq_f32(vld1q_f32(m), l0),
+                                                   vmulq_f32(vld1q_f32(p), u0)));
+                pb[h] = vaddq_f32(pb[h], vaddq_f32(vmulq_f32(vld1q_f32(m + 4), l1),
+                                                   vmulq_f32(vld1q_f32(p + 4), u1)));
             }
         }
         for (int h = 0; h < NH; h++)
@@ -574,12 +574,12 @@ SA_INLINE void minmax_tile(const float *const qh[2], int NH, const int8_t *lo,
 
 /* Blocks outer, heads in pairs inner: each block's bounds are read once per
  * pair of heads (and from L1 for the next pair). */
-static void neon_minmax_scores(const float *q, int G, int D, int gs, const int8_t *mn,
-                               const int8_t *mx, const float *sc, ptrdiff_t block_stride,
-                               int n, float *const *s)
+static void neon_minmax_scores(const float *qp, const float *qn, int G, int D, int gs,
+                               const int8_t *mn, const int8_t *mx, const float *sc,
+                               ptrdiff_t block_stride, int n, float *const *s)
 {
     if (gs % 8) {
-        minmax_scores_scalar(q, G, D, gs, mn, mx, sc, block_stride, n, s);
+        minmax_scores_scalar(qp, qn, G, D, gs, mn, mx, sc, block_stride, n, s);
         return;
     }
     const ptrdiff_t sc_stride = block_stride / gs;
@@ -588,14 +588,16 @@ static void neon_minmax_scores(const float *q, int G, int D, int gs, const int8_
         const float *scale = sc + b * sc_stride;
         int g = 0;
         for (; g + 2 <= G; g += 2) {
-            const float *qh[2] = {q + (ptrdiff_t)g * D, q + (ptrdiff_t)(g + 1) * D};
+            const float *ph[2] = {qp + (ptrdiff_t)g * D, qp + (ptrdiff_t)(g + 1) * D};
+            const float *mh[2] = {qn + (ptrdiff_t)g * D, qn + (ptrdiff_t)(g + 1) * D};
             float *const sh[2] = {s[g], s[g + 1]};
-            minmax_tile(qh, 2, lo, hi, scale, D, gs, sh, b);
+            minmax_tile(ph, mh, 2, lo, hi, scale, D, gs, sh, b);
         }
         if (g < G) {
-            const float *qh[2] = {q + (ptrdiff_t)g * D, NULL};
+            const float *ph[2] = {qp + (ptrdiff_t)g * D, NULL};
+            const float *mh[2] = {qn + (ptrdiff_t)g * D, NULL};
             float *const sh[2] = {s[g], NULL};
-            minmax_tile(qh, 1, lo, hi, scale, D, gs, sh, b);
+            minmax_tile(ph, mh, 1, lo, hi, scale, D, gs, sh, b);
         }
     }
 }

@@ -109,9 +109,9 @@ static void accumulate_v_q8(float *const *out, const float *const *p, int G, int
     }
 }
 
-static void minmax_scores(const float *q, int G, int D, int gs, const int8_t *mn,
-                          const int8_t *mx, const float *sc, ptrdiff_t block_stride, int n,
-                          float *const *s)
+static void minmax_scores(const float *qp, const float *qn, int G, int D, int gs,
+                          const int8_t *mn, const int8_t *mx, const float *sc,
+                          ptrdiff_t block_stride, int n, float *const *s)
 {
     const ptrdiff_t sc_stride = block_stride / gs;
     for (int b = 0; b < n; b++) {
@@ -119,14 +119,12 @@ static void minmax_scores(const float *q, int G, int D, int gs, const int8_t *mn
         const int8_t *hi = mx + (ptrdiff_t)b * block_stride;
         const float *scale = sc + (ptrdiff_t)b * sc_stride;
         for (int g = 0; g < G; g++) {
-            const float *qg = q + (ptrdiff_t)g * D;
+            const float *p = qp + (ptrdiff_t)g * D, *m = qn + (ptrdiff_t)g * D;
             float acc = 0.0f;
             for (int i0 = 0, grp = 0; i0 < D; i0 += gs, grp++) {
                 float part = 0.0f;
-                for (int i = i0; i < i0 + gs; i++) {
-                    const float a = qg[i] * (float)lo[i], c = qg[i] * (float)hi[i];
-                    part += a > c ? a : c;
-                }
+                for (int i = i0; i < i0 + gs; i++)
+                    part += m[i] * (float)lo[i] + p[i] * (float)hi[i];
                 acc += scale[grp] * part;
             }
             s[g][b] = acc;

@@ -596,54 +596,54 @@ SA_INLINE float hsum8_ps(__m256 v)
     return _mm_cvtss_f32(_mm_add_ss(x, _mm_movehdup_ps(x)));
 }
 
-/* Bounds converted once per block and query signs split once per call:
- * max(q*lo, q*hi) = q+ * hi + q- * lo (lo <= hi, q+ = max(q, 0), q- = min(q, 0);
- * the zero term adds nothing), accumulated by FMA per group, scaled per group
- * into one vector, one horizontal sum per (block, head).  Sizes past the
- * stack buffers take the scalar path. */
-#define MINMAX_MAX_D 512
-#define MINMAX_MAX_QD 8192
-
-static void minmax_scores(const float *q, int G, int D, int gs, const int8_t *mn,
-                          const int8_t *mx, const float *sc, ptrdiff_t block_stride, int n,
-                          float *const *s)
+/* Up to 4 blocks for one head: q- * lo and q+ * hi are accumulated by FMA
+ * in separate chains per block, so the 4 blocks' 8 chains hide the FMA
+ * latency that a single chain per block was bound by; per group the two
+ * chains are added, scaled and added in group order; one horizontal sum
+ * per block.  A block's arithmetic does not depend on the blocks beside it. */
+SA_INLINE void minmax_tile4(const float *qp, const float *qn, int D, int gs, const int8_t *lo,
+                            const int8_t *hi, const float *sc, ptrdiff_t block_stride,
+                            ptrdiff_t sc_stride, int cnt, float *out)
 {
-    if (gs % 8 != 0 || D > MINMAX_MAX_D || (ptrdiff_t)G * D > MINMAX_MAX_QD) {
-        sa_kernels_portable.minmax_scores(q, G, D, gs, mn, mx, sc, block_stride, n, s);
+    __m256 tot[4];
+    for (int j = 0; j < 4; j++)
+        tot[j] = _mm256_setzero_ps();
+    for (int i0 = 0, grp = 0; i0 < D; i0 += gs, grp++) {
+        __m256 pa[4], pb[4];
+        for (int j = 0; j < 4; j++)
+            pa[j] = pb[j] = _mm256_setzero_ps();
+        for (int i = i0; i < i0 + gs; i += 8) {
+            const __m256 m = _mm256_loadu_ps(qn + i), p = _mm256_loadu_ps(qp + i);
+            for (int j = 0; j < cnt; j++) {
+                pa[j] = _mm256_fmadd_ps(m, load8_s8_ps(lo + j * block_stride + i), pa[j]);
+                pb[j] = _mm256_fmadd_ps(p, load8_s8_ps(hi + j * block_stride + i), pb[j]);
+            }
+        }
+        for (int j = 0; j < cnt; j++)
+            tot[j] = _mm256_fmadd_ps(_mm256_add_ps(pa[j], pb[j]),
+                                     _mm256_set1_ps(sc[j * sc_stride + grp]), tot[j]);
+    }
+    for (int j = 0; j < cnt; j++)
+        out[j] = hsum8_ps(tot[j]);
+}
+
+/* gs a multiple of 8: tiles of 4 blocks, one head at a time (the bounds of
+ * a tile stay in L1 for the next head). */
+static void minmax_scores(const float *qp, const float *qn, int G, int D, int gs,
+                          const int8_t *mn, const int8_t *mx, const float *sc,
+                          ptrdiff_t block_stride, int n, float *const *s)
+{
+    if (gs % 8 != 0) {
+        sa_kernels_portable.minmax_scores(qp, qn, G, D, gs, mn, mx, sc, block_stride, n, s);
         return;
     }
-    float qpos[MINMAX_MAX_QD] __attribute__((aligned(32)));
-    float qneg[MINMAX_MAX_QD] __attribute__((aligned(32)));
-    float lo_f[MINMAX_MAX_D] __attribute__((aligned(32)));
-    float hi_f[MINMAX_MAX_D] __attribute__((aligned(32)));
-    const __m256 zero = _mm256_setzero_ps();
-    for (ptrdiff_t i = 0; i < (ptrdiff_t)G * D; i += 8) {
-        const __m256 qv = _mm256_loadu_ps(q + i);     /* D % 8 == 0 since gs | D */
-        _mm256_store_ps(qpos + i, _mm256_max_ps(qv, zero));
-        _mm256_store_ps(qneg + i, _mm256_min_ps(qv, zero));
-    }
     const ptrdiff_t sc_stride = block_stride / gs;
-    for (int b = 0; b < n; b++) {
-        const int8_t *lo = mn + (ptrdiff_t)b * block_stride;
-        const int8_t *hi = mx + (ptrdiff_t)b * block_stride;
-        const float *scale = sc + (ptrdiff_t)b * sc_stride;
-        for (int i = 0; i < D; i += 8) {
-            _mm256_store_ps(lo_f + i, load8_s8_ps(lo + i));
-            _mm256_store_ps(hi_f + i, load8_s8_ps(hi + i));
-        }
-        for (int h = 0; h < G; h++) {
-            const float *qp = qpos + (ptrdiff_t)h * D, *qn = qneg + (ptrdiff_t)h * D;
-            __m256 tot = zero;
-            for (int i0 = 0, grp = 0; i0 < D; i0 += gs, grp++) {
-                __m256 part = zero;
-                for (int i = i0; i < i0 + gs; i += 8) {
-                    part = _mm256_fmadd_ps(_mm256_load_ps(qn + i), _mm256_load_ps(lo_f + i), part);
-                    part = _mm256_fmadd_ps(_mm256_load_ps(qp + i), _mm256_load_ps(hi_f + i), part);
-                }
-                tot = _mm256_fmadd_ps(part, _mm256_set1_ps(scale[grp]), tot);
-            }
-            s[h][b] = hsum8_ps(tot);
-        }
+    for (int b = 0; b < n; b += 4) {
+        const int cnt = n - b < 4 ? n - b : 4;
+        for (int h = 0; h < G; h++)
+            minmax_tile4(qp + (ptrdiff_t)h * D, qn + (ptrdiff_t)h * D, D, gs,
+                         mn + (ptrdiff_t)b * block_stride, mx + (ptrdiff_t)b * block_stride,
+                         sc + (ptrdiff_t)b * sc_stride, block_stride, sc_stride, cnt, s[h] + b);
     }
 }
 

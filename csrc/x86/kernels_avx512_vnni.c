@@ -720,15 +720,15 @@ SA_INLINE float hsum8_ps(__m256 v)
     return _mm_cvtss_f32(_mm_add_ss(x, _mm_movehdup_ps(x)));
 }
 
-/* gs a multiple of 8: each group's channel terms max(q * lo, q * hi) summed in
+/* gs a multiple of 8: each group's channel terms q- * lo + q+ * hi summed in
  * 8 lanes, reduced in a fixed order, then scaled and added in group order
  * (the portable kernel's acc += scale * part). */
-static void minmax_scores(const float *q, int G, int D, int gs, const int8_t *mn,
-                          const int8_t *mx, const float *sc, ptrdiff_t block_stride, int n,
-                          float *const *s)
+static void minmax_scores(const float *qp, const float *qn, int G, int D, int gs,
+                          const int8_t *mn, const int8_t *mx, const float *sc,
+                          ptrdiff_t block_stride, int n, float *const *s)
 {
     if (gs % 8 != 0) {
-        sa_kernels_portable.minmax_scores(q, G, D, gs, mn, mx, sc, block_stride, n, s);
+        sa_kernels_portable.minmax_scores(qp, qn, G, D, gs, mn, mx, sc, block_stride, n, s);
         return;
     }
     const ptrdiff_t sc_stride = block_stride / gs;
@@ -737,15 +737,14 @@ static void minmax_scores(const float *q, int G, int D, int gs, const int8_t *mn
         const int8_t *hi = mx + (ptrdiff_t)b * block_stride;
         const float *scale = sc + (ptrdiff_t)b * sc_stride;
         for (int h = 0; h < G; h++) {
-            const float *qh = q + (ptrdiff_t)h * D;
+            const float *p = qp + (ptrdiff_t)h * D, *m = qn + (ptrdiff_t)h * D;
             float acc = 0.0f;
             for (int i0 = 0, grp = 0; i0 < D; i0 += gs, grp++) {
                 __m256 part = _mm256_setzero_ps();
                 for (int i = i0; i < i0 + gs; i += 8) {
-                    const __m256 qv = _mm256_loadu_ps(qh + i);
-                    const __m256 a = _mm256_mul_ps(qv, load8_s8_ps(lo + i));
-                    const __m256 c = _mm256_mul_ps(qv, load8_s8_ps(hi + i));
-                    part = _mm256_add_ps(part, _mm256_max_ps(a, c)); /* a > c ? a : c */
+                    const __m256 a = _mm256_mul_ps(_mm256_loadu_ps(m + i), load8_s8_ps(lo + i));
+                    const __m256 c = _mm256_mul_ps(_mm256_loadu_ps(p + i), load8_s8_ps(hi + i));
+                    part = _mm256_add_ps(part, _mm256_add_ps(a, c));
                 }
                 acc += scale[grp] * hsum8_ps(part);
             }

@@ -340,16 +340,20 @@ class SparseKVLayer(CacheLayerMixin):
     group_size : int, default 32
     capacity : int, default 1024; rows allocated at the first update (doubles as needed)
     block_size : int, default 32; the block size of the key bounds kept for
-        ``scoring="minmax"`` (the model's ``block_size`` when the cache is made from it)
+        ``scoring="minmax"`` and of the probe-row copies kept for
+        ``scoring="probe"`` (the model's ``block_size`` when the cache is made from it)
+    n_probe : int, default 8; the probe the copies serve (the model's ``n_probe``)
     """
 
     is_sliding = False
     is_compileable = False
     is_croppable = True
 
-    def __init__(self, dtype="q8", group_size=32, capacity=1024, block_size=32, **kwargs):
+    def __init__(self, dtype="q8", group_size=32, capacity=1024, block_size=32, n_probe=8,
+                 **kwargs):
         super().__init__()
         self.block_size = ck.check_int("block_size", block_size, minimum=1)
+        self.n_probe = ck.check_int("n_probe", n_probe, minimum=1)
         if dtype not in CACHE_DTYPES:
             raise ArgumentError(f"dtype must be one of {CACHE_DTYPES}, got {dtype!r}")
         self.dtype = dtype
@@ -367,7 +371,8 @@ class SparseKVLayer(CacheLayerMixin):
             raise UnsupportedError(f"SparseKVCache needs K and V of one head_dim, got {d} and "
                                    f"{value_states.shape[3]}")
         self.kv = sa.KVCache(hkv, d, capacity=self.capacity, dtype=self.dtype,
-                             group_size=self.group_size, block_size=self.block_size)
+                             group_size=self.group_size, block_size=self.block_size,
+                             n_probe=self.n_probe)
         self.model_dtype = key_states.dtype
         self.device = key_states.device
         self.is_initialized = True
@@ -499,7 +504,8 @@ class SparseKVCache(Cache):
             raise UnsupportedError(f"SparseKVCache serves full-attention layers only; this model "
                                    f"has layer types {sorted(kinds)}: use a DynamicCache")
         block_size = getattr(settings, "block_size", 32)
-        super().__init__(layers=[SparseKVLayer(dtype, group_size, capacity, block_size)
+        n_probe = getattr(settings, "n_probe", 8)
+        super().__init__(layers=[SparseKVLayer(dtype, group_size, capacity, block_size, n_probe)
                                  for _ in range(n_layers)])
         self.dtype = dtype
 
@@ -674,9 +680,10 @@ def sparse_topk_attention(module, query, key, value, attention_mask, scaling=Non
         else:
             importance = kv.importance if store is None else store.importance
             kwargs = settings.decode_kwargs()
-            if (settings.scoring == "minmax" and store is None
-                    and kv.block_size == settings.block_size):
-                kwargs["bounds"] = kv.bounds   # kept up to date on append
+            if store is None:
+                # the key bounds (minmax) or probe-row copies (probe) the
+                # cache keeps up to date on append, when they fit the settings
+                kwargs.update(kv.selection_metadata(**kwargs))
             out, blocks = sa.sparse_decode(qd, k, v, importance=importance, scale=scaling,
                                            threads=threads, return_blocks=True, **kwargs)
             module.sparse_attn_blocks = blocks

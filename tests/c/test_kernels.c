@@ -624,14 +624,24 @@ static void test_minmax(const sa_kernels *kern)
     for (int b = 0; b < LEN(HEADS); b++)
     for (int c = 0; c < LEN(TOKENS); c++)
     for (int e = 0; e < LEN(STRIDE_ROWS); e++)
-    for (int extreme = 0; extreme < 2; extreme++) {
+    for (int extreme = 0; extreme < 2; extreme++)
+    for (int summed = 0; summed < 2; summed++) {
         const int D = DIMS[a], gs = GROUPS[f], G = HEADS[b], n = TOKENS[c];
         if (D % gs || (extreme && (e > 0 || b % 2))) /* extremes: a sample suffices */
             continue;
         const int ng = D / gs;
         const ptrdiff_t bs = (ptrdiff_t)STRIDE_ROWS[e] * D, ss = bs / gs;
-        float *q = operand_alloc((size_t)G * D * sizeof(float));
-        fill_gauss(q, (size_t)G * D);
+        /* The query split by sign, qp = max(q, 0) and qn = min(q, 0); or
+         * (summed) the parts of two queries added, as share="group" passes. */
+        float *q = operand_alloc((size_t)2 * G * D * sizeof(float));
+        float *qp = operand_alloc((size_t)G * D * sizeof(float));
+        float *qn = operand_alloc((size_t)G * D * sizeof(float));
+        fill_gauss(q, (size_t)2 * G * D);
+        for (int i = 0; i < G * D; i++) {
+            const float x = q[i], y = summed ? q[G * D + i] : 0.0f;
+            qp[i] = (x > 0.0f ? x : 0.0f) + (y > 0.0f ? y : 0.0f);
+            qn[i] = (x < 0.0f ? x : 0.0f) + (y < 0.0f ? y : 0.0f);
+        }
         strided lo = strided_new(1, n, D, bs), hi = strided_new(1, n, D, bs);
         strided sc = strided_new(sizeof(float), n, ng, ss);
         int8_t *mn = (int8_t *)lo.base, *mx = (int8_t *)hi.base;
@@ -649,35 +659,33 @@ static void test_minmax(const sa_kernels *kern)
         strided_poison(&lo), strided_poison(&hi), strided_poison(&sc);
         const float *scf = (const float *)sc.base;
         float **ref = rows_new(G, n), **got = rows_new(G, n);
-        REF->minmax_scores(q, G, D, gs, mn, mx, scf, bs, n, ref);
-        kern->minmax_scores(q, G, D, gs, mn, mx, scf, bs, n, got);
+        REF->minmax_scores(qp, qn, G, D, gs, mn, mx, scf, bs, n, ref);
+        kern->minmax_scores(qp, qn, G, D, gs, mn, mx, scf, bs, n, got);
 
         double worst = 0.0;
         int same = 1;
         for (int g = 0; g < G; g++)
             for (int t = 0; t < n; t++) {
                 double mag = 0.0;
-                for (int i = 0; i < D; i++) {
-                    const double x = (double)q[g * D + i] * mn[t * bs + i];
-                    const double y = (double)q[g * D + i] * mx[t * bs + i];
-                    mag += scf[t * ss + i / gs] * fabs(x > y ? x : y);
-                }
+                for (int i = 0; i < D; i++)
+                    mag += scf[t * ss + i / gs] * (fabs((double)qn[g * D + i] * mn[t * bs + i]) +
+                                                   fabs((double)qp[g * D + i] * mx[t * bs + i]));
                 const double err = fabs((double)got[g][t] - ref[g][t]);
                 worst = fmax(worst, err / fmax(mag, DBL_MIN));
                 float one, *op = &one;
-                kern->minmax_scores(q + g * D, 1, D, gs, mn + t * bs, mx + t * bs, scf + t * ss,
-                                    bs, 1, &op);
+                kern->minmax_scores(qp + g * D, qn + g * D, 1, D, gs, mn + t * bs, mx + t * bs,
+                                    scf + t * ss, bs, 1, &op);
                 same &= memcmp(&one, &got[g][t], sizeof one) == 0;
             }
         check(worst <= TOL_DOT_F32, "minmax_scores D=%d gs=%d G=%d n=%d stride=%tdD%s: error "
-              "%.3g of magnitude > %.1g", D, gs, G, n, bs / D, extreme ? " +-127" : "", worst,
-              TOL_DOT_F32);
+              "%.3g of magnitude > %.1g%s", D, gs, G, n, bs / D, extreme ? " +-127" : "", worst,
+              TOL_DOT_F32, summed ? " (summed query parts)" : "");
         check(same, "minmax_scores D=%d gs=%d G=%d n=%d stride=%tdD%s: a (head, block) pair "
               "scored alone differs bitwise from the batched call", D, gs, G, n, bs / D,
               extreme ? " +-127" : "");
         rows_free(ref, G), rows_free(got, G);
         strided_free(&lo), strided_free(&hi), strided_free(&sc);
-        operand_free(q);
+        operand_free(q), operand_free(qp), operand_free(qn);
     }
 }
 
@@ -874,6 +882,34 @@ static void e2e_results_free(e2e_results *r)
     free(r->dense), free(r->probe), free(r->pre_out), free(r->pre_imp);
 }
 
+/* Copies of the probe rows of K's first S rows, sized exactly (rows of
+ * ceil(S / bs) blocks), filled by sa_probe_rows_update in two calls. */
+static sa_probe_rows probe_rows_new(const sa_kv *k, int S, int bs, int n_probe)
+{
+    const int step = bs / n_probe > 1 ? bs / n_probe : 1, cnt = (bs + step - 1) / step;
+    const int rows = (S + bs - 1) / bs * cnt, D = k->head_dim;
+    sa_probe_rows p = {.dtype = k->dtype, .n_kv_heads = k->n_kv_heads, .head_dim = D,
+                       .group_size = k->group_size, .block_size = bs, .n_probe = n_probe,
+                       .head_stride = rows};
+    const size_t n = (size_t)k->n_kv_heads * rows;
+    if (k->dtype == SA_DTYPE_F32) {
+        p.f32 = xmalloc(n * D * sizeof(float));
+    } else {
+        p.q8 = xmalloc(n * D);
+        p.scales = xmalloc(n * (D / k->group_size) * sizeof(float));
+    }
+    int rc = sa_probe_rows_update(k, 0, S / 2, &p);
+    if (rc == SA_OK)
+        rc = sa_probe_rows_update(k, S / 2, S, &p);
+    check(rc == SA_OK, "sa_probe_rows_update: %s", sa_strerror(rc));
+    return p;
+}
+
+static void probe_rows_free(sa_probe_rows *p)
+{
+    free(p->f32), free(p->q8), free(p->scales);
+}
+
 static int blocks_valid(const int32_t *b, int H, int n_sel, int NB)
 {
     for (int h = 0; h < H; h++)
@@ -936,6 +972,20 @@ static void e2e_run(const e2e_data *d, e2e_results *r)
         if (p.k_blocks >= d->NB)
             check(!memcmp(out[0], r->dense, out_n * 4), "pset %d (k_blocks %d >= n_blocks "
                   "%d): sparse decode is not bitwise equal to dense decode", i, p.k_blocks, d->NB);
+        if (p.scoring == SA_SCORING_PROBE && p.k_blocks < d->NB) {
+            /* Read from copies of the probe rows: bitwise the same. */
+            sa_probe_rows rows = probe_rows_new(&d->k, S, p.block_size, p.n_probe);
+            sa_select_params pr = p;
+            pr.probe_rows = &rows;
+            int rc = sa_sparse_decode(d->q, H, &d->k, &d->v, S, &pr, imp, S,
+                                      1.0f / sqrtf((float)D), out[1], blk[1], 2);
+            check(rc == SA_OK, "sa_sparse_decode pset %d with probe rows: %s", i,
+                  sa_strerror(rc));
+            check(!memcmp(blk[1], sel[0], nb * 4) && !memcmp(out[1], out[0], out_n * 4),
+                  "pset %d: decode from copies of the probe rows differs from decode "
+                  "probing K", i);
+            probe_rows_free(&rows);
+        }
         r->n_sel[i] = n_sel;
         r->blocks[i] = sel[0];
         r->sparse[i] = out[0];
@@ -1284,6 +1334,44 @@ static void test_bad_args(void)
         b = B, b.head_stride = NBB - 1;
         EXPECT(SA_ERR_BOUNDS, sa_select_blocks(q, H, &K, S, &pp, NULL, 0, blocks, 1));
         free(B.mn), free(B.mx), free(B.scales);
+    }
+
+    /* Probe-row copies: refused unless made for this K, seq_len, block_size
+     * and n_probe. */
+    {
+        sa_probe_rows R = probe_rows_new(&KQ, S, 8, 4), r;
+        pp = P, pp.block_size = 8, pp.n_probe = 4, pp.probe_rows = &R;
+        EXPECT(SA_OK, sa_select_blocks(q, H, &KQ, S, &pp, NULL, 0, blocks, 1));
+        EXPECT(SA_OK, sa_sparse_decode(q, H, &KQ, &VQ, S, &pp, imp, S, sc, out, blocks, 2));
+        EXPECT(SA_OK, sa_sparse_decode(q, H, &KQ, &VQ, S - 9, &pp, imp, S, sc, out, NULL, 1));
+        EXPECT(SA_ERR_PROBE_ROWS, sa_select_blocks(q, H, &K, S, &pp, NULL, 0, blocks, 1));
+        pp.probe_rows = &r;
+        r = R, r.n_rows = S - 1;              /* copies of an older K */
+        EXPECT(SA_ERR_PROBE_ROWS, sa_select_blocks(q, H, &KQ, S, &pp, NULL, 0, blocks, 1));
+        r = R, r.block_size = 4;
+        EXPECT(SA_ERR_PROBE_ROWS, sa_select_blocks(q, H, &KQ, S, &pp, NULL, 0, blocks, 1));
+        r = R, r.n_probe = 2;
+        EXPECT(SA_ERR_PROBE_ROWS, sa_select_blocks(q, H, &KQ, S, &pp, NULL, 0, blocks, 1));
+        r = R, r.group_size = KQ.group_size * 2;
+        EXPECT(SA_ERR_PROBE_ROWS, sa_select_blocks(q, H, &KQ, S, &pp, NULL, 0, blocks, 1));
+        r = R, r.head_stride = S / 8 * 4 - 1; /* too few rows for the full blocks */
+        EXPECT(SA_ERR_PROBE_ROWS, sa_sparse_decode(q, H, &KQ, &VQ, S, &pp, NULL, 0, sc, out, NULL, 1));
+        r = R, r.scales = NULL;
+        EXPECT(SA_ERR_PROBE_ROWS, sa_select_blocks(q, H, &KQ, S, &pp, NULL, 0, blocks, 1));
+        r = R, r.n_kv_heads = 1;
+        EXPECT(SA_ERR_PROBE_ROWS, sa_select_blocks(q, H, &KQ, S, &pp, NULL, 0, blocks, 1));
+        r = R, r.n_rows = 4;                  /* a gap: rows 4..9 never copied */
+        EXPECT(SA_ERR_PROBE_ROWS, sa_probe_rows_update(&KQ, 10, S, &r));
+        r = R;
+        EXPECT(SA_ERR_PROBE_ROWS, sa_probe_rows_update(&K, 0, S, &r));
+        EXPECT(SA_ERR_NULL, sa_probe_rows_update(&KQ, 0, S, NULL));
+        EXPECT(SA_ERR_SEQ_LEN, sa_probe_rows_update(&KQ, 0, ROWS + 1, &r));
+        EXPECT(SA_ERR_SEQ_LEN, sa_probe_rows_update(&KQ, 5, 4, &r));
+        r = R, r.n_probe = 0;
+        EXPECT(SA_ERR_PARAM, sa_probe_rows_update(&KQ, 0, S, &r));
+        r = R, r.head_stride = 3;             /* rows past the capacity are skipped */
+        EXPECT(SA_OK, sa_probe_rows_update(&KQ, 0, S, &r));
+        probe_rows_free(&R);
     }
 
     /* The bandwidth probe: the checksum is the sum of the 64-bit words. */
