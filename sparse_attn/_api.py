@@ -481,31 +481,38 @@ def _probe_rows_for(scoring, rows, kop, seq_len, block_size, n_probe):
 
 SCORINGS = {"probe": lib.SA_SCORING_PROBE, "minmax": lib.SA_SCORING_MINMAX}
 
-# Named selection policies (SPEC §6 knobs).  "seed" is the article's rule and
-# the default everywhere.  "recall" is the best combination python -m
-# sparse_attn.eval found on SmolLM2-135M-Instruct at 2K tokens (README): no
-# importance reserve, which at k=16 recalled every needle exact attention
-# recalled (9/9, seed 7/9) and gave exact's text in 10/15 prompts (seed 7/15).
-# "fast" reads the least: Quest's min/max key bounds instead of the probe,
-# one selection per GQA group, the first block kept (bench: 6.1x dense q8 at
-# 32K tokens with k=32, where the probe gives 1.8x); it recalled less than the
-# probe on SmolLM2 (2/9 at k=8 against 4/9), so measure your model first.
+# Named selection policies: SPEC §6's four knobs and the probe's n_probe.
+# "seed" is the article's rule and the default everywhere.  "recall" is the
+# best combination python -m sparse_attn.eval found on SmolLM2-135M-Instruct
+# at 2K tokens (README): no importance reserve and a probe that reads every
+# row of a block (n_probe="all", the block's true max of q.k), which kept all
+# 9 answers exact attention gives at k = 4, 8, 16 and 32 (seed: 2, 4, 7, 9)
+# and gave exact's text more often than seed at every k.  It reads all of K
+# to choose, so it saves V reads and attention work, not K reads.  "fast"
+# reads the least: Quest's min/max key bounds instead of the probe, one
+# selection per GQA group, the first block kept; it recalled less than the
+# probe on SmolLM2, so measure your model first.
 POLICIES = {
-    "seed": dict(importance_fraction=0.5, sink_blocks=0, scoring="probe", share="head"),
-    "recall": dict(importance_fraction=0.0, sink_blocks=0, scoring="probe", share="head"),
-    "fast": dict(importance_fraction=0.0, sink_blocks=1, scoring="minmax", share="group"),
+    "seed": dict(importance_fraction=0.5, sink_blocks=0, scoring="probe", share="head",
+                 n_probe=8),
+    "recall": dict(importance_fraction=0.0, sink_blocks=0, scoring="probe", share="head",
+                   n_probe="all"),
+    "fast": dict(importance_fraction=0.0, sink_blocks=1, scoring="minmax", share="group",
+                 n_probe=8),
 }
 
 
 def resolve_policy(policy, importance_fraction=None, sink_blocks=None, scoring=None,
-                   share=None):
+                   share=None, n_probe=None):
     """The knob values of `policy`, with every knob given (not None) taking
-    precedence.  Returns a dict of the four knobs."""
+    precedence.  Returns a dict of the four SPEC §6 knobs and n_probe (an int
+    or "all")."""
     if not isinstance(policy, str) or policy not in POLICIES:
         raise ArgumentError(f"policy must be one of {sorted(POLICIES)}, got {policy!r}")
     knobs = dict(POLICIES[policy])
     for name, value in (("importance_fraction", importance_fraction),
-                        ("sink_blocks", sink_blocks), ("scoring", scoring), ("share", share)):
+                        ("sink_blocks", sink_blocks), ("scoring", scoring), ("share", share),
+                        ("n_probe", n_probe)):
         if value is not None:
             knobs[name] = value
     return knobs
@@ -540,7 +547,7 @@ def select_params(k_blocks=32, block_size=32, n_probe=8, recency=True,
     caller attaches bounds for scoring="minmax"."""
     k_blocks = ck.check_int("k_blocks", k_blocks, minimum=1)
     block_size = ck.check_int("block_size", block_size, minimum=1)
-    n_probe = ck.check_int("n_probe", n_probe, minimum=1)
+    n_probe = ck.check_n_probe(n_probe, block_size)
     recency = ck.check_bool("recency", recency)
     frac = ck.check_float("importance_fraction", importance_fraction, minimum=0.0, maximum=1.0)
     sink_blocks = ck.check_int("sink_blocks", sink_blocks, minimum=0)
@@ -570,7 +577,8 @@ def probe_scores(q, k, *, seq_len=None, block_size=32, n_probe=8, threads=None):
     q : float32 ``[H, D]``
     k : float32 ``[Hkv, S, D]`` or Q8
     seq_len : int, default ``S``
-    block_size, n_probe : int, defaults 32 and 8
+    block_size : int, default 32
+    n_probe : int or ``"all"`` (every row), default 8
 
     Returns
     -------
@@ -580,7 +588,7 @@ def probe_scores(q, k, *, seq_len=None, block_size=32, n_probe=8, threads=None):
     n_heads = _check_query(q, kop, 2)
     seq_len = _check_seq_len(seq_len, kop)
     block_size = ck.check_int("block_size", block_size, minimum=1)
-    n_probe = ck.check_int("n_probe", n_probe, minimum=1)
+    n_probe = ck.check_n_probe(n_probe, block_size)
     threads = ck.check_threads(threads)
     nb = -(-seq_len // block_size)
     out = np.empty((n_heads, nb), np.float32)
@@ -590,7 +598,7 @@ def probe_scores(q, k, *, seq_len=None, block_size=32, n_probe=8, threads=None):
     return out
 
 
-def select_blocks(q, k, *, seq_len=None, k_blocks=32, block_size=32, n_probe=8,
+def select_blocks(q, k, *, seq_len=None, k_blocks=32, block_size=32, n_probe=None,
                   importance=None, recency=True, policy="seed", importance_fraction=None,
                   sink_blocks=None, share=None, scoring=None, bounds=None, probe_rows=None,
                   threads=None):
@@ -624,11 +632,13 @@ def select_blocks(q, k, *, seq_len=None, k_blocks=32, block_size=32, n_probe=8,
     seq_len : int, default ``S``
     k_blocks : int, default 32
     block_size : int, default 32
-    n_probe : int, default 8
+    n_probe : int or ``"all"``, default the policy's (seed: 8; ``"all"``
+        samples every row, ``n_probe = block_size``)
     importance : float32 ``[>= seq_len]`` or None
     recency : bool, default True
-    policy : str, default ``"seed"``; a preset of the four knobs below
-        (``sparse_attn.POLICIES``); a knob given explicitly overrides it
+    policy : str, default ``"seed"``; a preset of ``n_probe`` and the four
+        knobs below (``sparse_attn.POLICIES``); a knob given explicitly
+        overrides it
     importance_fraction : float in [0, 1] (seed: 0.5)
     sink_blocks : int (seed: 0)
     share : ``"head"`` (seed) or ``"group"``
@@ -658,7 +668,8 @@ def select_blocks(q, k, *, seq_len=None, k_blocks=32, block_size=32, n_probe=8,
     kop = kv_operand("k", k)
     n_heads = _check_query(q, kop, 2)
     seq_len = _check_seq_len(seq_len, kop)
-    knobs = resolve_policy(policy, importance_fraction, sink_blocks, scoring, share)
+    knobs = resolve_policy(policy, importance_fraction, sink_blocks, scoring, share, n_probe)
+    n_probe = knobs.pop("n_probe")
     params = select_params(k_blocks, block_size, n_probe, recency, **knobs)
     bounds = _bounds_for(knobs["scoring"], bounds, k, kop, seq_len, params.block_size)
     if bounds is not None:
@@ -681,7 +692,7 @@ def select_blocks(q, k, *, seq_len=None, k_blocks=32, block_size=32, n_probe=8,
     return blocks
 
 
-def sparse_decode(q, k, v, *, seq_len=None, k_blocks=32, block_size=32, n_probe=8,
+def sparse_decode(q, k, v, *, seq_len=None, k_blocks=32, block_size=32, n_probe=None,
                   importance=None, recency=True, scale=None, policy="seed",
                   importance_fraction=None, sink_blocks=None, share=None, scoring=None,
                   bounds=None, probe_rows=None, threads=None, return_blocks=False):
@@ -715,7 +726,8 @@ def sparse_decode(q, k, v, *, seq_len=None, k_blocks=32, block_size=32, n_probe=
     _check_pair(kop, vop)
     n_heads = _check_query(q, kop, 2)
     seq_len = _check_seq_len(seq_len, kop, vop)
-    knobs = resolve_policy(policy, importance_fraction, sink_blocks, scoring, share)
+    knobs = resolve_policy(policy, importance_fraction, sink_blocks, scoring, share, n_probe)
+    n_probe = knobs.pop("n_probe")
     params = select_params(k_blocks, block_size, n_probe, recency, **knobs)
     bounds = _bounds_for(knobs["scoring"], bounds, k, kop, seq_len, params.block_size)
     if bounds is not None:

@@ -114,3 +114,13 @@ def importance_blocks(importance_fraction, k_blocks):
     with the product rounded to 9 decimals first so that 0.3 * 10 reserves 3
     blocks, not 4."""
     return int(math.ceil(round(importance_fraction * k_blocks, 9)))
+
+
+def check_n_probe(n_probe, block_size):
+    """n_probe as the int the C core takes: an int >= 1, or "all" (every row
+    of a block: block_size)."""
+    if n_probe == "all":
+        return block_size
+    if isinstance(n_probe, str):
+        raise ArgumentError(f"n_probe must be an int >= 1 or 'all', got {n_probe!r}")
+    return check_int("n_probe", n_probe, minimum=1)

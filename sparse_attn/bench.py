@@ -102,10 +102,13 @@ class Layer:
         self.probe_rows = {dtype: sa.probe_rows(kv[0], block_size=block_size, n_probe=n_probe)
                            for dtype, kv in self.kv.items()}
 
-    def selection(self, dtype, minmax):
-        """The metadata keyword a KVCache.decode would pass."""
-        return {"bounds": self.bounds[dtype]} if minmax else \
-            {"probe_rows": self.probe_rows[dtype]}
+    def selection(self, dtype, minmax, n_probe):
+        """The metadata keyword a KVCache.decode would pass (no copies for a
+        probe with another n_probe, or of every row: that one reads K)."""
+        if minmax:
+            return {"bounds": self.bounds[dtype]}
+        rows = self.probe_rows[dtype]
+        return {"probe_rows": rows} if n_probe == rows.n_probe < rows.block_size else {}
 
 
 def build_layers(length, n_distinct, args):
@@ -118,7 +121,7 @@ def build_layers(length, n_distinct, args):
                              block_size=args.block_size, prompt_tokens=args.prefill_tokens)
         t = ctx.prompt_q.shape[1]
         _, imp = sa.prefill(ctx.prompt_q, ctx.k, ctx.v, start=length - t, threads=args.threads)
-        layers.append(Layer(ctx, imp, args.group_size, args.block_size, args.n_probe))
+        layers.append(Layer(ctx, imp, args.group_size, args.block_size, args.n_probe or 8))
     return layers
 
 
@@ -126,7 +129,7 @@ def kv_row_bytes(dtype, head_dim, group_size):
     return head_dim * 4 if dtype == "float32" else head_dim + 4 * (head_dim // group_size)
 
 
-def step_bytes(blocks, length, dtype, args, scoring="probe"):
+def step_bytes(blocks, length, dtype, args, scoring="probe", n_probe=8):
     """Bytes one layer's decode step must read: for sparse, the probed K rows
     (or, for scoring="minmax", the blocks' key bounds) and the K and V rows of
     the blocks chosen by any head of each KV head (each row once per KV
@@ -145,7 +148,7 @@ def step_bytes(blocks, length, dtype, args, scoring="probe"):
     total = 0
     per_kv = blocks.reshape(args.kv_heads, -1)
     probe_rows = sum(-(-(min((b + 1) * bs, length) - b * bs)
-                       // max(1, (min((b + 1) * bs, length) - b * bs) // args.n_probe))
+                       // max(1, (min((b + 1) * bs, length) - b * bs) // n_probe))
                      for b in range(nb))
     for chosen in per_kv:
         rows = sum(min((b + 1) * bs, length) - b * bs for b in np.unique(chosen))
@@ -153,6 +156,12 @@ def step_bytes(blocks, length, dtype, args, scoring="probe"):
             total += probe_rows * row if probe_cost is None else probe_cost
         total += 2 * rows * row
     return int(total)  # not a numpy integer: json.dump takes only Python ints
+
+
+def cell_n_probe(kw, block_size):
+    """The n_probe a sparse_decode call with these keywords uses, as an int."""
+    n = _api.resolve_policy(kw.get("policy", "seed"), n_probe=kw.get("n_probe"))["n_probe"]
+    return block_size if n == "all" else n
 
 
 # --------------------------------------------------------------------------- the table
@@ -183,17 +192,20 @@ def run_length(length, args, bandwidth, torch):
                 blocks = [None] * n_distinct
             else:
                 kb = int(config)
-                kw = dict(knobs, k_blocks=kb, block_size=args.block_size, n_probe=args.n_probe,
-                          threads=args.threads)
+                kw = dict(knobs, k_blocks=kb, block_size=args.block_size, threads=args.threads)
+                if args.n_probe is not None:
+                    kw["n_probe"] = args.n_probe
+                n_probe = cell_n_probe(kw, args.block_size)
                 minmax = kw.get("scoring") == "minmax"
 
-                def step(kw=kw, minmax=minmax):
+                def step(kw=kw, minmax=minmax, n_probe=n_probe):
                     for l in order:
                         sa.sparse_decode(l.ctx.question_q, *l.kv[dtype],
-                                         importance=l.importance, **l.selection(dtype, minmax),
-                                         **kw)
+                                         importance=l.importance,
+                                         **l.selection(dtype, minmax, n_probe), **kw)
                 res = [sa.sparse_decode(l.ctx.question_q, *l.kv[dtype], importance=l.importance,
-                                        **l.selection(dtype, minmax), return_blocks=True, **kw)
+                                        **l.selection(dtype, minmax, n_probe),
+                                        return_blocks=True, **kw)
                        for l in layers]
                 outs, blocks = [r[0] for r in res], [r[1] for r in res]
             med, lo, hi = timed(step, args.repeats)
@@ -207,7 +219,8 @@ def run_length(length, args, bandwidth, torch):
                     (b[heads] == l.ctx.needle_block).any(axis=1).sum())
             err = max(float(np.abs(o - e).max() / np.abs(e).max()) for o, e in zip(outs, exact))
             scoring = (knobs or {}).get("scoring", "probe")
-            nbytes = sum(step_bytes(blocks[i % n_distinct], length, dtype, args, scoring)
+            nbytes = sum(step_bytes(blocks[i % n_distinct], length, dtype, args, scoring,
+                                    n_probe if config != "dense" else 8)
                          for i in range(args.layers))
             floor = nbytes / bandwidth
             rows.append(dict(length=length, impl="sparse_attn", dtype=dtype, config=config,
@@ -262,7 +275,8 @@ def fmt_ms(r):
 
 def print_table(rows, args, bandwidth):
     print(f"\nDecode attention, {args.layers} layers x ({args.heads} q heads, {args.kv_heads} KV "
-          f"heads, head_dim {args.head_dim}); block {args.block_size}, n_probe {args.n_probe}; "
+          f"heads, head_dim {args.head_dim}); block {args.block_size}, n_probe "
+          f"{args.n_probe or 'per policy'}; "
           f"ISA {sa.isa()}, {args.threads} thread(s); streaming read {bandwidth / 1e9:.1f} GB/s")
     print("ms = time per token for all layers, median [min–max] of "
           f"{args.repeats}; err = max relative error vs dense at the same dtype;")
@@ -419,7 +433,9 @@ def parse_args(argv):
     ap.add_argument("--kv-heads", type=int, default=QWEN3_VL_2B["n_kv_heads"])
     ap.add_argument("--head-dim", type=int, default=QWEN3_VL_2B["head_dim"])
     ap.add_argument("--block-size", type=int, default=32)
-    ap.add_argument("--n-probe", type=int, default=8)
+    ap.add_argument("--n-probe", type=int, default=None,
+                    help="rows probed per block, for every policy (default: each policy's, "
+                         "seed 8, recall every row)")
     ap.add_argument("--group-size", type=int, default=32)
     ap.add_argument("--prefill-tokens", type=int, default=128,
                     help="prompt tokens prefilled per layer for importance (default %(default)s)")
@@ -456,7 +472,7 @@ def parse_args(argv):
         ap.error(f"--lengths must be at least 4 blocks ({4 * args.block_size})")
     for name in ("layers", "heads", "kv_heads", "head_dim", "block_size", "n_probe",
                  "group_size", "prefill_tokens", "repeats", "kernel_len"):
-        if getattr(args, name) < 1:
+        if getattr(args, name) is not None and getattr(args, name) < 1:
             ap.error(f"--{name.replace('_', '-')} must be >= 1")
     if args.threads is None:
         args.threads = _api.ck.default_threads()

@@ -33,7 +33,9 @@ class KVCache:
         at this block_size and n_probe reads a quarter of K's bytes for the
         probe instead of about all of them (same result, bitwise).  They cost
         a quarter of K's memory with the defaults; turn them off when memory
-        is tighter than time, or when only ``scoring="minmax"`` is used
+        is tighter than time, or when only ``scoring="minmax"`` or a probe of
+        every row (``n_probe="all"``, the ``recall`` policy) is used.  None
+        are kept when ``n_probe >= block_size``
 
     Examples
     --------
@@ -66,7 +68,9 @@ class KVCache:
             self.group_size = None
         self.block_size = ck.check_int("block_size", block_size, minimum=1)
         self.n_probe = ck.check_int("n_probe", n_probe, minimum=1)
-        self.copy_probe_rows = ck.check_bool("copy_probe_rows", copy_probe_rows)
+        # A probe of every row (n_probe >= block_size) reads K itself.
+        self.copy_probe_rows = ck.check_bool("copy_probe_rows", copy_probe_rows) and \
+            self.n_probe < self.block_size
         self._bounds_group = _api.default_bounds_group(self.group_size, head_dim)
         self.seq_len = 0
         self._k = self._alloc(capacity)
@@ -277,12 +281,12 @@ class KVCache:
                 kwargs.get("seq_len") not in (None, self.seq_len) or \
                 kwargs.get("block_size", 32) != self.block_size:
             return {}
-        scoring = kwargs.get("scoring") or _api.POLICIES.get(
-            kwargs.get("policy", "seed"), {}).get("scoring")
-        if scoring == "minmax":
+        knobs = _api.resolve_policy(kwargs.get("policy", "seed"), scoring=kwargs.get("scoring"),
+                                    n_probe=kwargs.get("n_probe"))
+        if knobs["scoring"] == "minmax":
             return {"bounds": self.bounds}
-        if scoring == "probe" and self._probe is not None and \
-                kwargs.get("n_probe", 8) == self.n_probe:
+        if knobs["scoring"] == "probe" and self._probe is not None and \
+                knobs["n_probe"] == self.n_probe:
             return {"probe_rows": self.probe_rows}
         return {}
 

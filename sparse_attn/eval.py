@@ -141,14 +141,22 @@ def parse_policy(spec):
     for item in rest.split(","):
         key, _, value = item.partition("=")
         if key not in ("importance_fraction", "sink_blocks", "scoring", "share", "n_probe",
-                       "recency"):
+                       "recency", "dense_layers"):
             raise SystemExit(f"policy {name}: unknown knob {key!r}")
-        if key in ("scoring", "share"):
+        if key == "dense_layers":
+            try:
+                knobs[key] = tuple(int(i) for i in value.split("+") if i)
+            except ValueError:
+                raise SystemExit(f"policy {name}: dense_layers takes layer indices joined "
+                                 f"by '+', e.g. dense_layers=0+1, got {value!r}") from None
+        elif key in ("scoring", "share"):
             knobs[key] = value
         elif key == "recency":
             knobs[key] = value.lower() in ("1", "true", "yes")
         elif key == "importance_fraction":
             knobs[key] = float(value)
+        elif key == "n_probe" and value == "all":
+            knobs[key] = value
         else:
             knobs[key] = int(value)
     return name, knobs

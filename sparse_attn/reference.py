@@ -82,6 +82,7 @@ def _block_bounds(b, block_size, seq_len):
 # --------------------------------------------------------------------------- §2
 
 def probe_scores(q, k, *, seq_len=None, block_size=32, n_probe=8):
+    n_probe = block_size if n_probe == "all" else n_probe
     seq_len = _rows(k) if seq_len is None else seq_len
     n_heads, group = q.shape[0], q.shape[0] // _n_kv(k)
     nb = math.ceil(seq_len / block_size)
@@ -177,10 +178,11 @@ def minmax_scores(q, bounds):
     return np.array(out)
 
 
-def select_blocks(q, k, *, seq_len=None, k_blocks=32, block_size=32, n_probe=8,
+def select_blocks(q, k, *, seq_len=None, k_blocks=32, block_size=32, n_probe=None,
                   importance=None, recency=True, policy="seed", importance_fraction=None,
                   sink_blocks=None, share=None, scoring=None, bounds=None):
-    knobs = resolve_policy(policy, importance_fraction, sink_blocks, scoring, share)
+    knobs = resolve_policy(policy, importance_fraction, sink_blocks, scoring, share, n_probe)
+    n_probe = block_size if knobs["n_probe"] == "all" else knobs["n_probe"]
     importance_fraction, sink_blocks = knobs["importance_fraction"], knobs["sink_blocks"]
     share, scoring = knobs["share"], knobs["scoring"]
     seq_len = _rows(k) if seq_len is None else seq_len
@@ -214,7 +216,7 @@ def _attend(q_h, k, v, kh, tokens, scale):
     return (p @ _values(v, kh, tokens)) / p.sum(), p / p.sum()
 
 
-def sparse_decode(q, k, v, *, seq_len=None, k_blocks=32, block_size=32, n_probe=8,
+def sparse_decode(q, k, v, *, seq_len=None, k_blocks=32, block_size=32, n_probe=None,
                   importance=None, recency=True, scale=None, policy="seed",
                   importance_fraction=None, sink_blocks=None, share=None, scoring=None,
                   bounds=None, return_blocks=False):

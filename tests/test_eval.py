@@ -19,6 +19,11 @@ def test_parse_policy_presets_and_knob_lists():
         sa_eval.parse_policy("turbo")
     with pytest.raises(SystemExit, match="unknown knob"):
         sa_eval.parse_policy("x:k_blocks=3")
+    assert sa_eval.parse_policy("x:n_probe=all,dense_layers=0+2") == (
+        "x", dict(n_probe="all", dense_layers=(0, 2)))
+    assert sa_eval.parse_policy("x:n_probe=16")[1] == dict(n_probe=16)
+    with pytest.raises(SystemExit, match="dense_layers takes layer indices"):
+        sa_eval.parse_policy("x:dense_layers=first")
 
 
 def test_bad_arguments_are_refused():

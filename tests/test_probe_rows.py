@@ -198,3 +198,57 @@ def test_c_refuses_copies_not_made_for_the_call():
         assert rc == lib.SA_ERR_PROBE_ROWS, field
     with pytest.raises(KernelError, match="probe rows were not copied"):
         sa._api._raise_for(lib.SA_ERR_PROBE_ROWS, "x")
+
+
+# ------------------------------------------------------------------ n_probe="all"
+
+def test_probe_of_every_row_and_the_recall_policy(isa):
+    """n_probe="all" probes every row (n_probe = block_size, partial last
+    block included): each block's score is its true max of q.k.  The recall
+    preset is that probe without the importance reserve."""
+    from sparse_attn import reference as ref
+    rng = np.random.default_rng(6)
+    for dtype in ("float32", "q8"):
+        k, v = _kv(rng, dtype, 2, 300, 64)
+        q = rng.standard_normal((4, 64), dtype=np.float32)
+        imp = rng.random(300, dtype=np.float32)
+        probe = sa.probe_scores(q, k, n_probe="all")
+        assert _same(probe, sa.probe_scores(q, k, n_probe=32))
+        kd = k.dequantize() if dtype == "q8" else k
+        for h in range(4):   # the true block max (q8: quantised q, so compare loosely)
+            dots = kd[h // 2] @ q[h]
+            want = [dots[b * 32:(b + 1) * 32].max() for b in range(10)]
+            np.testing.assert_allclose(probe[h], want, rtol=2e-2, atol=1e-3)
+        got = sa.select_blocks(q, k, k_blocks=4, importance=imp, policy="recall")
+        assert np.array_equal(got, sa.select_blocks(q, k, k_blocks=4, importance=imp,
+                                                    importance_fraction=0, n_probe=32))
+        assert np.array_equal(got, ref.select_blocks(q, k, k_blocks=4, importance=imp,
+                                                     policy="recall"))
+        # an explicit n_probe overrides the preset's
+        assert np.array_equal(
+            sa.select_blocks(q, k, k_blocks=4, policy="recall", n_probe=8),
+            sa.select_blocks(q, k, k_blocks=4, importance_fraction=0, n_probe=8))
+    assert sa.POLICIES["recall"]["n_probe"] == "all" and sa.POLICIES["seed"]["n_probe"] == 8
+
+
+def test_n_probe_all_needs_no_copies_and_bad_values_are_refused():
+    rng = np.random.default_rng(7)
+    cache = sa.KVCache(2, 64, capacity=64, n_probe=32)
+    assert cache.probe_rows is None
+    assert cache.metadata_nbytes < sa.KVCache(2, 64, capacity=64).metadata_nbytes
+    seeded = sa.KVCache(2, 64, capacity=64)
+    x = rng.standard_normal((2, 100, 64), dtype=np.float32)
+    seeded.append(x, x)
+    assert seeded.selection_metadata(policy="recall") == {}
+    assert seeded.selection_metadata(n_probe="all") == {}
+    assert "probe_rows" in seeded.selection_metadata(policy="recall", n_probe=8)
+    q = rng.standard_normal((4, 64), dtype=np.float32)
+    assert _same(seeded.decode(q, k_blocks=2, policy="recall"),
+                 sa.sparse_decode(q, seeded.k, seeded.v, k_blocks=2, policy="recall"))
+    for bad in ("every", "ALL", "8"):
+        with pytest.raises(ArgumentError, match="n_probe must be an int >= 1 or 'all'"):
+            sa.select_blocks(q, seeded.k, n_probe=bad)
+    with pytest.raises(ArgumentTypeError, match="n_probe must be an int"):
+        sa.sparse_decode(q, seeded.k, seeded.v, n_probe=2.5)
+    with pytest.raises(ArgumentError, match="n_probe"):
+        sa.probe_scores(q, seeded.k, n_probe=0)

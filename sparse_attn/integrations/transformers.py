@@ -89,9 +89,9 @@ class SparseAttnSettings:
     Parameters
     ----------
     k_blocks, block_size, n_probe, recency, policy, importance_fraction, sink_blocks, share, scoring
-        As :func:`sparse_attn.sparse_decode` (defaults 32, 32, 8, True,
-        ``"seed"``; the knobs left None come from the policy: the seed's rules,
-        SPEC §2 and §6, unless another preset is named).  With
+        As :func:`sparse_attn.sparse_decode` (defaults 32, 32, None, True,
+        ``"seed"``; n_probe and the knobs left None come from the policy: the
+        seed's rules, SPEC §2 and §6, unless another preset is named).  With
         ``scoring="minmax"`` a :class:`SparseKVCache` supplies the key bounds
         it keeps up to date; with transformers' own cache they are computed
         at every step from all of K (correct, but reads the whole K).
@@ -113,7 +113,7 @@ class SparseAttnSettings:
 
     k_blocks: int = 32
     block_size: int = 32
-    n_probe: int = 8
+    n_probe: int = None
     recency: bool = True
     policy: str = "seed"
     importance_fraction: float = None
@@ -130,9 +130,10 @@ class SparseAttnSettings:
         # The policy fills the knobs left None; select_params then checks
         # every selection knob and names the bad one.
         knobs = resolve_policy(self.policy, self.importance_fraction, self.sink_blocks,
-                               self.scoring, self.share)
+                               self.scoring, self.share, self.n_probe)
         for name, value in knobs.items():
             object.__setattr__(self, name, value)
+        knobs.pop("n_probe")
         select_params(self.k_blocks, self.block_size, self.n_probe, self.recency, **knobs)
         ck.check_bool("compare_exact", self.compare_exact)
         try:
@@ -201,7 +202,7 @@ def register():
     AttentionMaskInterface.register(NAME, sparse_topk_mask)
 
 
-def enable(model, *, k_blocks=32, block_size=32, n_probe=8, recency=True, policy="seed",
+def enable(model, *, k_blocks=32, block_size=32, n_probe=None, recency=True, policy="seed",
            importance_fraction=None, sink_blocks=None, share=None, scoring=None,
            dense_layers=(), kv_dtype=None, group_size=32, threads=None, compare_exact=False):
     """Switch ``model`` to ``sparse_topk`` with these settings (this model only).
@@ -505,6 +506,8 @@ class SparseKVCache(Cache):
                                    f"has layer types {sorted(kinds)}: use a DynamicCache")
         block_size = getattr(settings, "block_size", 32)
         n_probe = getattr(settings, "n_probe", 8)
+        if not isinstance(n_probe, int) or n_probe >= block_size:
+            n_probe = 8   # a probe of every row reads K itself; no copies to keep for it
         super().__init__(layers=[SparseKVLayer(dtype, group_size, capacity, block_size, n_probe)
                                  for _ in range(n_layers)])
         self.dtype = dtype
