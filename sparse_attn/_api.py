@@ -48,7 +48,7 @@ class Q8:
     group_size : int
     """
 
-    __slots__ = ("data", "scales", "group_size")
+    __slots__ = ("data", "scales", "group_size", "_op")
 
     def __init__(self, data, scales, group_size):
         group_size = ck.check_int("group_size", group_size, minimum=1)
@@ -71,6 +71,7 @@ class Q8:
         if not np.isfinite(scales).all():
             raise ArgumentError("Q8.scales holds NaN or Inf values")
         self.data, self.scales, self.group_size = data, scales, group_size
+        self._op = None
 
     @classmethod
     def _wrap(cls, data, scales, group_size):
@@ -78,6 +79,7 @@ class Q8:
         already known to hold valid values, so not scanned again."""
         self = cls.__new__(cls)
         self.data, self.scales, self.group_size = data, scales, group_size
+        self._op = None
         return self
 
     @property
@@ -164,7 +166,20 @@ def _head_stride(name, a, rows, dim):
 
 
 def kv_operand(name, kv):
-    """Validate a K/V argument (float32 ndarray or Q8, shape [Hkv, S, D])."""
+    """Validate a K/V argument (float32 ndarray or Q8, shape [Hkv, S, D]).
+    A Q8 keeps its validated operand for the next call, as long as its
+    arrays and group size are the ones it was made from."""
+    if isinstance(kv, Q8):
+        cached = kv._op
+        if cached is not None and cached.keep[0] is kv.data and cached.keep[1] is kv.scales \
+                and cached.group_size == kv.group_size:
+            return cached
+        kv._op = op = _kv_operand(name, kv)
+        return op
+    return _kv_operand(name, kv)
+
+
+def _kv_operand(name, kv):
     op = _KV()
     if isinstance(kv, Q8):
         data, scales = kv.data, kv.scales
@@ -275,18 +290,29 @@ class BlockBounds:
     n_rows : int, the rows of K the bounds cover (the ``seq_len`` they serve)
     """
 
-    __slots__ = ("mn", "mx", "scales", "block_size", "group_size", "n_rows")
+    __slots__ = ("mn", "mx", "scales", "block_size", "group_size", "n_rows", "_st", "_key")
 
     def __init__(self, mn, mx, scales, block_size, group_size, n_rows):
         self.mn, self.mx, self.scales = mn, mx, scales
         self.block_size, self.group_size, self.n_rows = block_size, group_size, n_rows
+        self._st = self._key = None
 
     @property
     def nbytes(self):
         return self.mn.nbytes + self.mx.nbytes + self.scales.nbytes
 
     def struct(self):
-        """The sa_bounds the C core reads (the arrays must stay alive)."""
+        """The sa_bounds the C core reads (the arrays must stay alive); kept
+        for the next call while the arrays and sizes stay the same."""
+        key = (self.mn, self.mx, self.scales, self.block_size, self.group_size)
+        if self._key is not None and all(a is b for a, b in zip(key[:3], self._key[:3])) \
+                and key[3:] == self._key[3:]:
+            self._st.n_rows = self.n_rows
+            return self._st
+        self._st, self._key = self._make_struct(), key
+        return self._st
+
+    def _make_struct(self):
         for name, dtype in (("mn", np.int8), ("mx", np.int8), ("scales", np.float32)):
             a = ck.check_array(f"bounds.{name}", getattr(self, name), dtype=dtype, ndim=3,
                                contiguous=False)
@@ -387,25 +413,33 @@ class ProbeRows:
     n_rows : int, the rows of K the copies are current for
     """
 
-    __slots__ = ("rows", "block_size", "n_probe", "n_rows")
+    __slots__ = ("rows", "block_size", "n_probe", "n_rows", "_st", "_key")
 
     def __init__(self, rows, block_size, n_probe, n_rows):
         self.rows, self.block_size, self.n_probe, self.n_rows = rows, block_size, n_probe, n_rows
+        self._st = self._key = None
 
     @property
     def nbytes(self):
         return self.rows.nbytes
 
     def struct(self):
-        """The sa_probe_rows the C core reads and writes (rows must stay alive)."""
+        """The sa_probe_rows the C core reads and writes (rows must stay
+        alive); kept for the next call while rows and sizes stay the same."""
+        key = (self.rows, self.block_size, self.n_probe)
+        if self._key is not None and key[0] is self._key[0] and key[1:] == self._key[1:]:
+            self._st.n_rows = self.n_rows
+            return self._st
         op = kv_operand("probe_rows.rows", self.rows)
         st = op.struct
-        return ffi.new("sa_probe_rows *", {
+        self._key = key
+        self._st = ffi.new("sa_probe_rows *", {
             "dtype": st.dtype, "n_kv_heads": st.n_kv_heads, "head_dim": st.head_dim,
             "group_size": st.group_size, "block_size": self.block_size,
             "n_probe": self.n_probe, "head_stride": st.head_stride, "n_rows": self.n_rows,
             "f32": ffi.cast("float *", st.f32), "q8": ffi.cast("int8_t *", st.q8),
             "scales": ffi.cast("float *", st.scales)})
+        return self._st
 
     def __repr__(self):
         return (f"ProbeRows(rows={tuple(self.rows.shape)}, block_size={self.block_size}, "
