@@ -8,6 +8,7 @@ Shape legend used in every docstring:
     BS   block_size             K    chosen blocks per head = min(k_blocks, NB)
     G    q8 group_size
 """
+import functools
 import math
 
 import numpy as np
@@ -579,6 +580,20 @@ def select_params(k_blocks=32, block_size=32, n_probe=8, recency=True,
                   importance_fraction=0.5, sink_blocks=0, share="head", scoring="probe"):
     """Validated selection settings as the C struct (SPEC §2 and §6); the
     caller attaches bounds for scoring="minmax"."""
+    try:
+        fields = _select_fields(k_blocks, block_size, n_probe, recency, importance_fraction,
+                                sink_blocks, share, scoring)
+    except TypeError:   # an unhashable argument: validate it uncached, for the message
+        fields = _select_fields.__wrapped__(k_blocks, block_size, n_probe, recency,
+                                            importance_fraction, sink_blocks, share, scoring)
+    return ffi.new("sa_select_params *", dict(fields))
+
+
+@functools.lru_cache(maxsize=256, typed=True)
+def _select_fields(k_blocks, block_size, n_probe, recency, importance_fraction, sink_blocks,
+                   share, scoring):
+    """The checked field values of sa_select_params (cached: decode calls
+    repeat the same settings every layer and step)."""
     k_blocks = ck.check_int("k_blocks", k_blocks, minimum=1)
     block_size = ck.check_int("block_size", block_size, minimum=1)
     n_probe = ck.check_n_probe(n_probe, block_size)
@@ -589,10 +604,9 @@ def select_params(k_blocks=32, block_size=32, n_probe=8, recency=True,
         raise ArgumentError(f"share must be one of {sorted(SHARES)}, got {share!r}")
     if scoring not in SCORINGS:
         raise ArgumentError(f"scoring must be one of {sorted(SCORINGS)}, got {scoring!r}")
-    return ffi.new("sa_select_params *", {
-        "block_size": block_size, "k_blocks": k_blocks, "n_probe": n_probe,
-        "recency": int(recency), "importance_blocks": ck.importance_blocks(frac, k_blocks),
-        "sink_blocks": sink_blocks, "share": SHARES[share], "scoring": SCORINGS[scoring]})
+    return (("block_size", block_size), ("k_blocks", k_blocks), ("n_probe", n_probe),
+            ("recency", int(recency)), ("importance_blocks", ck.importance_blocks(frac, k_blocks)),
+            ("sink_blocks", sink_blocks), ("share", SHARES[share]), ("scoring", SCORINGS[scoring]))
 
 
 # --------------------------------------------------------------------------- entry points

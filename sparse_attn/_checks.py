@@ -25,7 +25,8 @@ class KernelError(SparseAttnError, RuntimeError):
 
 
 def check_int(name, value, *, minimum=None, maximum=None):
-    if isinstance(value, bool) or not isinstance(value, numbers.Integral):
+    if type(value) is not int and (isinstance(value, bool) or
+                                   not isinstance(value, numbers.Integral)):
         raise ArgumentTypeError(f"{name} must be an int, got {type(value).__name__}")
     value = int(value)
     if minimum is not None and value < minimum:
@@ -42,7 +43,8 @@ def check_bool(name, value):
 
 
 def check_float(name, value, *, minimum=None, maximum=None, positive=False):
-    if isinstance(value, bool) or not isinstance(value, numbers.Real):
+    if type(value) not in (float, int) and (isinstance(value, bool) or
+                                            not isinstance(value, numbers.Real)):
         raise ArgumentTypeError(f"{name} must be a real number, got {type(value).__name__}")
     value = float(value)
     if not math.isfinite(value):
