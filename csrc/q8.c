@@ -56,7 +56,8 @@ static void round_group(const float *x, float id, int n, int8_t *q)
         v = vminq_f32(vmaxq_f32(v, lo), hi);
         const int16x4_t h = vqmovn_s32(vcvtaq_s32_f32(v));
         const int8x8_t b = vqmovn_s16(vcombine_s16(h, h));
-        vst1_lane_s32((int32_t *)(void *)(q + i), vreinterpret_s32_s8(b), 0);
+        const int32_t w = vget_lane_s32(vreinterpret_s32_s8(b), 0);
+        memcpy(q + i, &w, 4);       /* q + i need not be 4-byte aligned */
     }
 #endif
     for (; i < n; i++)

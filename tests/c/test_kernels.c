@@ -708,6 +708,53 @@ static int set_isa(const char *name)
     return check(sa_set_isa(name) == SA_OK, "sa_set_isa(\"%s\") failed", name);
 }
 
+/* sa_quantize_q8 against SPEC §4 written out with roundf: bitwise, for
+ * group sizes that take the vector rounding and its scalar tail, values on
+ * and next to the halfway points, the clamp, all-zero groups; NaN becomes
+ * -127 (the API rejects NaN before quantising; this only keeps it defined). */
+static void test_quantize(void)
+{
+    static const int shapes[][2] = {{128, 32}, {64, 8}, {67, 1}, {30, 3}, {20, 5}, {256, 128}};
+    for (int c = 0; c < LEN(shapes); c++) {
+        const int D = shapes[c][0], gs = shapes[c][1], ng = D / gs, rows = 7;
+        float *x = xmalloc((size_t)rows * D * sizeof(float));
+        int8_t *q = xmalloc((size_t)rows * D);
+        float *sc = xmalloc((size_t)rows * ng * sizeof(float));
+        fill_gauss(x, (size_t)rows * D);
+        for (int i = 0; i < D; i++) {
+            /* row 1: exact halfway points k + 0.5 of a scale of 1 (amax 127);
+             * row 2: their float neighbours; row 3: zeros; row 4: huge */
+            x[D + i] = (i % gs == 0) ? 127.0f : (float)(i % 255 - 127) + 0.5f;
+            x[2 * D + i] = (i % gs == 0) ? 127.0f
+                           : nextafterf((float)(i % 255 - 127) + 0.5f, (i & 1) ? 1e9f : -1e9f);
+            x[3 * D + i] = 0.0f;
+            x[4 * D + i] = (i & 1 ? -3e38f : 3e38f) * (float)uniform();
+        }
+        check(sa_quantize_q8(x, rows, D, gs, q, sc) == SA_OK, "sa_quantize_q8 D=%d gs=%d", D, gs);
+        int same = 1;
+        for (int r = 0; r < rows; r++)
+            for (int g = 0; g < ng; g++) {
+                const float *xg = x + (ptrdiff_t)r * D + g * gs;
+                float amax = 0.0f;
+                for (int i = 0; i < gs; i++)
+                    amax = fabsf(xg[i]) > amax ? fabsf(xg[i]) : amax;
+                const float d = amax / 127.0f, id = d != 0.0f ? 1.0f / d : 0.0f;
+                same &= memcmp(&sc[r * ng + g], &d, sizeof d) == 0;
+                for (int i = 0; i < gs; i++) {
+                    float v = roundf(xg[i] * id);
+                    v = v > 127.0f ? 127.0f : (v < -127.0f ? -127.0f : v);
+                    same &= q[(ptrdiff_t)r * D + g * gs + i] == (int8_t)v;
+                }
+            }
+        check(same, "sa_quantize_q8 D=%d gs=%d differs from SPEC 4 with roundf", D, gs);
+        x[5 * D + 1] = NAN;
+        sa_quantize_q8(x + 5 * D, 1, D, gs, q, sc);
+        if (gs > 1)   /* the group's scale is then NaN-free only if 1 is not its max */
+            check(q[1] == -127, "sa_quantize_q8: NaN gave %d, not -127", q[1]);
+        free(x), free(q), free(sc);
+    }
+}
+
 /* sa_kernel_q8_dot and sa_kernel_accumulate_v: the microbenchmark entry
  * points go through the active table too. */
 static void test_api_kernels(const char *isa)
@@ -1572,6 +1619,8 @@ int main(int argc, char **argv)
         set_where("%s api kernels", isas[i]);
         test_api_kernels(isas[i]);
     }
+    set_where("quantize");
+    test_quantize();
     test_e2e(isas, n_isas);
     /* Argument checks do not depend on the ISA; portable always has every
      * kernel, so an incomplete table elsewhere cannot crash them. */
