@@ -193,6 +193,25 @@ def test_sparse_kv_cache_keeps_importance_per_cache(eager, prompt):
     assert c1.layers[0].kv.importance.shape == (PROMPT_TOKENS + 5,)
 
 
+def test_sparse_kv_cache_probe_rows_follow_the_policy(eager, prompt):
+    """A SparseKVCache keeps probe-row copies only for a policy whose probe
+    reads some rows; decoding from them gives exactly the logits of the same
+    model on transformers' own cache (whose K the probe reads directly)."""
+    model = sparse_copy(eager, k_blocks=2, kv_dtype="float32")
+    cont = prompt[:, :6]
+    cache = sat.SparseKVCache(model)
+    got = forced_logits(model, prompt, cont, cache)
+    rows = cache.layers[0].kv.probe_rows
+    assert rows is not None and rows.n_rows == PROMPT_TOKENS + cont.shape[1] - 1
+    want = forced_logits(model, prompt, cont, DynamicCache(config=eager.config))
+    assert torch.equal(got, want)
+    for policy in ("recall", "fast"):
+        other = sparse_copy(eager, k_blocks=2, kv_dtype="float32", policy=policy)
+        c = sat.SparseKVCache(other)
+        forced_logits(other, prompt, cont[:, :2], c)
+        assert c.layers[0].kv.probe_rows is None, policy
+
+
 def test_alternating_sequences_on_a_transformers_cache_is_refused(eager, prompt):
     model = sparse_copy(eager, k_blocks=2)
     c1, c2 = DynamicCache(config=model.config), DynamicCache(config=model.config)

@@ -344,6 +344,9 @@ class SparseKVLayer(CacheLayerMixin):
         ``scoring="minmax"`` and of the probe-row copies kept for
         ``scoring="probe"`` (the model's ``block_size`` when the cache is made from it)
     n_probe : int, default 8; the probe the copies serve (the model's ``n_probe``)
+    copy_probe_rows : bool, default True; keep the probe-row copies (a quarter of K's
+        memory); a cache made from a model whose policy does not read them (minmax
+        scoring, or a probe of every row) keeps none
     """
 
     is_sliding = False
@@ -351,10 +354,11 @@ class SparseKVLayer(CacheLayerMixin):
     is_croppable = True
 
     def __init__(self, dtype="q8", group_size=32, capacity=1024, block_size=32, n_probe=8,
-                 **kwargs):
+                 copy_probe_rows=True, **kwargs):
         super().__init__()
         self.block_size = ck.check_int("block_size", block_size, minimum=1)
         self.n_probe = ck.check_int("n_probe", n_probe, minimum=1)
+        self.copy_probe_rows = ck.check_bool("copy_probe_rows", copy_probe_rows)
         if dtype not in CACHE_DTYPES:
             raise ArgumentError(f"dtype must be one of {CACHE_DTYPES}, got {dtype!r}")
         self.dtype = dtype
@@ -373,7 +377,7 @@ class SparseKVLayer(CacheLayerMixin):
                                    f"{value_states.shape[3]}")
         self.kv = sa.KVCache(hkv, d, capacity=self.capacity, dtype=self.dtype,
                              group_size=self.group_size, block_size=self.block_size,
-                             n_probe=self.n_probe)
+                             n_probe=self.n_probe, copy_probe_rows=self.copy_probe_rows)
         self.model_dtype = key_states.dtype
         self.device = key_states.device
         self.is_initialized = True
@@ -506,9 +510,13 @@ class SparseKVCache(Cache):
                                    f"has layer types {sorted(kinds)}: use a DynamicCache")
         block_size = getattr(settings, "block_size", 32)
         n_probe = getattr(settings, "n_probe", 8)
-        if not isinstance(n_probe, int) or n_probe >= block_size:
-            n_probe = 8   # a probe of every row reads K itself; no copies to keep for it
-        super().__init__(layers=[SparseKVLayer(dtype, group_size, capacity, block_size, n_probe)
+        # Copies serve a probe of some rows; a probe of every row reads K
+        # itself, and minmax scoring reads the key bounds instead.
+        copies = isinstance(n_probe, int) and n_probe < block_size and \
+            getattr(settings, "scoring", "probe") == "probe"
+        n_probe = n_probe if copies else 8
+        super().__init__(layers=[SparseKVLayer(dtype, group_size, capacity, block_size, n_probe,
+                                               copies)
                                  for _ in range(n_layers)])
         self.dtype = dtype
 
