@@ -197,17 +197,17 @@ def test_sparse_kv_cache_probe_rows_follow_the_policy(eager, prompt):
     """A SparseKVCache keeps probe-row copies only for a policy whose probe
     reads some rows; decoding from them gives exactly the logits of the same
     model on transformers' own cache (whose K the probe reads directly)."""
-    model = sparse_copy(eager, k_blocks=2, kv_dtype="float32")
+    model = sparse_copy(eager, k_blocks=2)
     cont = prompt[:, :6]
-    cache = sat.SparseKVCache(model)
+    cache = sat.SparseKVCache(model, dtype="float32")
     got = forced_logits(model, prompt, cont, cache)
     rows = cache.layers[0].kv.probe_rows
     assert rows is not None and rows.n_rows == PROMPT_TOKENS + cont.shape[1] - 1
     want = forced_logits(model, prompt, cont, DynamicCache(config=eager.config))
     assert torch.equal(got, want)
     for policy in ("recall", "fast"):
-        other = sparse_copy(eager, k_blocks=2, kv_dtype="float32", policy=policy)
-        c = sat.SparseKVCache(other)
+        other = sparse_copy(eager, k_blocks=2, policy=policy)
+        c = sat.SparseKVCache(other, dtype="float32")
         forced_logits(other, prompt, cont[:, :2], c)
         assert c.layers[0].kv.probe_rows is None, policy
 
