@@ -1,0 +1,66 @@
+"""The benchmark entry points run and report what the README says they do."""
+import json
+import os
+import shutil
+import subprocess
+import sys
+import sysconfig
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def run(args, **kw):
+    return subprocess.run(args, capture_output=True, text=True, timeout=600, check=True, **kw)
+
+
+def test_quick_bench_reports_the_needle_and_the_collapse(tmp_path):
+    out = tmp_path / "bench.json"
+    res = run([sys.executable, "-m", "sparse_attn.bench", "--quick", "--no-baselines",
+               "--policies", "seed;fast", "--json", str(out)])
+    assert "k=1: the importance reserve" in res.stdout
+    d = json.loads(out.read_text())
+    assert {"machine", "args", "rows"} <= set(d)
+    assert d["machine"]["bandwidth_gbs"] > 0 and d["machine"]["isa"]
+    rows = {(r["dtype"], r["config"], r["policy"]): r for r in d["rows"]}
+    for dtype in ("q8", "float32"):
+        dense, k32, k1 = (rows[(dtype, "dense", None)], rows[(dtype, "32", "seed")],
+                          rows[(dtype, "1", "seed")])
+        assert dense["rel_err"] == 0.0 and dense["recall"] == 1.0
+        assert k32["recall"] == 1.0 and k32["rel_err"] < 1e-2      # the article's k=32
+        assert k1["recall"] == 0.0 and k1["rel_err"] > 0.5         # the article's k=1
+        assert rows[(dtype, "32", "fast")]["recall"] == 1.0
+        for r in (dense, k32, k1):
+            assert r["ms"] > 0 and r["bytes"] > 0 and r["floor_ms"] > 0
+        assert k32["bytes"] < dense["bytes"] and k1["bytes"] < k32["bytes"]
+
+
+def test_kernels_mode_times_every_available_path(tmp_path):
+    import sparse_attn as sa
+    out = tmp_path / "kernels.json"
+    run([sys.executable, "-m", "sparse_attn.bench", "kernels", "--quick", "--json", str(out)])
+    d = json.loads(out.read_text())
+    isas = {k["isa"] for k in d["kernels"]}
+    assert isas == set(sa.available_isas()) | {"numpy"}   # numpy: the baseline row
+    assert all(k["us"] > 0 for k in d["kernels"])
+
+
+@pytest.mark.skipif(not (shutil.which(os.environ.get("CC", "cc")) or
+                         sysconfig.get_config_var("CC")), reason="no C compiler")
+def test_scattered_blocks_microbenchmark_builds_and_runs(tmp_path):
+    cc = os.environ.get("CC", "cc") if shutil.which(os.environ.get("CC", "cc")) \
+        else sysconfig.get_config_var("CC").split()[0]
+    exe = tmp_path / "scattered_blocks"
+    run([cc, "-O2", "-std=c11", "-Wall", "-Wextra", "-Werror", "-o", str(exe),
+         str(ROOT / "bench" / "scattered_blocks.c")])
+    res = run([str(exe), "64", "1"])
+    lines = {l.split()[0]: l.split() for l in res.stdout.splitlines()[2:4]}
+    assert set(lines) == {"none", "prefetch"}
+    for cols in lines.values():
+        contig, rand, ratio = float(cols[1]), float(cols[2]), float(cols[3].rstrip("x"))
+        assert contig > 0 and rand > 0 and ratio == pytest.approx(rand / contig, abs=0.01)
+    with pytest.raises(subprocess.CalledProcessError) as e:
+        run([str(exe), "1", "1"])              # a buffer too small to leave the caches
+    assert e.value.returncode == 2 and "usage" in e.value.stderr
