@@ -18,10 +18,12 @@ size_t sa_probe_tmp_floats(int seq_len, int block_size, int n_probe)
 {
     int step;
     const int cnt = sa_probe_rows_geometry(block_size, n_probe, &step);
-    const size_t full = (size_t)(seq_len / block_size) * (size_t)cnt;
-    const size_t nb = (size_t)sa_ceil_div(seq_len, block_size);
+    /* The full blocks' sampled dots, cnt per block (the per-offset path,
+     * taken only when cnt >= 2, needs NB <= full + 1 <= 2 * full per head),
+     * or the last block's (at most min(block_size, seq_len)). */
+    const size_t full = (size_t)sa_max(seq_len / block_size, 1) * (size_t)cnt;
     const size_t last = (size_t)sa_min(block_size, seq_len);
-    return full > nb ? (full > last ? full : last) : (nb > last ? nb : last);
+    return full > last ? full : last;
 }
 
 sa_scratch *sa_scratch_new(int G, int D, int group_size, int NB, int n_sel,

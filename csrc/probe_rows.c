@@ -29,17 +29,23 @@ sa_kv sa_probe_rows_view(const sa_probe_rows *p, int blocks)
                    .f32 = p->f32, .q8 = p->q8, .scales = p->scales};
 }
 
+/* The copies hold rows of K's dtype, heads, width and q8 group, and their
+ * arrays are there. */
+static int same_layout(const sa_probe_rows *p, const sa_kv *k)
+{
+    if (p->dtype != k->dtype || p->n_kv_heads != k->n_kv_heads || p->head_dim != k->head_dim)
+        return 0;
+    return k->dtype == SA_DTYPE_Q8 ? p->group_size == k->group_size && p->q8 && p->scales
+                                   : p->f32 != NULL;
+}
+
 int sa_check_probe_rows(const sa_probe_rows *p, const sa_kv *k, int seq_len,
                         int block_size, int n_probe)
 {
     if (!p)
         return SA_ERR_NULL;
-    if (p->dtype != k->dtype || p->n_kv_heads != k->n_kv_heads ||
-        p->head_dim != k->head_dim || p->block_size != block_size ||
-        p->n_probe != n_probe || p->n_rows < seq_len || p->head_stride < 0)
-        return SA_ERR_PROBE_ROWS;
-    if (k->dtype == SA_DTYPE_Q8 ? (p->group_size != k->group_size || !p->q8 || !p->scales)
-                                : !p->f32)
+    if (!same_layout(p, k) || p->block_size != block_size || p->n_probe != n_probe ||
+        p->n_rows < seq_len || p->head_stride < 0)
         return SA_ERR_PROBE_ROWS;
     int step;
     const int cnt = sa_probe_rows_geometry(block_size, n_probe, &step);
@@ -59,10 +65,7 @@ int sa_probe_rows_update(const sa_kv *k, int from_row, int to_row, sa_probe_rows
         return SA_ERR_PARAM;
     if (from_row < 0 || to_row < from_row || to_row > k->n_rows)
         return SA_ERR_SEQ_LEN;
-    if (p->dtype != k->dtype || p->n_kv_heads != k->n_kv_heads || p->head_dim != k->head_dim ||
-        (k->dtype == SA_DTYPE_Q8 ? (p->group_size != k->group_size || !p->q8 || !p->scales)
-                                 : !p->f32) ||
-        from_row > p->n_rows)
+    if (!same_layout(p, k) || from_row > p->n_rows)
         return SA_ERR_PROBE_ROWS;
     const int D = k->head_dim, bs = p->block_size;
     const int ng = k->dtype == SA_DTYPE_Q8 ? D / k->group_size : 0;
