@@ -238,24 +238,49 @@ SA_INLINE void dot_group4_s8(const int8_t *const *qh, int HB, const int8_t *cons
     }
 }
 
+/* The scales of groups g .. g+3 for the 8 tokens whose scale rows are srow:
+ * out[j] lane i = srow[i][g + j].  Rows i and i+4 share a vector (one
+ * 16-byte load each), then a 4x4 transpose per 128-bit half; cheaper than
+ * four gathers. */
+SA_INLINE void scales_8x4(const float *const *srow, int g, __m256 *out)
+{
+    __m256 r[4];
+    for (int i = 0; i < 4; i++)
+        r[i] = _mm256_insertf128_ps(_mm256_castps128_ps256(_mm_loadu_ps(srow[i] + g)),
+                                    _mm_loadu_ps(srow[i + 4] + g), 1);
+    const __m256d t0 = _mm256_castps_pd(_mm256_unpacklo_ps(r[0], r[1]));
+    const __m256d t1 = _mm256_castps_pd(_mm256_unpackhi_ps(r[0], r[1]));
+    const __m256d t2 = _mm256_castps_pd(_mm256_unpacklo_ps(r[2], r[3]));
+    const __m256d t3 = _mm256_castps_pd(_mm256_unpackhi_ps(r[2], r[3]));
+    out[0] = _mm256_castpd_ps(_mm256_unpacklo_pd(t0, t2));
+    out[1] = _mm256_castpd_ps(_mm256_unpackhi_pd(t0, t2));
+    out[2] = _mm256_castpd_ps(_mm256_unpacklo_pd(t1, t3));
+    out[3] = _mm256_castpd_ps(_mm256_unpackhi_pd(t1, t3));
+}
+
 /* HB heads x one block of 8 rows: per group, the 8 tokens' exact int32 sums
  * side by side, then the group term (qd * kd) * isum added in group order,
  * the portable kernel's operations (so the scores are bitwise the portable
- * ones). */
+ * ones).  srow[i] are the tokens' scale rows (slots past n repeat the last
+ * row, like rows). */
 SA_INLINE void scores_q8_block(const int8_t *qq, const float *qd, int HB, int D, int gs,
-                               const int8_t *const *rows, const float *kd_t, __m256i idx,
-                               __m256 *res)
+                               const int8_t *const *rows, const float *const *srow, __m256 *res)
 {
     const int ng = D / gs, nc = gs / 32;
     const int8_t *qh[2] = {qq, qq + (HB > 1 ? D : 0)};
     for (int h = 0; h < HB; h++)
         res[h] = _mm256_setzero_ps();
+    __m256 kd4[4];
     for (int g = 0; g < ng; g++) {
         __m256i lo[2], hi[2];
         dot_group4_s8(qh, HB, rows, g * gs, nc, lo);
         dot_group4_s8(qh, HB, rows + 4, g * gs, nc, hi);
-        /* kd of group g for the 8 tokens (slots past n repeat the last row) */
-        const __m256 kdg = _mm256_i32gather_ps(kd_t + g, idx, 4);
+        if (g % 4 == 0 && g + 4 <= ng)
+            scales_8x4(srow, g, kd4);
+        const __m256 kdg = g < (ng & ~3) ? kd4[g % 4]
+                                         : _mm256_setr_ps(srow[0][g], srow[1][g], srow[2][g],
+                                                          srow[3][g], srow[4][g], srow[5][g],
+                                                          srow[6][g], srow[7][g]);
         for (int h = 0; h < HB; h++) {
             const __m256i isum = _mm256_add_epi32(_mm256_permute2x128_si256(lo[h], hi[h], 0x20),
                                                   _mm256_permute2x128_si256(lo[h], hi[h], 0x31));
@@ -276,28 +301,28 @@ static void scores_q8_gs32(const int8_t *qq, const float *qd, int G, int D, int 
     for (int t = 0; t < n; t += 8) {
         const int cnt = n - t < 8 ? n - t : 8;
         const int8_t *rows[8];
-        for (int i = 0; i < 8; i++)
-            rows[i] = k + (ptrdiff_t)(t + (i < cnt ? i : cnt - 1)) * row_stride;
+        const float *srow[8];
+        for (int i = 0; i < 8; i++) {
+            const ptrdiff_t r = t + (i < cnt ? i : cnt - 1);
+            rows[i] = k + r * row_stride;
+            srow[i] = kd + r * scale_stride;
+        }
         prefetch_rows(k, row_stride, (size_t)D, n, t, 8, ahead);
         prefetch_rows(kd, scale_stride * (ptrdiff_t)sizeof(float), (size_t)ng * sizeof(float), n,
                       t, 8, sahead);
-        const __m256i idx = _mm256_mullo_epi32(
-            _mm256_min_epi32(_mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7), _mm256_set1_epi32(cnt - 1)),
-            _mm256_set1_epi32((int)scale_stride));
-        const float *kd_t = kd + (ptrdiff_t)t * scale_stride;
         const __m256i sm = tail_mask(cnt);
         int h = 0;
         for (; h + 2 <= G; h += 2) {
             __m256 res[2];
-            scores_q8_block(qq + (ptrdiff_t)h * D, qd + (ptrdiff_t)h * ng, 2, D, gs, rows, kd_t,
-                            idx, res);
+            scores_q8_block(qq + (ptrdiff_t)h * D, qd + (ptrdiff_t)h * ng, 2, D, gs, rows, srow,
+                            res);
             store_scores(s[h] + t, cnt, sm, res[0]);
             store_scores(s[h + 1] + t, cnt, sm, res[1]);
         }
         if (h < G) {
             __m256 res[1];
-            scores_q8_block(qq + (ptrdiff_t)h * D, qd + (ptrdiff_t)h * ng, 1, D, gs, rows, kd_t,
-                            idx, res);
+            scores_q8_block(qq + (ptrdiff_t)h * D, qd + (ptrdiff_t)h * ng, 1, D, gs, rows, srow,
+                            res);
             store_scores(s[h] + t, cnt, sm, res[0]);
         }
     }
@@ -307,8 +332,7 @@ static void scores_q8(const int8_t *qq, const float *qd, int G, int D, int gs, c
                       const float *kd, ptrdiff_t row_stride, ptrdiff_t scale_stride, int n,
                       float *const *s)
 {
-    /* The gathers index 7 rows of scales with 32-bit offsets. */
-    if (gs % 32 == 0 && scale_stride >= 0 && scale_stride <= INT32_MAX / 8)
+    if (gs % 32 == 0)
         scores_q8_gs32(qq, qd, G, D, gs, k, kd, row_stride, scale_stride, n, s);
     else
         sa_kernels_portable.scores_q8(qq, qd, G, D, gs, k, kd, row_stride, scale_stride, n, s);

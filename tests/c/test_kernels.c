@@ -264,7 +264,8 @@ static void rows_free(float **r, int G)
 
 /* ---- shared case lists ------------------------------------------------ */
 
-static const int DIMS[] = {1, 3, 8, 16, 31, 64, 67, 128, 256};
+/* 192: six groups of 32 (a run of four, then two) and three of 64 */
+static const int DIMS[] = {1, 3, 8, 16, 31, 64, 67, 128, 192, 256};
 static const int GROUPS[] = {1, 3, 8, 16, 32, 64, 128};
 static const int HEADS[] = {1, 2, 3, 4, 8, 9};
 static const int TOKENS[] = {1, 2, 7, 8, 9, 31, 32, 33, 100};
