@@ -37,7 +37,7 @@ sa_scratch *sa_scratch_new(int G, int D, int group_size, int NB, int n_sel,
     size_t o_probe = take(&l, g * nb * sizeof(float));
     size_t o_qpos = take(&l, g * D * sizeof(float)), o_qneg = take(&l, g * D * sizeof(float));
     size_t o_ptmp = take(&l, g * probe_tmp_per_head * sizeof(float));
-    size_t o_val = take(&l, nb * sizeof(double)), o_score = take(&l, nb * sizeof(double)), o_top = take(&l, nb * sizeof(int32_t));
+    size_t o_score = take(&l, nb * sizeof(double)), o_top = take(&l, nb * sizeof(int32_t));
     size_t o_used = take(&l, nb), o_sel = take(&l, (size_t)n_sel * sizeof(int32_t));
     size_t o_chosen = take(&l, g * nb);
     size_t o_scores = take(&l, g * (size_t)max_tok * sizeof(float));
@@ -54,7 +54,7 @@ sa_scratch *sa_scratch_new(int G, int D, int group_size, int NB, int n_sel,
         .qsub = (float *)(base + o_qsub), .qqsub = (int8_t *)(base + o_qqsub),
         .qdsub = (float *)(base + o_qdsub), .probe = (float *)(base + o_probe),
         .qpos = (float *)(base + o_qpos), .qneg = (float *)(base + o_qneg),
-        .probe_tmp = (float *)(base + o_ptmp), .val = (double *)(base + o_val), .score = (double *)(base + o_score),
+        .probe_tmp = (float *)(base + o_ptmp), .score = (double *)(base + o_score),
         .top = (int32_t *)(base + o_top), .used = (uint8_t *)(base + o_used),
         .sel = (int32_t *)(base + o_sel), .chosen = (uint8_t *)(base + o_chosen),
         .scores = (float *)(base + o_scores),
@@ -212,23 +212,23 @@ void sa_probe_group(const sa_kernels *kern, sa_scratch *s, const sa_kv *k, int k
     }
 }
 
-/* Append to s->top the `want` best unused blocks by s->val (larger first,
- * ties to the lower index), best first.  One pass; an insertion happens only
- * when a block beats the current worst, and a later (higher) index never
- * beats an equal value. */
-static int rank_unused(sa_scratch *s, int want, int32_t *top)
+/* Append to top the `want` best blocks b < NB by val[b] that are not
+ * used[b] (larger first, ties to the lower index), best first.  One pass; an
+ * insertion happens only when a block beats the current worst, and a later
+ * (higher) index never beats an equal value. */
+static int rank_unused(const double *val, const uint8_t *used, int NB, int want, int32_t *top)
 {
     int n = 0;
     if (want <= 0)
         return 0;
-    for (int b = 0; b < s->NB; b++) {
-        if (s->used[b])
+    for (int b = 0; b < NB; b++) {
+        if (used[b])
             continue;
-        const double v = s->val[b];
-        if (n == want && !(v > s->val[top[n - 1]]))
+        const double v = val[b];
+        if (n == want && !(v > val[top[n - 1]]))
             continue;
         int i = n < want ? n++ : n - 1;
-        while (i > 0 && v > s->val[top[i - 1]]) {
+        while (i > 0 && v > val[top[i - 1]]) {
             top[i] = top[i - 1];
             i--;
         }
@@ -237,35 +237,21 @@ static int rank_unused(sa_scratch *s, int want, int32_t *top)
     return n;
 }
 
-static int cmp_int32(const void *a, const void *b)
-{
-    const int32_t x = *(const int32_t *)a, y = *(const int32_t *)b;
-    return (x > y) - (x < y);
-}
-
-/* SPEC §2 steps 3-5 and §6: sinks, importance reserve, score fill, recency,
- * ranking by `score` (NB values).  Leaves the ascending choice in s->sel. */
-static void choose_one(sa_scratch *s, const sa_select_params *p, const double *imp_sum,
+/* SPEC §2 steps 3-5 and §6 for one ranking `score` (NB values): the sinks,
+ * the importance reserve (the same for every head, ranked once per call by
+ * sa_importance_reserve), the score fill, recency.  Leaves the ascending
+ * choice in s->sel. */
+static void choose_one(sa_scratch *s, const sa_select_params *p, const sa_reserve *reserve,
                        const double *score)
 {
     const int NB = s->NB, total = s->n_sel;
-    int n = 0;
-    memset(s->used, 0, (size_t)NB);
     const int sinks = sa_min(p->sink_blocks, total);
-    for (int b = 0; b < sinks; b++) {
-        s->sel[n++] = b;
-        s->used[b] = 1;
-    }
-    if (imp_sum && p->importance_blocks > 0) {
-        memcpy(s->val, imp_sum, (size_t)NB * sizeof(double));
-        const int got = rank_unused(s, sa_min(p->importance_blocks, total - n), s->top);
-        for (int i = 0; i < got; i++) {
-            s->sel[n++] = s->top[i];
-            s->used[s->top[i]] = 1;
-        }
-    }
-    memcpy(s->val, score, (size_t)NB * sizeof(double));
-    const int got = rank_unused(s, total - n, s->top);
+    memset(s->used, 0, (size_t)NB);
+    memset(s->used, 1, (size_t)sinks);
+    int n = sinks;
+    for (int i = 0; reserve && i < reserve->n; i++, n++)
+        s->used[reserve->blocks[i]] = 1;
+    const int got = rank_unused(score, s->used, NB, total - n, s->top);
     /* Recency insurance: the last score pick is the lowest score (ties: the
      * higher index), exactly the last entry of the ranked list. */
     if (p->recency && got > 0 && !s->used[NB - 1]) {
@@ -276,11 +262,16 @@ static void choose_one(sa_scratch *s, const sa_select_params *p, const double *i
             s->top[got - 1] = NB - 1;
     }
     for (int i = 0; i < got; i++)
-        s->sel[n++] = s->top[i];
-    qsort(s->sel, (size_t)n, sizeof(int32_t), cmp_int32);
+        s->used[s->top[i]] = 1;
+    /* The picks are distinct, so the marks in block order are the ascending
+     * list: O(NB), no sort. */
+    n = 0;
+    for (int b = 0; b < NB; b++)
+        if (s->used[b])
+            s->sel[n++] = b;
 }
 
-void sa_choose_group(sa_scratch *s, const sa_select_params *p, const double *imp_sum,
+void sa_choose_group(sa_scratch *s, const sa_select_params *p, const sa_reserve *reserve,
                      int32_t *blocks)
 {
     const int G = s->G, NB = s->NB, n_sel = s->n_sel;
@@ -297,7 +288,7 @@ void sa_choose_group(sa_scratch *s, const sa_select_params *p, const double *imp
                         acc += s->probe[(ptrdiff_t)h * NB + b];
                 s->score[b] = acc;
             }
-            choose_one(s, p, imp_sum, s->score);
+            choose_one(s, p, reserve, s->score);
         }
         for (int i = 0; i < n_sel; i++)
             s->chosen[(ptrdiff_t)g * NB + s->sel[i]] = 1;
@@ -383,18 +374,37 @@ void sa_attend_group(const sa_kernels *kern, sa_scratch *s, const sa_kv *k,
             out[g * out_head_stride + d] /= s->z[g];
 }
 
-double *sa_importance_sums(const float *importance, int seq_len, int block_size, int NB)
+int sa_importance_reserve(const float *importance, int seq_len, const sa_select_params *p,
+                          int n_sel, sa_reserve *out)
 {
+    const int bs = p->block_size, NB = sa_ceil_div(seq_len, bs);
+    const int sinks = sa_min(p->sink_blocks, n_sel);
+    const int want = sa_min(p->importance_blocks, n_sel - sinks);
+    out->n = 0;
+    out->blocks = NULL;
+    if (want <= 0)
+        return SA_OK;
     double *sums = malloc((size_t)NB * sizeof(double));
-    if (!sums)
-        return NULL;
+    uint8_t *used = calloc((size_t)NB, 1);
+    out->blocks = malloc((size_t)want * sizeof(int32_t));
+    if (!sums || !used || !out->blocks) {
+        free(sums);
+        free(used);
+        free(out->blocks);
+        out->blocks = NULL;
+        return SA_ERR_NOMEM;
+    }
     for (int b = 0; b < NB; b++) {
         double acc = 0.0;
-        for (int t = b * block_size; t < sa_min((b + 1) * block_size, seq_len); t++)
+        for (int t = b * bs; t < sa_min((b + 1) * bs, seq_len); t++)
             acc += importance[t];
         sums[b] = acc;
     }
-    return sums;
+    memset(used, 1, (size_t)sinks);
+    out->n = rank_unused(sums, used, NB, want, out->blocks);
+    free(sums);
+    free(used);
+    return SA_OK;
 }
 
 int sa_check_select_params(const sa_select_params *p)

@@ -19,7 +19,6 @@ typedef struct sa_scratch {
     float *qpos;       /* G*D   max(q, 0) per head (minmax), or their group sum */
     float *qneg;       /* G*D   min(q, 0) likewise */
     float *probe_tmp;  /* G*probe_tmp_per_head  sampled dots */
-    double *val;       /* NB    the values a choice ranks by */
     double *score;     /* NB    the probe score (or group sum) being ranked */
     int32_t *top;      /* NB    the ranked picks */
     uint8_t *used;     /* NB */
@@ -74,9 +73,24 @@ void sa_minmax_group(const sa_kernels *kern, sa_scratch *s, const sa_bounds *b, 
                      const float *qf, int shared);
 int sa_check_bounds(const sa_bounds *b, const sa_kv *k, int seq_len, int block_size);
 
+/* The importance reserve of SPEC §2.3: the blocks that importance picks
+ * after the sinks, best first.  It depends on nothing per head, so a call
+ * ranks it once. */
+typedef struct {
+    int32_t *blocks; /* n of them, malloc'd (NULL when n == 0) */
+    int n;
+} sa_reserve;
+
+/* Block sums of importance[0, seq_len) and the top
+ * min(importance_blocks, n_sel - sinks) of them past the sinks, into *out
+ * (free out->blocks).  SA_ERR_NOMEM or SA_OK. */
+int sa_importance_reserve(const float *importance, int seq_len, const sa_select_params *p,
+                          int n_sel, sa_reserve *out);
+
 /* Fill s->chosen for the G heads of KV head kh (sparse selection), and write
- * each head's ascending block list to blocks[g * n_sel] if blocks != NULL. */
-void sa_choose_group(sa_scratch *s, const sa_select_params *sp, const double *imp_sum,
+ * each head's ascending block list to blocks[g * n_sel] if blocks != NULL.
+ * reserve: the call's importance reserve, or NULL without importance. */
+void sa_choose_group(sa_scratch *s, const sa_select_params *sp, const sa_reserve *reserve,
                      int32_t *blocks);
 
 /* Exact attention of the G query rows qf over the chosen blocks of size bs:
@@ -95,9 +109,6 @@ void sa_score_rows(const sa_kernels *kern, sa_scratch *s, const sa_kv *k, int kh
 /* out s->op[j] += sum_t s->pp[j][t] * V[kh, r0 + t] for j < cnt, t < n. */
 void sa_accumulate_rows(const sa_kernels *kern, sa_scratch *s, const sa_kv *v, int kh,
                         int cnt, int r0, int n);
-
-/* Per-block importance sums (double), NB of them. */
-double *sa_importance_sums(const float *importance, int seq_len, int block_size, int NB);
 
 /* Argument checks shared by select / decode. */
 int sa_check_select_params(const sa_select_params *p);

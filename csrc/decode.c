@@ -20,7 +20,7 @@ typedef struct {
     const sa_kv *k, *v;
     int seq_len, block_size, n_probe;
     const sa_select_params *params; /* NULL: every block (dense) */
-    const double *imp_sum;
+    const sa_reserve *reserve;      /* NULL: no importance */
     float scale;
     float *probe_out;               /* PROBE_ONLY: [H, NB] */
     int32_t *blocks;                /* [H, n_sel] or NULL */
@@ -58,7 +58,7 @@ static int decode_item(void *arg, int kh, int worker)
         else
             sa_probe_group(c->kern, s, c->k, kh, qf, c->seq_len, c->block_size, c->n_probe,
                            c->params->probe_rows);
-        sa_choose_group(s, c->params, c->imp_sum, blocks);
+        sa_choose_group(s, c->params, c->reserve, blocks);
     }
     if (c->mode == SELECT_ONLY)
         return SA_OK;
@@ -107,12 +107,12 @@ static int run(decode_ctx *c, int n_heads, int threads, const float *importance,
     c->G = G;
     c->kern = sa_active_kernels();
 
-    double *imp_sum = NULL;
+    sa_reserve reserve = {NULL, 0};
     if (importance && c->params && c->mode != PROBE_ONLY && n_sel < NB) {
-        if (!(imp_sum = sa_importance_sums(importance, c->seq_len, c->block_size, NB)))
-            return SA_ERR_NOMEM;
+        if ((rc = sa_importance_reserve(importance, c->seq_len, c->params, n_sel, &reserve)))
+            return rc;
+        c->reserve = &reserve;
     }
-    c->imp_sum = imp_sum;
     const int workers = sa_workers_for(Hkv, threads);
     const int probes = c->mode == PROBE_ONLY ||
                        (c->params && n_sel < NB && c->params->scoring == SA_SCORING_PROBE);
@@ -121,12 +121,12 @@ static int run(decode_ctx *c, int n_heads, int threads, const float *importance,
         probes ? sa_probe_tmp_floats(c->seq_len, c->block_size, c->n_probe) : 0,
         c->mode == ATTEND ? max_tok : 1);
     if (!c->scratch) {
-        free(imp_sum);
+        free(reserve.blocks);
         return SA_ERR_NOMEM;
     }
     rc = sa_parallel_for(Hkv, workers, decode_item, c);
     sa_scratch_array_free(c->scratch, workers);
-    free(imp_sum);
+    free(reserve.blocks);
     return rc;
 }
 
