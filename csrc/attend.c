@@ -44,6 +44,7 @@ sa_scratch *sa_scratch_new(int G, int D, int group_size, int NB, int n_sel,
     size_t o_sp = take(&l, g * sizeof(float *)), o_pp = take(&l, g * sizeof(float *));
     size_t o_op = take(&l, g * sizeof(float *)), o_z = take(&l, g * sizeof(float));
     size_t o_off = take(&l, g * sizeof(int)), o_heads = take(&l, g * sizeof(int));
+    size_t o_heads2 = take(&l, g * sizeof(int));
     char *base = aligned_alloc(64, (l.off + 63) & ~(size_t)63);
     if (!base)
         return NULL;
@@ -61,6 +62,7 @@ sa_scratch *sa_scratch_new(int G, int D, int group_size, int NB, int n_sel,
         .sp = (float **)(base + o_sp), .pp = (const float **)(base + o_pp),
         .op = (float **)(base + o_op), .z = (float *)(base + o_z),
         .off = (int *)(base + o_off), .heads = (int *)(base + o_heads),
+        .heads2 = (int *)(base + o_heads2),
     };
     return s;
 }
@@ -298,17 +300,17 @@ void sa_choose_group(sa_scratch *s, const sa_select_params *p, const sa_reserve 
 }
 
 /* The next run of consecutive blocks chosen by the same set of heads, from
- * block *b on: heads in s->heads, count returned (0 at the end), blocks
+ * block *b on: the heads into `heads`, count returned (0 at the end), blocks
  * [*b, *e).  Merging runs keeps kernel calls long, and makes sparse decode
  * with every block chosen issue exactly dense decode's calls. */
-static int next_run(const sa_scratch *s, int *b, int *e)
+static int next_run(const sa_scratch *s, int *b, int *e, int *heads)
 {
     const int G = s->G, NB = s->NB;
     for (; *b < NB; (*b)++) {
         int cnt = 0;
         for (int g = 0; g < G; g++)
             if (s->chosen[(ptrdiff_t)g * NB + *b])
-                s->heads[cnt++] = g;
+                heads[cnt++] = g;
         if (!cnt)
             continue;
         int end = *b + 1;
@@ -337,38 +339,118 @@ void sa_accumulate_rows(const sa_kernels *kern, sa_scratch *s, const sa_kv *v, i
     }
 }
 
+/* Lines of rows [r0, r0 + n) of kv (and of their scales), prefetched into
+ * L2 piece `p` of `pieces` at a time. */
+static void prefetch_rows_part(const sa_kv *kv, int kh, int r0, int n, int p, int pieces)
+{
+    const int D = kv->head_dim;
+    const char *base[2] = {NULL, NULL};
+    size_t len[2] = {0, 0};
+    if (kv->dtype == SA_DTYPE_F32) {
+        base[0] = (const char *)sa_kv_f32_row(kv, kh, r0);
+        len[0] = (size_t)n * D * sizeof(float);
+    } else {
+        base[0] = (const char *)sa_kv_q8_row(kv, kh, r0);
+        len[0] = (size_t)n * D;
+        base[1] = (const char *)sa_kv_scale_row(kv, kh, r0);
+        len[1] = (size_t)n * (D / kv->group_size) * sizeof(float);
+    }
+    for (int i = 0; i < 2; i++) {
+        if (!base[i])
+            continue;
+        /* whole lines: from the line holding byte lo to the one holding hi - 1 */
+        const uintptr_t first = (uintptr_t)base[i] & ~(uintptr_t)63;
+        const uintptr_t lo = (uintptr_t)base[i] + len[i] * (size_t)p / (size_t)pieces;
+        const uintptr_t hi = (uintptr_t)base[i] + len[i] * (size_t)(p + 1) / (size_t)pieces;
+        for (uintptr_t a = p ? (lo + 63) & ~(uintptr_t)63 : first; a < hi; a += 64)
+            __builtin_prefetch((const void *)a, 0, 2);
+    }
+}
+
+/* Kernel calls per run when reads follow it: the run's rows go to the
+ * kernel in RUN_PIECES calls, and before each one a piece of the next run's
+ * first block is prefetched (after the last run of K, the first run of V).
+ * A block read from DRAM after a jump otherwise starts cold (the hardware
+ * prefetchers do not follow the jump): on the development VM this took
+ * sparse decode at 4096 tokens, seed k=32, 2 threads, KV in DRAM from ~366
+ * to ~280 us per layer; 2 or 8 pieces, or an L1 hint, did worse or no
+ * better, and one prefetch of the whole next block before the run did not
+ * help.  Splitting a call changes no result (kernels.h: a token's score does
+ * not depend on its batch, and V is added in token order either way). */
+#define RUN_PIECES 4
+
+/* One pass over the chosen runs: scores of K (pass 0) into s->scores, or
+ * the weighted sum of V (pass 1) into out.  s->off[g] counts the tokens of
+ * head g done so far.  `then`: the rows read after this pass (V after K),
+ * or NULL. */
+static void attend_pass(const sa_kernels *kern, sa_scratch *s, const sa_kv *kv, int kh,
+                        const float *qf, int seq_len, int bs, int pass, float *out,
+                        ptrdiff_t out_head_stride, const sa_kv *then)
+{
+    int *heads = s->heads, *next_heads = s->heads2;
+    int b = 0, e = 0;
+    int cnt = next_run(s, &b, &e, heads);
+    while (cnt > 0) {
+        int nb = e, ne = e;
+        int next_cnt = next_run(s, &nb, &ne, next_heads);
+        const int r0 = b * bs, n = sa_min(e * bs, seq_len) - r0;
+        /* the rows to prefetch: the next run's, or the first run of `then` */
+        const sa_kv *pf = kv;
+        int pb = nb, pe = ne;
+        if (!next_cnt && then) {
+            pf = then;
+            pb = 0;
+            if (!next_run(s, &pb, &pe, next_heads))
+                pf = NULL;
+        } else if (!next_cnt) {
+            pf = NULL;
+        }
+        const int pr0 = pb * bs, pn = pf ? sa_min(sa_min(pe * bs, seq_len) - pr0, bs) : 0;
+        const int pieces = pf ? sa_min(RUN_PIECES, n) : 1;
+        for (int p = 0; p < pieces; p++) {
+            const int t0 = (int)((int64_t)n * p / pieces), t1 = (int)((int64_t)n * (p + 1) / pieces);
+            if (pf)
+                prefetch_rows_part(pf, kh, pr0, pn, p, pieces);
+            for (int j = 0; j < cnt; j++) {
+                const int g = heads[j];
+                float *sc = s->scores + (ptrdiff_t)g * s->max_tok + s->off[g] + t0;
+                if (pass == 0) {
+                    s->sp[j] = sc;
+                } else {
+                    s->pp[j] = sc;
+                    s->op[j] = out + g * out_head_stride;
+                }
+            }
+            if (pass == 0)
+                sa_score_rows(kern, s, kv, kh, qf, heads, cnt, r0 + t0, 1, t1 - t0);
+            else
+                sa_accumulate_rows(kern, s, kv, kh, cnt, r0 + t0, t1 - t0);
+        }
+        for (int j = 0; j < cnt; j++)
+            s->off[heads[j]] += n;
+        if (!next_cnt)
+            break;
+        int *t = heads;
+        heads = next_heads;
+        next_heads = t;
+        b = nb, e = ne, cnt = next_cnt;
+    }
+}
+
 void sa_attend_group(const sa_kernels *kern, sa_scratch *s, const sa_kv *k,
                      const sa_kv *v, int kh, const float *qf, int seq_len, int bs,
                      float scale, float *out, ptrdiff_t out_head_stride)
 {
     const int G = s->G, D = s->D;
-    int b, e, cnt;
     for (int g = 0; g < G; g++)
         s->off[g] = 0;
-
-    for (b = 0; (cnt = next_run(s, &b, &e)) > 0; b = e) {
-        const int r0 = b * bs, n = sa_min(e * bs, seq_len) - r0;
-        for (int j = 0; j < cnt; j++)
-            s->sp[j] = s->scores + (ptrdiff_t)s->heads[j] * s->max_tok + s->off[s->heads[j]];
-        sa_score_rows(kern, s, k, kh, qf, s->heads, cnt, r0, 1, n);
-        for (int j = 0; j < cnt; j++)
-            s->off[s->heads[j]] += n;
-    }
+    attend_pass(kern, s, k, kh, qf, seq_len, bs, 0, out, out_head_stride, v);
     for (int g = 0; g < G; g++) {
         s->z[g] = kern->softmax_exp(s->scores + (ptrdiff_t)g * s->max_tok, s->off[g], scale);
         memset(out + g * out_head_stride, 0, (size_t)D * sizeof(float));
         s->off[g] = 0;
     }
-    for (b = 0; (cnt = next_run(s, &b, &e)) > 0; b = e) {
-        const int r0 = b * bs, n = sa_min(e * bs, seq_len) - r0;
-        for (int j = 0; j < cnt; j++) {
-            const int g = s->heads[j];
-            s->pp[j] = s->scores + (ptrdiff_t)g * s->max_tok + s->off[g];
-            s->op[j] = out + g * out_head_stride;
-            s->off[g] += n;
-        }
-        sa_accumulate_rows(kern, s, v, kh, cnt, r0, n);
-    }
+    attend_pass(kern, s, v, kh, qf, seq_len, bs, 1, out, out_head_stride, NULL);
     for (int g = 0; g < G; g++)
         for (int d = 0; d < D; d++)
             out[g * out_head_stride + d] /= s->z[g];

@@ -31,6 +31,7 @@ typedef struct sa_scratch {
     float *z;          /* G softmax sums */
     int *off;          /* G tokens scored so far per head */
     int *heads;        /* G heads of the current run */
+    int *heads2;       /* G heads of the run after it */
 } sa_scratch;
 
 /* One arena per worker; sizes from the call.  probe_tmp_per_head is
