@@ -25,6 +25,7 @@ const char *sa_strerror(int status)
         return "minmax bounds are missing or were not computed for this K, seq_len and block_size";
     case SA_ERR_PROBE_ROWS:
         return "probe rows were not copied for this K, seq_len, block_size and n_probe";
+    case SA_ERR_IMPORTANCE_NONFINITE: return "importance holds NaN or Inf";
     default: return "unknown status";
     }
 }

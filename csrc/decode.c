@@ -98,6 +98,8 @@ static int run(decode_ctx *c, int n_heads, int threads, const float *importance,
         return SA_ERR_NULL;
     if (importance && n_importance < c->seq_len)
         return SA_ERR_IMPORTANCE;
+    if (importance && sa_check_finite(importance, c->seq_len))
+        return SA_ERR_IMPORTANCE_NONFINITE;
 
     const int Hkv = k->n_kv_heads, G = n_heads / Hkv, D = k->head_dim;
     const int gs = k->dtype == SA_DTYPE_Q8 ? k->group_size : 1;

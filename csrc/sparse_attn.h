@@ -40,8 +40,9 @@ enum sa_status {
     SA_ERR_SCALE = 13,        /* scale not finite or not > 0 */
     SA_ERR_BOUNDS = 14,       /* minmax bounds missing, or not made for this K,
                                  seq_len and block_size */
-    SA_ERR_PROBE_ROWS = 15    /* probe rows not made for this K, seq_len,
+    SA_ERR_PROBE_ROWS = 15,   /* probe rows not made for this K, seq_len,
                                  block_size and n_probe */
+    SA_ERR_IMPORTANCE_NONFINITE = 16 /* importance[0, seq_len) holds NaN or Inf */
 };
 
 enum sa_dtype { SA_DTYPE_F32 = 0, SA_DTYPE_Q8 = 1 };

@@ -1333,6 +1333,21 @@ static void test_bad_args(void)
     EXPECT(SA_ERR_IMPORTANCE, sa_sparse_decode(q, H, &K, &V, S, &P, imp, 0, sc, out, NULL, 1));
     EXPECT(SA_OK, sa_select_blocks(q, H, &K, S - 1, &P, imp, S - 1, blocks, 1));
 
+    /* importance with NaN or Inf in [0, seq_len); past seq_len it is not read. */
+    {
+        float *bad = xmalloc((size_t)S * sizeof *bad);
+        for (int t = 0; t < S; t++)
+            bad[t] = 1.0f;
+        bad[S - 1] = NAN;
+        EXPECT(SA_ERR_IMPORTANCE_NONFINITE, sa_select_blocks(q, H, &K, S, &P, bad, S, blocks, 1));
+        EXPECT(SA_OK, sa_select_blocks(q, H, &K, S - 1, &P, bad, S, blocks, 1));
+        bad[S - 1] = 1.0f;
+        bad[0] = -INFINITY;
+        EXPECT(SA_ERR_IMPORTANCE_NONFINITE,
+               sa_sparse_decode(q, H, &KQ, &VQ, S, &P, bad, S, sc, out, NULL, 1));
+        free(bad);
+    }
+
     /* scoring="minmax" and its bounds. */
     {
         enum { NBB = S / 4 };
