@@ -367,17 +367,22 @@ static void prefetch_rows_part(const sa_kv *kv, int kh, int r0, int n, int p, in
     }
 }
 
-/* Kernel calls per run when reads follow it: the run's rows go to the
- * kernel in RUN_PIECES calls, and before each one a piece of the next run's
- * first block is prefetched (after the last run of K, the first run of V).
- * A block read from DRAM after a jump otherwise starts cold (the hardware
- * prefetchers do not follow the jump): on the development VM this took
- * sparse decode at 4096 tokens, seed k=32, 2 threads, KV in DRAM from ~366
- * to ~280 us per layer; 2 or 8 pieces, or an L1 hint, did worse or no
- * better, and one prefetch of the whole next block before the run did not
- * help.  Splitting a call changes no result (kernels.h: a token's score does
- * not depend on its batch, and V is added in token order either way). */
+/* Kernel calls per run when reads follow it: the run's last PF_ROWS rows go
+ * to the kernel in RUN_PIECES calls (the rows before them in one), and before
+ * each of those a piece of the next run's first PF_ROWS rows is prefetched
+ * (after the last run of K, the first rows of V).  A block read from DRAM
+ * after a jump otherwise starts cold (the hardware prefetchers do not follow
+ * the jump): on the development VM this took sparse decode at 4096 tokens,
+ * seed k=32, 2 threads, KV in DRAM from ~366 to ~280 us per layer; 2 or 8
+ * pieces, or an L1 hint, did worse or no better, and one prefetch of the
+ * whole next block before the run did not help.  Splitting a call changes
+ * no result (kernels.h: a token's score does not depend on its batch, and V
+ * is added in token order either way). */
 #define RUN_PIECES 4
+/* Rows prefetched from the next run, and rows of the current run the
+ * prefetch is spread over: a block of the seed's geometry.  Not the call's
+ * block size, which for dense decode is the whole context. */
+#define PF_ROWS 32
 
 /* One pass over the chosen runs: scores of K (pass 0) into s->scores, or
  * the weighted sum of V (pass 1) into out.  s->off[g] counts the tokens of
@@ -405,11 +410,16 @@ static void attend_pass(const sa_kernels *kern, sa_scratch *s, const sa_kv *kv, 
         } else if (!next_cnt) {
             pf = NULL;
         }
-        const int pr0 = pb * bs, pn = pf ? sa_min(sa_min(pe * bs, seq_len) - pr0, bs) : 0;
-        const int pieces = pf ? sa_min(RUN_PIECES, n) : 1;
-        for (int p = 0; p < pieces; p++) {
-            const int t0 = (int)((int64_t)n * p / pieces), t1 = (int)((int64_t)n * (p + 1) / pieces);
-            if (pf)
+        const int pr0 = pb * bs, pn = pf ? sa_min(sa_min(pe * bs, seq_len) - pr0, PF_ROWS) : 0;
+        /* rows [0, head) in one call, then the last PF_ROWS in pieces */
+        const int head = pf ? sa_max(0, n - PF_ROWS) : n;
+        const int pieces = pf ? sa_min(RUN_PIECES, n - head) : 0;
+        for (int p = -1; p < pieces; p++) {
+            const int t0 = p < 0 ? 0 : head + (int)((int64_t)(n - head) * p / pieces);
+            const int t1 = p < 0 ? head : head + (int)((int64_t)(n - head) * (p + 1) / pieces);
+            if (t1 == t0)
+                continue;
+            if (p >= 0)
                 prefetch_rows_part(pf, kh, pr0, pn, p, pieces);
             for (int j = 0; j < cnt; j++) {
                 const int g = heads[j];
