@@ -373,9 +373,10 @@ static void prefetch_rows_part(const sa_kv *kv, int kh, int r0, int n, int p, in
  * (after the last run of K, the first rows of V).  A block read from DRAM
  * after a jump otherwise starts cold (the hardware prefetchers do not follow
  * the jump): on the development VM this took sparse decode at 4096 tokens,
- * seed k=32, 2 threads, KV in DRAM from ~366 to ~280 us per layer; 2 or 8
- * pieces, or an L1 hint, did worse or no better, and one prefetch of the
- * whole next block before the run did not help.  Splitting a call changes
+ * seed k=32, 2 threads, KV in DRAM from ~330 to ~270 us per layer; 2 or 8
+ * pieces, an L1 hint or every other line did worse or no better, and one
+ * prefetch of the whole next block before the run did not help.  With the KV
+ * in cache the extra calls cost ~30 of ~250 us.  Splitting a call changes
  * no result (kernels.h: a token's score does not depend on its batch, and V
  * is added in token order either way). */
 #define RUN_PIECES 4
