@@ -19,6 +19,9 @@
 #                              the API on it are checked on a CPU without
 #                              AVX-512; must default to avx512-vnni
 #
+# The native x86-64 and --arm runs also check that csrc/attend.c, compiled
+# as the extension compiles it, still contains a prefetch instruction.
+#
 # Installs nothing: the compilers, qemu-user and SIMDe (libsimde-dev) must
 # already be there (.ci/run installs them).  Builds into build/test-c/ (or
 # $SA_TEST_C_BUILD); CC and ARM_CC override the compilers, SIMDE_INCLUDE the
@@ -33,7 +36,7 @@ case "${1:-}" in
     "") ;;
     --arm) mode=arm ;;
     --avx512-emulated) mode=avx512-emulated ;;
-    -h|--help) sed -n '2,28p' "$0"; exit 0 ;;
+    -h|--help) sed -n '2,29p' "$0"; exit 0 ;;
     *) echo "test-c.sh: unknown argument '$1' (use --arm, --avx512-emulated or nothing)" >&2
        exit 2 ;;
 esac
@@ -60,6 +63,23 @@ isa_sources() {  # arch -> prints the ISA files to add
 common=(-std=gnu11 -Wall -Wextra -I"$repo/csrc" -pthread)
 harness="$repo/tests/c/test_kernels.c"
 
+# attend.c prefetches the next chosen run while it reads the current one (a
+# third faster sparse decode from DRAM on the development VM).  A compiler can
+# drop __builtin_prefetch without a trace (one refactor of it compiled to no
+# prefetch at all), and no result changes, so check the instruction is there,
+# compiled as the extension compiles it (csrc/build_ffi.py).
+check_prefetch() {  # compiler, instruction regex, label
+    local asm
+    asm="$("$1" -O3 -std=gnu11 -fvisibility=hidden -ffp-contract=off -I"$repo/csrc" \
+           -S -o - "$repo/csrc/attend.c")"
+    if grep -Eq "^[[:space:]]+($2)[[:space:]]" <<<"$asm"; then
+        echo "== $3: attend.c keeps its prefetch ($2)"
+    else
+        echo "== $3: FAILED: attend.c compiles to no $2 (the next-run prefetch was optimised away)"
+        return 1
+    fi
+}
+
 run() {  # label, command... ; prints the result line, returns the status
     local label="$1"; shift
     echo "== $label"
@@ -85,6 +105,9 @@ if [[ $mode == native ]]; then
     ASAN_OPTIONS="${ASAN_OPTIONS:-detect_leaks=1}" \
     UBSAN_OPTIONS="${UBSAN_OPTIONS:-print_stacktrace=1:halt_on_error=1}" \
         run "native $(uname -m)" "$exe" || status=$?
+    if [[ $(uname -m) == x86_64 ]]; then
+        check_prefetch "$cc" 'prefetcht[012]|prefetchnta' "native x86-64" || status=1
+    fi
     exit "$status"
 fi
 
@@ -154,10 +177,12 @@ exe="$build/test_kernels_aarch64"
 echo "== building $exe ($arm_cc -O2 -static)"
 "$arm_cc" "${common[@]}" -O2 -static "${core[@]}" "${isa[@]}" "$harness" -o "$exe" -lm
 
+failed=0
+check_prefetch "$arm_cc" 'prfm' "aarch64" || failed=1
+
 # (qemu CPU model, the ISA it must get by default)
 cpus=("cortex-a76 neon-dotprod" "cortex-a53 neon")
 
-failed=0
 for entry in "${cpus[@]}"; do
     read -r cpu want <<<"$entry"
     run "aarch64 -cpu $cpu (expect $want)" \
