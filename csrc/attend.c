@@ -215,7 +215,8 @@ void sa_probe_group(const sa_kernels *kern, sa_scratch *s, const sa_kv *k, int k
 }
 
 /* Append to top the `want` best blocks b < NB by val[b] that are not
- * used[b] (larger first, ties to the lower index), best first.  One pass; an
+ * used[b] (used may be NULL: none is; larger first, ties to the lower
+ * index), best first.  One pass; an
  * insertion happens only when a block beats the current worst, and a later
  * (higher) index never beats an equal value. */
 static int rank_unused(const double *val, const uint8_t *used, int NB, int want, int32_t *top)
@@ -224,7 +225,7 @@ static int rank_unused(const double *val, const uint8_t *used, int NB, int want,
     if (want <= 0)
         return 0;
     for (int b = 0; b < NB; b++) {
-        if (used[b])
+        if (used && used[b])
             continue;
         const double v = val[b];
         if (n == want && !(v > val[top[n - 1]]))
@@ -478,11 +479,9 @@ int sa_importance_reserve(const float *importance, int seq_len, const sa_select_
     if (want <= 0)
         return SA_OK;
     double *sums = malloc((size_t)NB * sizeof(double));
-    uint8_t *used = calloc((size_t)NB, 1);
     out->blocks = malloc((size_t)want * sizeof(int32_t));
-    if (!sums || !used || !out->blocks) {
+    if (!sums || !out->blocks) {
         free(sums);
-        free(used);
         free(out->blocks);
         out->blocks = NULL;
         return SA_ERR_NOMEM;
@@ -493,10 +492,11 @@ int sa_importance_reserve(const float *importance, int seq_len, const sa_select_
             acc += importance[t];
         sums[b] = acc;
     }
-    memset(used, 1, (size_t)sinks);
-    out->n = rank_unused(sums, used, NB, want, out->blocks);
+    /* the blocks past the sinks (sinks < n_sel <= NB when want > 0) */
+    out->n = rank_unused(sums + sinks, NULL, NB - sinks, want, out->blocks);
+    for (int i = 0; i < out->n; i++)
+        out->blocks[i] += sinks;
     free(sums);
-    free(used);
     return SA_OK;
 }
 

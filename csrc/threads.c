@@ -85,17 +85,16 @@ static long elapsed_ns(const struct timespec *t0)
     return (long)(t.tv_sec - t0->tv_sec) * 1000000000L + (t.tv_nsec - t0->tv_nsec);
 }
 
-/* Poll until *gen != seen (returns 1) or SPIN_NS pass (returns 0). */
-static int spin_for_job(unsigned long seen)
+/* Poll until a job after generation `seen` is posted or SPIN_NS pass. */
+static void spin_for_job(unsigned long seen)
 {
     struct timespec t0;
     clock_gettime(CLOCK_MONOTONIC, &t0);
-    for (unsigned i = 1;; i++) {
-        if (atomic_load_explicit(&pool.generation, memory_order_relaxed) != seen)
-            return 1;
+    for (unsigned i = 1; atomic_load_explicit(&pool.generation, memory_order_relaxed) == seen;
+         i++) {
         cpu_relax();
         if (i % 64 == 0 && elapsed_ns(&t0) > SPIN_NS)
-            return 0;
+            return;
     }
 }
 
