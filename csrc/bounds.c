@@ -1,17 +1,20 @@
 /*
- * Per-block key bounds for scoring="minmax" (SPEC §6, after Quest).
+ * Per-block key bounds for scoring="minmax" (spec §6, after Quest): kept
+ * up to date, checked, and scored.
  *
- * Stored compactly, like q8: one scale per channel group and int8 minima and
- * maxima, rounded outwards so that scale * mn <= K <= scale * mx holds for
- * every valid row of the block.  At head_dim 128 and group 32 a block's
- * bounds take 272 bytes, a quarter of what the 8-of-32 probe reads from a q8
- * K block.  Each block is recomputed from its own rows, so appending a token
- * at a time never lets rounding drift accumulate.
+ * Stored compactly, like q8: one scale per group of channels and int8
+ * minima and maxima, rounded outwards so that scale * mn <= K <= scale * mx
+ * holds for every valid row of the block.  At head_dim 128 and a scale
+ * group of 32 a block's bounds take 272 bytes, a quarter of what the
+ * 8-of-32 probe reads from a q8 K block.  Each block is recomputed from its
+ * own rows, so appending a token at a time never lets rounding drift
+ * accumulate.  Nothing here allocates, so a cache append cannot fail half
+ * way through.
  */
 #include <math.h>
-#include <stdlib.h>
+#include <string.h>
 
-#include "internal.h"
+#include "bounds.h"
 
 static float row_value(const sa_kv *k, int kh, int row, int i)
 {
@@ -20,47 +23,57 @@ static float row_value(const sa_kv *k, int kh, int row, int i)
     return sa_kv_scale_row(k, kh, row)[i / k->group_size] * (float)sa_kv_q8_row(k, kh, row)[i];
 }
 
-static void block_bounds(const sa_kv *k, int kh, int r0, int r1, const sa_bounds *b,
-                         int8_t *mn, int8_t *mx, float *sc, float *lo, float *hi)
+/* Channels per pass of the per-channel minima and maxima (a stack array). */
+#define CHUNK 64
+
+/* Bounds of rows [r0, r1) of KV head kh, scale group by scale group: the
+ * group's scale from the largest magnitude in it, then per channel the
+ * outward-rounded multiples of that scale. */
+static void block_bounds(const sa_kv *k, int kh, int r0, int r1, int sg, int8_t *mn,
+                         int8_t *mx, float *sc)
 {
-    const int D = k->head_dim, gs = b->group_size;
-    for (int i = 0; i < D; i++) {
-        lo[i] = INFINITY;
-        hi[i] = -INFINITY;
-    }
-    for (int t = r0; t < r1; t++)
-        for (int i = 0; i < D; i++) {
-            const float x = row_value(k, kh, t, i);
-            lo[i] = x < lo[i] ? x : lo[i];
-            hi[i] = x > hi[i] ? x : hi[i];
-        }
-    for (int g = 0, i0 = 0; i0 < D; g++, i0 += gs) {
+    const int D = k->head_dim;
+    for (int g = 0, i0 = 0; i0 < D; g++, i0 += sg) {
         float amax = 0.0f;
-        for (int i = i0; i < i0 + gs; i++) {
-            amax = fabsf(lo[i]) > amax ? fabsf(lo[i]) : amax;
-            amax = fabsf(hi[i]) > amax ? fabsf(hi[i]) : amax;
-        }
+        for (int t = r0; t < r1; t++)
+            for (int i = i0; i < i0 + sg; i++) {
+                const float a = fabsf(row_value(k, kh, t, i));
+                amax = a > amax ? a : amax;
+            }
         float s = amax / 127.0f;
         if (127.0f * s < amax)      /* so that +-127 steps reach every value */
             s = nextafterf(s, INFINITY);
         sc[g] = s;
-        for (int i = i0; i < i0 + gs; i++) {
-            if (s == 0.0f) {
-                mn[i] = mx[i] = 0;
-                continue;
+        for (int c0 = i0; c0 < i0 + sg; c0 += CHUNK) {
+            const int c1 = sa_min(c0 + CHUNK, i0 + sg);
+            float lo[CHUNK], hi[CHUNK];
+            for (int i = c0; i < c1; i++)
+                lo[i - c0] = INFINITY, hi[i - c0] = -INFINITY;
+            for (int t = r0; t < r1; t++)
+                for (int i = c0; i < c1; i++) {
+                    const float x = row_value(k, kh, t, i);
+                    lo[i - c0] = x < lo[i - c0] ? x : lo[i - c0];
+                    hi[i - c0] = x > hi[i - c0] ? x : hi[i - c0];
+                }
+            for (int i = c0; i < c1; i++) {
+                if (s == 0.0f) {
+                    mn[i] = mx[i] = 0;
+                    continue;
+                }
+                const float l = lo[i - c0], h = hi[i - c0];
+                float up = ceilf(h / s), down = floorf(l / s);
+                while (up * s < h)  /* the division may have rounded down */
+                    up += 1.0f;
+                while (down * s > l)
+                    down -= 1.0f;
+                mx[i] = (int8_t)(up > 127.0f ? 127.0f : up);
+                mn[i] = (int8_t)(down < -127.0f ? -127.0f : down);
             }
-            float up = ceilf(hi[i] / s), down = floorf(lo[i] / s);
-            while (up * s < hi[i])  /* the division may have rounded down */
-                up += 1.0f;
-            while (down * s > lo[i])
-                down -= 1.0f;
-            mx[i] = (int8_t)(up > 127.0f ? 127.0f : up);
-            mn[i] = (int8_t)(down < -127.0f ? -127.0f : down);
         }
     }
 }
 
-int sa_bounds_update(const sa_kv *k, int from_row, int to_row, sa_bounds *b)
+int sa_check_bounds_update(const sa_kv *k, int from_row, int to_row, const sa_bounds *b)
 {
     int rc = sa_check_kv(k);
     if (rc)
@@ -70,22 +83,71 @@ int sa_bounds_update(const sa_kv *k, int from_row, int to_row, sa_bounds *b)
     if (b->n_kv_heads != k->n_kv_heads || b->head_dim != k->head_dim || b->block_size < 1 ||
         b->head_stride < 0)
         return SA_ERR_SHAPE;
-    if (b->group_size < 1 || k->head_dim % b->group_size)
+    if (b->scale_group < 1 || k->head_dim % b->scale_group)
         return SA_ERR_GROUP;
     if (from_row < 0 || from_row > to_row || to_row > k->n_rows ||
         sa_ceil_div(to_row, b->block_size) > b->head_stride)
         return SA_ERR_SEQ_LEN;
-    const int D = k->head_dim, ng = D / b->group_size, bs = b->block_size;
-    float *tmp = malloc(2 * (size_t)D * sizeof(float));
-    if (!tmp)
-        return SA_ERR_NOMEM;
+    return SA_OK;
+}
+
+void sa_bounds_compute(const sa_kv *k, int from_row, int to_row, sa_bounds *b)
+{
+    const int D = k->head_dim, sg = b->scale_group, ng = D / sg, bs = b->block_size;
     for (int kh = 0; kh < k->n_kv_heads; kh++)
         for (int blk = from_row / bs; blk < sa_ceil_div(to_row, bs); blk++) {
             const ptrdiff_t at = (ptrdiff_t)kh * b->head_stride + blk;
-            block_bounds(k, kh, blk * bs, sa_min(blk * bs + bs, to_row), b, b->mn + at * D,
-                         b->mx + at * D, b->scales + at * ng, tmp, tmp + D);
+            block_bounds(k, kh, sa_block_start(blk, bs), sa_block_end(blk, bs, to_row), sg,
+                         b->mn + at * D, b->mx + at * D, b->scales + at * ng);
         }
-    free(tmp);
-    b->n_rows = to_row;
+    b->k_rows = to_row;
+}
+
+int sa_bounds_update(const sa_kv *k, int from_row, int to_row, sa_bounds *b)
+{
+    const int rc = sa_check_bounds_update(k, from_row, to_row, b);
+    if (rc)
+        return rc;
+    sa_bounds_compute(k, from_row, to_row, b);
     return SA_OK;
+}
+
+int sa_check_bounds(const sa_bounds *b, const sa_kv *k, int seq_len, int block_size)
+{
+    if (!b || !b->mn || !b->mx || !b->scales)
+        return SA_ERR_BOUNDS;
+    if (b->n_kv_heads != k->n_kv_heads || b->head_dim != k->head_dim ||
+        b->block_size != block_size || b->k_rows != seq_len ||
+        b->head_stride < sa_ceil_div(seq_len, block_size) || b->scale_group < 1 ||
+        b->head_dim % b->scale_group)
+        return SA_ERR_BOUNDS;
+    return SA_OK;
+}
+
+void sa_minmax_group(const sa_kernels *kern, sa_scratch *s, const sa_bounds *b, int kh,
+                     const float *qf, int shared)
+{
+    const int G = s->G, D = s->D, NB = s->NB, ng = D / b->scale_group;
+    const ptrdiff_t at = (ptrdiff_t)kh * b->head_stride;
+    /* Split each query row by sign; for a shared selection sum the heads'
+     * parts (in head order), so one pass scores the group. */
+    const int rows = shared ? 1 : G;
+    for (int r = 0; r < rows; r++)
+        for (int i = 0; i < D; i++) {
+            const float x = qf[(ptrdiff_t)r * D + i];
+            s->qpos[(ptrdiff_t)r * D + i] = x > 0.0f ? x : 0.0f;
+            s->qneg[(ptrdiff_t)r * D + i] = x < 0.0f ? x : 0.0f;
+        }
+    for (int g = 1; shared && g < G; g++)
+        for (int i = 0; i < D; i++) {
+            const float x = qf[(ptrdiff_t)g * D + i];
+            s->qpos[i] += x > 0.0f ? x : 0.0f;
+            s->qneg[i] += x < 0.0f ? x : 0.0f;
+        }
+    for (int g = 0; g < rows; g++)
+        s->sp[g] = s->probe + (ptrdiff_t)g * NB;
+    kern->minmax_scores(s->qpos, s->qneg, rows, D, b->scale_group, b->mn + at * D,
+                        b->mx + at * D, b->scales + at * ng, D, NB, s->sp);
+    if (shared)
+        memset(s->probe + NB, 0, (size_t)(G - 1) * NB * sizeof(float));
 }

@@ -1,11 +1,11 @@
 """cffi builder (out-of-line API mode) for sparse_attn._core.
 
 The C API is the block between the cdef markers of sparse_attn.h; the
-sources are every .c file of the core plus the ISA files of the target
-architecture.  ISA files select their own instruction set with
-``#pragma GCC target`` so that the whole extension builds with one set of
-flags and the choice among them is made at run time, never from the
-machine that built it.
+sources are every .c file directly in csrc/ (the ISA-free core) plus the
+kernel files that csrc/isa_list.h lists for the target architecture.  ISA
+files select their own instruction set with ``#pragma GCC target`` so that
+the whole extension builds with one set of flags and the choice among them
+is made at run time, never from the machine that built it.
 """
 import os
 import re
@@ -17,19 +17,19 @@ from cffi import FFI
 HERE = Path(__file__).resolve().parent
 HEADER = HERE / "sparse_attn.h"
 
-CORE = ["common.c", "cpu_features.c", "q8.c", "threads.c", "attend.c", "decode.c",
-        "prefill.c", "bounds.c", "probe_rows.c", "stream.c", "portable/kernels_portable.c"]
-ISA_FILES = {
-    "x86_64": ["x86/kernels_avx2.c", "x86/kernels_avx512_vnni.c"],
-    "aarch64": ["arm/kernels_neon.c", "arm/kernels_neon_dotprod.c"],
-}
+ISA_LINE = re.compile(r'^SA_ISA\((\w+), "([^"]+)", (\w+), "([^"]+)"\)$', re.M)
+
+
+def isa_list():
+    """[(id, name, arch, source file)] of csrc/isa_list.h, lowest first."""
+    return ISA_LINE.findall((HERE / "isa_list.h").read_text())
 
 
 def target_arch():
     """The architecture being built for (the host's, or a cross target's)."""
     plat = os.environ.get("_PYTHON_HOST_PLATFORM") or sysconfig.get_platform()
-    for arch in ISA_FILES:
-        if arch in plat or (arch == "aarch64" and "arm64" in plat):
+    for arch, names in (("X86_64", ("x86_64",)), ("AARCH64", ("aarch64", "arm64"))):
+        if any(n in plat for n in names):
             return arch
     return None
 
@@ -43,8 +43,10 @@ def cdef_text():
 
 
 def sources():
-    files = CORE + ISA_FILES.get(target_arch(), [])
-    return [str((HERE / f).relative_to(HERE.parent)) for f in files]
+    arch = target_arch()
+    core = sorted(p.name for p in HERE.glob("*.c"))
+    kernels = [f for _, _, a, f in isa_list() if a in ("ANY", arch)]
+    return [str((HERE / f).relative_to(HERE.parent)) for f in core + kernels]
 
 
 def compile_args():

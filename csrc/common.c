@@ -1,5 +1,4 @@
 /* Status texts and the argument checks every entry point shares. */
-#include <math.h>
 #include <string.h>
 
 #include "internal.h"
@@ -18,14 +17,18 @@ const char *sa_strerror(int status)
     case SA_ERR_NOMEM: return "out of memory for scratch buffers";
     case SA_ERR_THREAD: return "could not start a worker thread";
     case SA_ERR_ISA: return "unknown ISA name, or one this CPU cannot run";
-    case SA_ERR_NONFINITE: return "input holds NaN or Inf";
+    case SA_ERR_VALUES: return "input holds NaN, Inf or magnitudes >= 2^48";
     case SA_ERR_IMPORTANCE: return "importance is shorter than seq_len";
     case SA_ERR_SCALE: return "scale must be finite and > 0";
     case SA_ERR_BOUNDS:
         return "minmax bounds are missing or were not computed for this K, seq_len and block_size";
     case SA_ERR_PROBE_ROWS:
         return "probe rows were not copied for this K, seq_len, block_size and n_probe";
-    case SA_ERR_IMPORTANCE_NONFINITE: return "importance holds NaN or Inf";
+    case SA_ERR_IMPORTANCE_VALUES: return "importance holds NaN or Inf";
+    case SA_ERR_Q_VALUES: return "q holds NaN, Inf or magnitudes >= 2^48";
+    case SA_ERR_K_VALUES: return "the appended K rows hold NaN, Inf or magnitudes >= 2^48";
+    case SA_ERR_V_VALUES: return "the appended V rows hold NaN, Inf or magnitudes >= 2^48";
+    case SA_ERR_SIZE: return "the sizes need more scratch than size_t can address";
     default: return "unknown status";
     }
 }
@@ -66,15 +69,51 @@ int sa_check_kv_pair(const sa_kv *k, const sa_kv *v)
     return SA_OK;
 }
 
-int sa_check_finite(const float *x, int64_t n)
+int sa_check_query(const float *q, int n_heads, const sa_kv *k, int64_t n_rows_q)
 {
-    /* On the bits, without a branch per value, so the loop vectorises:
-     * NaN and Inf are the values whose exponent bits are all ones. */
+    if (!q)
+        return SA_ERR_NULL;
+    if (n_heads < 1)
+        return SA_ERR_SHAPE;
+    if (n_heads % k->n_kv_heads)
+        return SA_ERR_GQA;
+    return sa_values_ok(q, n_rows_q * k->head_dim) ? SA_OK : SA_ERR_Q_VALUES;
+}
+
+int sa_check_select_params(const sa_select_params *p)
+{
+    if (!p)
+        return SA_ERR_NULL;
+    if (p->block_size < 1 || p->k_blocks < 1 || p->n_probe < 1 || p->importance_blocks < 0 ||
+        p->sink_blocks < 0 || (p->recency != 0 && p->recency != 1) ||
+        (p->share != SA_SHARE_HEAD && p->share != SA_SHARE_GROUP) ||
+        (p->scoring != SA_SCORING_PROBE && p->scoring != SA_SCORING_MINMAX))
+        return SA_ERR_PARAM;
+    return SA_OK;
+}
+
+/* Both scans work on the bits, without a branch per value, so the loops
+ * vectorise.  With the sign bit cleared, NaN and Inf are the patterns from
+ * 0x7f800000 up, and magnitudes of 2^48 or more those from 0x57800000 up
+ * (exponent field 127 + 48). */
+int sa_values_ok(const float *x, int64_t n)
+{
+    uint32_t bad = 0;
+    for (int64_t i = 0; i < n; i++) {
+        uint32_t u;
+        memcpy(&u, x + i, sizeof u);
+        bad |= (u & 0x7fffffffu) >= 0x57800000u;
+    }
+    return !bad;
+}
+
+int sa_all_finite(const float *x, int64_t n)
+{
     uint32_t bad = 0;
     for (int64_t i = 0; i < n; i++) {
         uint32_t u;
         memcpy(&u, x + i, sizeof u);
         bad |= (u & 0x7f800000u) == 0x7f800000u;
     }
-    return bad ? SA_ERR_NONFINITE : SA_OK;
+    return !bad;
 }

@@ -1,7 +1,8 @@
 /*
  * Which kernels run: decided once from what the CPU (and OS) report, never
  * from the build machine, and overridable by name so tests and users can
- * force a lower path (the Python layer reads SPARSE_ATTN_ISA).
+ * force a lower path (the Python layer reads SPARSE_ATTN_ISA).  The paths
+ * and their order come from isa_list.h; each has a CPU test runs_<id>().
  */
 #include <stdatomic.h>
 #include <string.h>
@@ -18,61 +19,67 @@
 #endif
 #endif
 
-/* Lowest to highest; the default is the last one the CPU can run. */
-static const sa_kernels *const all_kernels[] = {
-    &sa_kernels_portable,
-#if defined(__x86_64__) || defined(_M_X64)
-    &sa_kernels_avx2,
-    &sa_kernels_avx512_vnni,
-#endif
-#if defined(__aarch64__)
-    &sa_kernels_neon,
-    &sa_kernels_neon_dotprod,
-#endif
-};
-#define N_KERNELS ((int)(sizeof all_kernels / sizeof all_kernels[0]))
+static int runs_portable(void) { return 1; }
 
-static int cpu_runs(const sa_kernels *k)
-{
-    if (k == &sa_kernels_portable)
-        return 1;
 #if defined(__x86_64__) || defined(_M_X64)
-    /* libgcc's cpu model also checks XGETBV, so these are false when the OS
-     * does not save the AVX / AVX-512 register state. */
+/* libgcc's cpu model also checks XGETBV, so these are false when the OS does
+ * not save the AVX / AVX-512 register state. */
+static int runs_avx2(void)
+{
     __builtin_cpu_init();
-    const int avx2 = __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma");
-    if (k == &sa_kernels_avx2)
-        return avx2;
+    return __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma");
+}
+
+static int runs_avx512_vnni(void)
+{
 #ifdef SA_TEST_EMULATED_AVX512
     /* Only for scripts/test-c.sh --avx512-emulated, whose avx512 table is
      * compiled for AVX2 through SIMDe (tests/c/simde_avx512_shim.h); the
      * package build never defines this. */
-    if (k == &sa_kernels_avx512_vnni)
-        return avx2;
+    return runs_avx2();
+#else
+    return runs_avx2() && __builtin_cpu_supports("avx512f") &&
+           __builtin_cpu_supports("avx512bw") && __builtin_cpu_supports("avx512vl") &&
+           __builtin_cpu_supports("avx512vnni");
 #endif
-    if (k == &sa_kernels_avx512_vnni)
-        return avx2 && __builtin_cpu_supports("avx512f") &&
-               __builtin_cpu_supports("avx512bw") && __builtin_cpu_supports("avx512vl") &&
-               __builtin_cpu_supports("avx512vnni");
-#endif
-#if defined(__aarch64__) && defined(__linux__)
-    const unsigned long hw = getauxval(AT_HWCAP);
-    if (k == &sa_kernels_neon)
-        return (hw & HWCAP_ASIMD) != 0;
-    if (k == &sa_kernels_neon_dotprod)
-        return (hw & HWCAP_ASIMD) && (hw & HWCAP_ASIMDDP);
-#endif
-    return 0;
 }
+#endif
+
+#if defined(__aarch64__)
+static unsigned long hwcap(void)
+{
+#if defined(__linux__)
+    return getauxval(AT_HWCAP);
+#else
+    return 0;
+#endif
+}
+static int runs_neon(void) { return (hwcap() & HWCAP_ASIMD) != 0; }
+static int runs_neon_dotprod(void) { return runs_neon() && (hwcap() & HWCAP_ASIMDDP); }
+#endif
+
+typedef struct {
+    const char *name;
+    const sa_kernels *table;
+    int (*runs)(void);
+} isa_entry;
+
+/* Lowest to highest; the default is the last one the CPU can run. */
+static const isa_entry all_isas[] = {
+#define SA_ISA(id, name, arch, file) SA_IF_##arch({name, &sa_kernels_##id, runs_##id},)
+#include "isa_list.h"
+#undef SA_ISA
+};
+#define N_ISAS ((int)(sizeof all_isas / sizeof all_isas[0]))
 
 static _Atomic(const sa_kernels *) active = NULL;
 
 static const sa_kernels *best_kernels(void)
 {
-    for (int i = N_KERNELS - 1; i > 0; i--)
-        if (cpu_runs(all_kernels[i]))
-            return all_kernels[i];
-    return &sa_kernels_portable;
+    for (int i = N_ISAS - 1; i > 0; i--)
+        if (all_isas[i].runs())
+            return all_isas[i].table;
+    return all_isas[0].table;
 }
 
 const sa_kernels *sa_active_kernels(void)
@@ -86,36 +93,43 @@ const sa_kernels *sa_active_kernels(void)
     return k;
 }
 
-const char *sa_isa_name(void) { return sa_active_kernels()->name; }
+const char *sa_isa_name(void)
+{
+    const sa_kernels *k = sa_active_kernels();
+    for (int i = 0; i < N_ISAS; i++)
+        if (all_isas[i].table == k)
+            return all_isas[i].name;
+    return "unknown";
+}
 
-int sa_isa_count(void) { return N_KERNELS; }
+int sa_isa_count(void) { return N_ISAS; }
 
 const char *sa_isa_name_at(int index)
 {
-    return index >= 0 && index < N_KERNELS ? all_kernels[index]->name : NULL;
+    return index >= 0 && index < N_ISAS ? all_isas[index].name : NULL;
 }
 
-static const sa_kernels *find(const char *name)
+static const isa_entry *find(const char *name)
 {
     if (!name)
         return NULL;
-    for (int i = 0; i < N_KERNELS; i++)
-        if (strcmp(all_kernels[i]->name, name) == 0)
-            return all_kernels[i];
+    for (int i = 0; i < N_ISAS; i++)
+        if (strcmp(all_isas[i].name, name) == 0)
+            return &all_isas[i];
     return NULL;
 }
 
 int sa_isa_available(const char *name)
 {
-    const sa_kernels *k = find(name);
-    return k != NULL && cpu_runs(k);
+    const isa_entry *e = find(name);
+    return e != NULL && e->runs();
 }
 
 int sa_set_isa(const char *name)
 {
-    const sa_kernels *k = find(name);
-    if (!k || !cpu_runs(k))
+    const isa_entry *e = find(name);
+    if (!e || !e->runs())
         return SA_ERR_ISA;
-    atomic_store(&active, k);
+    atomic_store(&active, e->table);
     return SA_OK;
 }

@@ -9,6 +9,11 @@
 #include <string.h>
 
 #include "attend.h"
+#include "bounds.h"
+#include "choose.h"
+#include "probe.h"
+#include "probe_rows.h"
+#include "rows.h"
 
 enum mode { PROBE_ONLY, SELECT_ONLY, ATTEND };
 
@@ -98,14 +103,15 @@ static int run(decode_ctx *c, int n_heads, int threads, const float *importance,
         return SA_ERR_NULL;
     if (importance && n_importance < c->seq_len)
         return SA_ERR_IMPORTANCE;
-    if (importance && sa_check_finite(importance, c->seq_len))
-        return SA_ERR_IMPORTANCE_NONFINITE;
+    if (importance && !sa_all_finite(importance, c->seq_len))
+        return SA_ERR_IMPORTANCE_VALUES;
 
     const int Hkv = k->n_kv_heads, G = n_heads / Hkv, D = k->head_dim;
     const int gs = k->dtype == SA_DTYPE_Q8 ? k->group_size : 1;
     const int NB = sa_ceil_div(c->seq_len, c->block_size);
     const int n_sel = c->params ? sa_min(c->params->k_blocks, NB) : NB;
-    const int max_tok = sa_min(n_sel * c->block_size, c->seq_len);
+    const int max_tok = (int)((int64_t)n_sel * c->block_size < c->seq_len
+                                  ? (int64_t)n_sel * c->block_size : c->seq_len);
     c->G = G;
     c->kern = sa_active_kernels();
 
@@ -118,13 +124,14 @@ static int run(decode_ctx *c, int n_heads, int threads, const float *importance,
     const int workers = sa_workers_for(Hkv, threads);
     const int probes = c->mode == PROBE_ONLY ||
                        (c->params && n_sel < NB && c->params->scoring == SA_SCORING_PROBE);
-    c->scratch = sa_scratch_array(
-        workers, G, D, gs, NB, n_sel,
-        probes ? sa_probe_tmp_floats(c->seq_len, c->block_size, c->n_probe) : 0,
-        c->mode == ATTEND ? max_tok : 1);
-    if (!c->scratch) {
+    const sa_scratch_sizes sizes = {
+        .G = G, .D = D, .group_size = gs, .NB = NB, .n_sel = n_sel,
+        .max_tok = c->mode == ATTEND ? max_tok : 1,
+        .probe_tmp_per_head =
+            probes ? sa_probe_tmp_floats(c->seq_len, c->block_size, c->n_probe) : 0};
+    if ((rc = sa_scratch_array(workers, &sizes, &c->scratch))) {
         free(reserve.blocks);
-        return SA_ERR_NOMEM;
+        return rc;
     }
     rc = sa_parallel_for(Hkv, workers, decode_item, c);
     sa_scratch_array_free(c->scratch, workers);

@@ -6,24 +6,41 @@
 #include "sparse_attn.h"
 
 /* Run fn(ctx, item, worker) for item in [0, n_items) on up to n_workers
- * threads.  Items are split into contiguous chunks, one per worker; worker 0
- * is the calling thread.  Returns SA_OK or the first failing status in item
- * order, so the status does not depend on the thread count either. */
+ * threads.  Items are claimed one at a time; worker 0 is the calling
+ * thread.  Returns SA_OK or the first failing status in item order, so the
+ * status does not depend on the thread count either. */
 typedef int (*sa_item_fn)(void *ctx, int item, int worker);
 int sa_parallel_for(int n_items, int n_workers, sa_item_fn fn, void *ctx);
 
 /* The number of workers a call will really use. */
 int sa_workers_for(int n_items, int threads);
 
-/* Checks shared by every entry point that reads K/V. */
+/* Checks shared by every entry point (common.c).  sa_check_query returns
+ * SA_ERR_Q_VALUES for q with NaN, Inf or magnitudes >= SA_VALUE_LIMIT. */
 int sa_check_kv(const sa_kv *kv);
 int sa_check_kv_pair(const sa_kv *k, const sa_kv *v);
-int sa_check_finite(const float *x, int64_t n);
+int sa_check_query(const float *q, int n_heads, const sa_kv *k, int64_t n_rows_q);
+int sa_check_select_params(const sa_select_params *p);
+/* 1 if every value is finite with magnitude < SA_VALUE_LIMIT, else 0. */
+int sa_values_ok(const float *x, int64_t n);
+/* 1 if every value is finite, else 0. */
+int sa_all_finite(const float *x, int64_t n);
 
 static inline int sa_min(int a, int b) { return a < b ? a : b; }
 static inline int sa_max(int a, int b) { return a > b ? a : b; }
 /* a >= 0, b > 0; no a + b - 1, which overflows for b near INT_MAX. */
 static inline int sa_ceil_div(int a, int b) { return a / b + (a % b != 0); }
+
+/* Rows [start, end) of block b of a context of seq_len rows.  The start of
+ * a block that exists is below seq_len; (b + 1) * bs may not fit an int
+ * (2^31 - 1 rows in blocks of 2^30), so the end is taken in 64 bits and
+ * clipped to seq_len. */
+static inline int sa_block_start(int b, int bs) { return (int)((int64_t)b * bs); }
+static inline int sa_block_end(int b, int bs, int seq_len)
+{
+    const int64_t e = ((int64_t)b + 1) * bs;
+    return e < seq_len ? (int)e : seq_len;
+}
 
 /* Row pointers into a KV tensor. */
 static inline const float *sa_kv_f32_row(const sa_kv *kv, int kh, int row)

@@ -1,6 +1,8 @@
 /*
  * The per-ISA kernel table.  Every ISA file (portable/, x86/, arm/) defines
- * one sa_kernels with these exact signatures.
+ * one sa_kernels with these exact signatures, named sa_kernels_<id> after
+ * its line in isa_list.h, with SA_DEFINE_KERNELS(<id>) from functions named
+ * <kernel>_<id>.
  *
  * The rule that makes sparse decode with every block chosen bitwise equal to
  * dense decode: the arithmetic for one (query head, token) pair must not
@@ -8,6 +10,9 @@
  * heads and tokens to share loads, but never let the batch change the order
  * of the operations that produce one head's score for one token, and V
  * accumulation adds tokens into `out` strictly in token order.
+ *
+ * Kernels do not prefetch: attend.c, which knows which rows are read next
+ * (the next chosen run, or the next stretch of a long run), owns that.
  *
  * Heads are passed as G pointers so a caller can hand any subset of a GQA
  * group to a kernel without copying outputs.
@@ -19,19 +24,20 @@
 #include <stdint.h>
 
 typedef struct sa_kernels {
-    const char *name;
-
     /* s[g][t] = dot(q[g], k[t * row_stride]) for t < n; q is G x D compact. */
     void (*scores_f32)(const float *q, int G, int D, const float *k,
                        ptrdiff_t row_stride, int n, float *const *s);
 
-    /* The q8 dot of SPEC §4: qq/qd are the G quantised query rows (D int8,
+    /* The q8 dot of spec §4: qq/qd are the G quantised query rows (D int8,
      * D/gs scales each), k/kd the key rows with strides in elements. */
     void (*scores_q8)(const int8_t *qq, const float *qd, int G, int D, int gs,
                       const int8_t *k, const float *kd, ptrdiff_t row_stride,
                       ptrdiff_t scale_stride, int n, float *const *s);
 
-    /* s[t] <- exp(scale * s[t] - scale * max(s)) for t < n; returns the sum. */
+    /* s[t] <- exp(scale * (s[t] - max(s))) for t < n; returns the sum (taken
+     * in double).  Subtracting before scaling cannot overflow for finite
+     * scores and any finite scale, and the maximum maps to exactly 1.  A
+     * NaN score makes the sum NaN (never a dropped token), on every ISA. */
     float (*softmax_exp)(float *s, int n, float scale);
 
     /* out[g][d] += p[g][t] * v[t][d], t ascending. */
@@ -43,7 +49,7 @@ typedef struct sa_kernels {
                             int gs, const int8_t *v, const float *vd,
                             ptrdiff_t row_stride, ptrdiff_t scale_stride, int n);
 
-    /* Quest's bound per block (SPEC §6) from the query split by sign:
+    /* Quest's bound per block (spec §6) from the query split by sign:
      * s[g][b] = sum over groups grp of sc[b][grp] * sum over i in grp of
      * (qn[g][i] * mn[b][i] + qp[g][i] * mx[b][i]), for n blocks whose rows
      * are block_stride elements apart (scale rows block_stride / gs apart).
@@ -54,23 +60,49 @@ typedef struct sa_kernels {
     void (*minmax_scores)(const float *qp, const float *qn, int G, int D, int gs,
                           const int8_t *mn, const int8_t *mx, const float *sc,
                           ptrdiff_t block_stride, int n, float *const *s);
+
+    /* The sum of the n_words 64-bit words at buf (8-byte aligned), read once
+     * front to back with the widest loads of the ISA: the bandwidth probe. */
+    uint64_t (*stream_sum)(const uint64_t *buf, size_t n_words);
 } sa_kernels;
 
-extern const sa_kernels sa_kernels_portable;
+/* In a file that defines SA_ISA_ID (a family body shared by several ISA
+ * files, like arm/neon_common.h): the name <kernel>_<SA_ISA_ID>. */
+#define SA_CAT_(a, b) a##_##b
+#define SA_CAT(a, b) SA_CAT_(a, b)
+#define SA_FN(kernel) SA_CAT(kernel, SA_ISA_ID)
+
+/* A table from the functions <kernel>_<id> of one ISA file. */
+#define SA_DEFINE_KERNELS(id)                                                        \
+    const sa_kernels sa_kernels_##id = {                                             \
+        .scores_f32 = scores_f32_##id, .scores_q8 = scores_q8_##id,                   \
+        .softmax_exp = softmax_exp_##id, .accumulate_v_f32 = accumulate_v_f32_##id,   \
+        .accumulate_v_q8 = accumulate_v_q8_##id, .minmax_scores = minmax_scores_##id, \
+        .stream_sum = stream_sum_##id,                                                \
+    }
+
+/* Which architectures this build targets: SA_IF_<arch>(x) is x or nothing. */
+#define SA_IF_ANY(...) __VA_ARGS__
 #if defined(__x86_64__) || defined(_M_X64)
-extern const sa_kernels sa_kernels_avx2;
-extern const sa_kernels sa_kernels_avx512_vnni;
+#define SA_IF_X86_64(...) __VA_ARGS__
+#else
+#define SA_IF_X86_64(...)
 #endif
 #if defined(__aarch64__)
-extern const sa_kernels sa_kernels_neon;
-extern const sa_kernels sa_kernels_neon_dotprod;
+#define SA_IF_AARCH64(...) __VA_ARGS__
+#else
+#define SA_IF_AARCH64(...)
 #endif
+
+#define SA_ISA(id, name, arch, file) SA_IF_##arch(extern const sa_kernels sa_kernels_##id;)
+#include "isa_list.h"
+#undef SA_ISA
 
 /* The table in use; read once per call so a concurrent sa_set_isa never mixes
  * two ISAs inside one call. */
 const sa_kernels *sa_active_kernels(void);
 
-/* Quantise one row (SPEC §4); shared by the cache writer and the query path. */
+/* Quantise one row (spec §4); shared by the cache writer and the query path. */
 void sa_quantize_row(const float *x, int dim, int gs, int8_t *q, float *scales);
 
 #endif

@@ -5,9 +5,8 @@
  * KV head times the tile's rows are scored against the keys the last row of
  * the tile sees in one kernel call, so every K and V row loaded serves them
  * all.  Each row keeps only its causal part: its softmax runs over its own
- * keys and the weights of the few keys beyond it are zero, which V
- * accumulation adds as nothing.  A row's arithmetic is therefore that of
- * dense decode at seq_len = position + 1, bit for bit.
+ * keys and V accumulation adds exactly those keys.  A row's arithmetic is
+ * therefore that of dense decode at seq_len = position + 1, bit for bit.
  *
  * Work items are (KV head, slice of query rows), PREFILL_SLICES slices of
  * about equal causal cost per KV head, so that models with few KV heads
@@ -16,11 +15,12 @@
  * added in a fixed order afterwards, so it does not depend on the thread
  * count.
  */
+#include <limits.h>
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
 
-#include "attend.h"
+#include "rows.h"
 
 #define PREFILL_TILE 8
 #define PREFILL_SLICES 4
@@ -68,7 +68,8 @@ static int prefill_item(void *arg, int item, int worker)
     memset(imp, 0, (size_t)S * sizeof(double));
 
     const int t_end = c->slice_rows[slice + 1];
-    for (int t0 = c->slice_rows[slice]; t0 < t_end; t0 += PREFILL_TILE) {
+    for (int64_t t64 = c->slice_rows[slice]; t64 < t_end; t64 += PREFILL_TILE) {
+        const int t0 = (int)t64;
         const int rows = sa_min(PREFILL_TILE, t_end - t0);
         const int m = rows * G;                     /* query vectors in this tile */
         const int n_tile = c->start + t0 + rows;    /* keys the last row sees */
@@ -96,12 +97,26 @@ static int prefill_item(void *arg, int item, int worker)
             const int n = c->start + t0 + r + 1;
             float *p = s->sp[i];
             s->z[i] = c->kern->softmax_exp(p, n, c->scale);
-            memset(p + n, 0, (size_t)(n_tile - n) * sizeof(float));
             s->pp[i] = p;
             s->op[i] = c->out + ((ptrdiff_t)h * T + t0 + r) * D;
             memset(s->op[i], 0, (size_t)D * sizeof(float));
         }
-        sa_accumulate_rows(c->kern, s, c->v, kh, m, 0, n_tile);
+        /* Each row adds exactly its causal keys, in key order: all rows the
+         * keys of the tile's first row, then key n0 + r - 1 for the rows from
+         * r on (vectors r*G .. m-1).  Never a zero weight times a key beyond
+         * the row: 0 * NaN is NaN. */
+        const int n0 = c->start + t0 + 1;
+        sa_accumulate_rows(c->kern, s, c->v, kh, m, 0, n0);
+        for (int r = 1; r < rows; r++) {
+            const int key = n0 + r - 1, first = r * G;
+            s->op += first, s->pp += first;
+            for (int j = 0; j < m - first; j++)
+                s->pp[j] += key;
+            sa_accumulate_rows(c->kern, s, c->v, kh, m - first, key, 1);
+            for (int j = 0; j < m - first; j++)
+                s->pp[j] -= key;
+            s->op -= first, s->pp -= first;
+        }
 
         for (int i = 0; i < m; i++) {
             const int n = c->start + t0 + i / G + 1;
@@ -141,10 +156,15 @@ int sa_prefill(const float *q, int n_heads, int T, const sa_kv *k, const sa_kv *
     slice_rows(start, T, c.slice_rows);
     c.imp = malloc((size_t)items * S * sizeof(double));
     c.qrows = malloc((size_t)workers * PREFILL_TILE * G * D * sizeof(float));
-    c.scratch = sa_scratch_array(workers, PREFILL_TILE * G, D, gs, 1, 1, 0, S);
-    if (!c.imp || !c.qrows || !c.scratch) {
+    const sa_scratch_sizes sizes = {.G = PREFILL_TILE * G, .D = D, .group_size = gs, .NB = 1,
+                                     .n_sel = 1, .max_tok = S, .probe_tmp_per_head = 0};
+    if (G > INT_MAX / PREFILL_TILE)
+        rc = SA_ERR_SIZE;
+    else if (!c.imp || !c.qrows)
         rc = SA_ERR_NOMEM;
-    } else {
+    else
+        rc = sa_scratch_array(workers, &sizes, &c.scratch);
+    if (rc == SA_OK) {
         rc = sa_parallel_for(items, workers, prefill_item, &c);
         if (rc == SA_OK) {
             for (int j = 0; j < S; j++) {

@@ -15,8 +15,9 @@
  * branches dominated a decode step's fixed cost): after the clamp,
  * t = (int)v truncates and v - t is exact (|v| <= 127), so comparing the
  * fraction with +-0.5 rounds exactly as roundf does (checked against roundf
- * for every float of magnitude < 200).  NaN, which the API rejects before
- * quantising, clamps to -127 rather than reaching an undefined conversion. */
+ * for every float of magnitude < 200).  NaN, which every caller rejects
+ * before quantising, clamps to -127 rather than reaching an undefined
+ * conversion. */
 static inline int8_t round_q8(float v)
 {
     v = v > -127.0f ? v : -127.0f;
@@ -107,76 +108,10 @@ int sa_quantize_q8(const float *x, int64_t n_rows, int dim, int group_size,
         return SA_ERR_SHAPE;
     if (dim % group_size)
         return SA_ERR_GROUP;
+    if (!sa_values_ok(x, n_rows * dim))
+        return SA_ERR_VALUES;
     const int ng = dim / group_size;
     for (int64_t r = 0; r < n_rows; r++)
         sa_quantize_row(x + r * dim, dim, group_size, q + r * dim, scales + r * ng);
-    return SA_OK;
-}
-
-int sa_kv_write(const sa_kv *dst, int at, const float *src, int T)
-{
-    int rc = sa_check_kv(dst);
-    if (rc)
-        return rc;
-    if (!src)
-        return SA_ERR_NULL;
-    if (T < 0 || at < 0 || (int64_t)at + T > dst->n_rows)
-        return SA_ERR_SEQ_LEN;
-    const int D = dst->head_dim;
-    rc = sa_check_finite(src, (int64_t)dst->n_kv_heads * T * D);
-    if (rc)
-        return rc;
-    for (int kh = 0; kh < dst->n_kv_heads; kh++) {
-        const float *in = src + (ptrdiff_t)kh * T * D;
-        if (dst->dtype == SA_DTYPE_F32) {
-            /* The pointer is const in sa_kv because kernels only read; the
-             * cache owns this memory and hands it over writable. */
-            float *out = (float *)sa_kv_f32_row(dst, kh, at);
-            memcpy(out, in, (size_t)T * D * sizeof(float));
-        } else {
-            int8_t *out = (int8_t *)sa_kv_q8_row(dst, kh, at);
-            float *sc = (float *)sa_kv_scale_row(dst, kh, at);
-            sa_quantize_q8(in, T, D, dst->group_size, out, sc);
-        }
-    }
-    return SA_OK;
-}
-
-int sa_kernel_q8_dot(const int8_t *q, const float *q_scales, int dim, int group_size,
-                     const int8_t *rows, const float *row_scales, int n, float *out)
-{
-    if (!q || !q_scales || !rows || !row_scales || !out)
-        return SA_ERR_NULL;
-    if (dim < 1 || group_size < 1 || n < 0)
-        return SA_ERR_SHAPE;
-    if (dim % group_size)
-        return SA_ERR_GROUP;
-    if (n == 0)
-        return SA_OK;
-    float *s[1] = {out};
-    sa_active_kernels()->scores_q8(q, q_scales, 1, dim, group_size, rows, row_scales,
-                                   dim, dim / group_size, n, s);
-    return SA_OK;
-}
-
-int sa_kernel_accumulate_v(const float *p, const sa_kv *v, int n, float *out)
-{
-    int rc = sa_check_kv(v);
-    if (rc)
-        return rc;
-    if (!p || !out)
-        return SA_ERR_NULL;
-    if (n < 0 || n > v->n_rows)
-        return SA_ERR_SEQ_LEN;
-    if (n == 0)
-        return SA_OK;
-    const sa_kernels *kern = sa_active_kernels();
-    float *o[1] = {out};
-    const float *pp[1] = {p};
-    if (v->dtype == SA_DTYPE_F32)
-        kern->accumulate_v_f32(o, pp, 1, v->head_dim, v->f32, v->head_dim, n);
-    else
-        kern->accumulate_v_q8(o, pp, 1, v->head_dim, v->group_size, v->q8, v->scales,
-                              v->head_dim, v->head_dim / v->group_size, n);
     return SA_OK;
 }

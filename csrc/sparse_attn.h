@@ -6,12 +6,23 @@
  * scratch state between calls: the functions are reentrant and run with the
  * GIL released.
  *
- * Layouts (SPEC §1):
+ * Layouts (docs/spec.md §1):
  *   q (decode)   float32 [n_heads, head_dim]
  *   q (prefill)  float32 [n_heads, T, head_dim]
  *   K, V         sa_kv: [n_kv_heads, head_stride rows, head_dim], rows contiguous;
- *                head_stride >= the number of valid rows (the rest is capacity)
+ *                head_stride >= the number of readable rows (the rest is capacity)
  *   importance   float32 [>= seq_len]
+ *
+ * Sizes are C ints (at most 2^31 - 1 rows, heads, channels); every row,
+ * element and byte offset computed from them is 64-bit, so any size that
+ * fits is served.  Values: the entry points scan the arrays they are given
+ * once per call (q, importance, the rows appended to a cache, the input of
+ * sa_quantize_q8) and refuse NaN, Inf and magnitudes of SA_VALUE_LIMIT or
+ * more before computing anything: below that limit no score, softmax
+ * weight or weighted sum can overflow float32 for any head_dim.  K and V
+ * given directly are not scanned (that would cost a read of the whole KV
+ * per call); a NaN in them makes the output of the heads that read it NaN,
+ * on every ISA.
  *
  * The block between the cdef markers is what build_ffi.py hands to cffi, so it
  * must stay plain declarations (no includes, no expressions in #defines).
@@ -35,15 +46,25 @@ enum sa_status {
     SA_ERR_NOMEM = 8,         /* scratch allocation failed */
     SA_ERR_THREAD = 9,        /* a worker thread could not be started */
     SA_ERR_ISA = 10,          /* unknown ISA name, or one this CPU cannot run */
-    SA_ERR_NONFINITE = 11,    /* NaN or Inf where finite values are required */
+    SA_ERR_VALUES = 11,       /* the input of sa_quantize_q8 holds NaN, Inf or
+                                 magnitudes >= SA_VALUE_LIMIT */
     SA_ERR_IMPORTANCE = 12,   /* importance shorter than seq_len */
     SA_ERR_SCALE = 13,        /* scale not finite or not > 0 */
     SA_ERR_BOUNDS = 14,       /* minmax bounds missing, or not made for this K,
                                  seq_len and block_size */
     SA_ERR_PROBE_ROWS = 15,   /* probe rows not made for this K, seq_len,
                                  block_size and n_probe */
-    SA_ERR_IMPORTANCE_NONFINITE = 16 /* importance[0, seq_len) holds NaN or Inf */
+    SA_ERR_IMPORTANCE_VALUES = 16, /* importance[0, seq_len) holds NaN or Inf */
+    SA_ERR_Q_VALUES = 17,     /* q holds NaN, Inf or magnitudes >= SA_VALUE_LIMIT */
+    SA_ERR_K_VALUES = 18,     /* the K rows appended hold NaN, Inf or magnitudes
+                                 >= SA_VALUE_LIMIT */
+    SA_ERR_V_VALUES = 19,     /* the V rows appended likewise */
+    SA_ERR_SIZE = 20          /* sizes whose scratch would not fit size_t */
 };
+
+/* SA_VALUE_LIMIT = 2^48: |q|, |k| < 2^48 keep any dot over < 2^31 channels
+ * below 2^127, and |v| < 2^48 any weighted sum of < 2^31 rows. */
+#define SA_VALUE_LIMIT_LOG2 48
 
 enum sa_dtype { SA_DTYPE_F32 = 0, SA_DTYPE_Q8 = 1 };
 enum sa_share { SA_SHARE_HEAD = 0, SA_SHARE_GROUP = 1 };
@@ -57,59 +78,51 @@ typedef struct sa_kv {
     int head_stride;          /* rows between the starts of two KV heads */
     int n_rows;               /* rows that may be read per head (<= head_stride) */
     int head_dim;
-    int group_size;           /* q8 only */
+    int group_size;           /* q8 only: channels sharing one scale */
     const float *f32;
     const int8_t *q8;
     const float *scales;
 } sa_kv;
 
-/* Per-block, per-channel key bounds for scoring="minmax" (SPEC §6, Quest):
+/* Per-block, per-channel key bounds for scoring="minmax" (spec §6, Quest):
  * for block b of KV head kh and channel i, mn/mx hold int8 values that,
- * times the group's scale, bound K[kh, t, i] from below/above over the
- * block's valid rows (rounded outwards, so the bound stays a true bound).
+ * times the scale of the channel's scale group, bound K[kh, t, i] from
+ * below/above over the block's valid rows (rounded outwards, so the bound
+ * stays a true bound).
  *   mn, mx  int8  [n_kv_heads, head_stride, head_dim]
- *   scales  float [n_kv_heads, head_stride, head_dim / group_size]
- * head_stride is in blocks; n_rows is the number of K rows the bounds were
+ *   scales  float [n_kv_heads, head_stride, head_dim / scale_group]
+ * head_stride is in blocks; k_rows is the number of K rows the bounds were
  * computed over (the last block may be partial). */
 typedef struct sa_bounds {
     int n_kv_heads;
     int head_dim;
     int block_size;
-    int group_size;
+    int scale_group;          /* channels sharing one bound scale */
     int head_stride;
-    int n_rows;
+    int k_rows;
     int8_t *mn;
     int8_t *mx;
     float *scales;
 } sa_bounds;
 
-/* The probe's sampled K rows (SPEC §2.2), copied out of K block by block so
+/* The probe's sampled K rows (spec §2.2), copied out of K block by block so
  * that the probe reads them front to back instead of picking every step-th
  * row out of K (which the hardware prefetchers turn into a read of all of
  * K).  For block_size BS and n_probe P, step = max(1, BS / P) and each full
  * block b keeps cnt = ceil(BS / step) rows: K rows b*BS + j*step, j < cnt,
  * at copy rows b*cnt + j.  The last, partial block of a context is probed
- * from K itself (its step differs).  Same dtype, row layout and q8 group as
- * K; head_stride is in copy rows; n_rows is the number of K rows the copies
- * are current for (rows of K beyond it may have changed).
- *   f32     float [n_kv_heads, head_stride, head_dim]        (float32 K)
- *   q8      int8  [n_kv_heads, head_stride, head_dim]        (q8 K)
- *   scales  float [n_kv_heads, head_stride, head_dim / group_size] */
+ * from K itself (its step differs).  `rows` is a tensor of K's dtype, row
+ * layout and q8 group whose n_rows is the copy rows allocated per head;
+ * k_rows is the number of K rows the copies are current for (rows of K
+ * beyond it may have changed). */
 typedef struct sa_probe_rows {
-    int dtype;
-    int n_kv_heads;
-    int head_dim;
-    int group_size;           /* q8 only */
+    sa_kv rows;
     int block_size;
     int n_probe;
-    int head_stride;
-    int n_rows;
-    float *f32;
-    int8_t *q8;
-    float *scales;
+    int k_rows;
 } sa_probe_rows;
 
-/* Block selection (SPEC §2 and §6).  The seed's rule is block_size 32,
+/* Block selection (spec §2 and §6).  The seed's rule is block_size 32,
  * k_blocks 32, n_probe 8, recency 1, importance_blocks (k_blocks+1)/2,
  * sink_blocks 0, share SA_SHARE_HEAD. */
 typedef struct sa_select_params {
@@ -142,7 +155,8 @@ int sa_isa_available(const char *name);
 int sa_isa_count(void);
 const char *sa_isa_name_at(int index);
 
-/* SPEC §4: quantise n_rows rows of dim floats, group by group. */
+/* Spec §4: quantise n_rows rows of dim floats, group by group.  Refuses
+ * (SA_ERR_VALUES) input with NaN, Inf or magnitudes >= SA_VALUE_LIMIT. */
 int sa_quantize_q8(const float *x, int64_t n_rows, int dim, int group_size,
                    int8_t *q, float *scales);
 
@@ -172,20 +186,27 @@ int sa_dense_decode(const float *q, int n_heads, const sa_kv *k, const sa_kv *v,
 int sa_prefill(const float *q, int n_heads, int T, const sa_kv *k, const sa_kv *v,
                int start, float scale, float *out, float *importance, int threads);
 
-/* Write rows [at, at+T) of every KV head of a cache tensor from new[n_kv_heads,
- * T, head_dim], quantising when the cache is q8.  Rejects non-finite input
- * before writing anything. */
-int sa_kv_write(const sa_kv *dst, int at, const float *src, int T);
+/* Append T tokens to a cache: rows [at, at+T) of every KV head of k and v
+ * from k_new / v_new [n_kv_heads, T, head_dim] (quantised when the cache is
+ * q8), then the bounds (if not NULL) of every block those rows touch and
+ * the probe-row copies (if not NULL) of the new rows; bounds->k_rows and
+ * probe_rows->k_rows become at + T.  Both inputs are scanned before
+ * anything is written (SA_ERR_K_VALUES / SA_ERR_V_VALUES), and nothing here
+ * allocates, so a refused call leaves every buffer as it was.  The bounds
+ * must be current for `at` rows and the copies must cover them. */
+int sa_kv_append(const sa_kv *k, const sa_kv *v, int at, const float *k_new,
+                 const float *v_new, int T, sa_bounds *bounds, sa_probe_rows *probe_rows);
 
 /* Recompute the bounds of every block that holds a row in [from_row, to_row)
- * from K's rows [block start, to_row), and set b->n_rows = to_row.  A cache
- * calls it after each append; from_row = 0 computes bounds from scratch. */
+ * from K's rows [block start, to_row), and set b->k_rows = to_row.
+ * from_row = 0 computes bounds from scratch; a cache that drops rows
+ * recomputes its new partial last block. */
 int sa_bounds_update(const sa_kv *k, int from_row, int to_row, sa_bounds *b);
 
 /* Copy into p the sampled rows of [from_row, to_row) (those of blocks that
- * fit in p's head_stride) and set p->n_rows = to_row.  from_row must not be
- * beyond p->n_rows (the copies would have a gap).  A cache calls it after
- * each append; from_row = 0 builds the copies from scratch. */
+ * fit in p's rows) and set p->k_rows = to_row.  from_row must not be
+ * beyond p->k_rows (the copies would have a gap).  from_row = 0 builds the
+ * copies from scratch. */
 int sa_probe_rows_update(const sa_kv *k, int from_row, int to_row, sa_probe_rows *p);
 
 /* The design card's kernels on their own, for microbenchmarks:
@@ -195,10 +216,14 @@ int sa_kernel_q8_dot(const int8_t *q, const float *q_scales, int dim, int group_
                      const int8_t *rows, const float *row_scales, int n, float *out);
 int sa_kernel_accumulate_v(const float *p, const sa_kv *v, int n, float *out);
 
-/* The benchmark's bandwidth probe: read n_bytes of buf once, split over up to
- * `threads` threads (at most 64); *checksum receives the sum of its 64-bit
- * words so the reads happen. */
+/* The benchmark's bandwidth probe: read n_bytes of buf (8-byte aligned)
+ * once with the widest loads the active ISA has, split over up to `threads`
+ * threads (at most 64) in contiguous parts; *checksum receives the sum of
+ * its 64-bit words (and of the bytes after the last whole word), the same
+ * on every ISA, so the reads happen. */
 int sa_stream_read(const void *buf, int64_t n_bytes, int threads, uint64_t *checksum);
 /* cdef-end */
+
+#define SA_VALUE_LIMIT 281474976710656.0f /* 2^SA_VALUE_LIMIT_LOG2 */
 
 #endif

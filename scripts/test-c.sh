@@ -42,23 +42,26 @@ case "${1:-}" in
 esac
 mkdir -p "$build"
 
-# The whole core, plus the ISA files of the target architecture (cpu_features.c
-# references every table of that architecture).
-core=("$repo"/csrc/*.c "$repo"/csrc/portable/*.c)
-isa_sources() {  # arch -> prints the ISA files to add
-    local dir files=() f
+# The whole core, plus the kernel files csrc/isa_list.h lists for the target
+# architecture (cpu_features.c references every table of that architecture).
+core=("$repo"/csrc/*.c)
+isa_sources() {  # arch (x86_64, aarch64 or other) -> prints the kernel files
+    local want line arch file
     case "$1" in
-        x86_64) dir=x86; files=(kernels_avx2.c kernels_avx512_vnni.c) ;;
-        aarch64) dir=arm; files=(kernels_neon.c kernels_neon_dotprod.c) ;;
-        *) return 0 ;;  # portable only
+        x86_64) want=X86_64 ;;
+        aarch64) want=AARCH64 ;;
+        *) want=none ;;
     esac
-    for f in "${files[@]}"; do
-        if [[ ! -f "$repo/csrc/$dir/$f" ]]; then
-            echo "test-c.sh: csrc/$dir/$f is missing" >&2
+    while IFS= read -r line; do
+        [[ $line =~ ^SA_ISA\(([a-z0-9_]+),\ \"[^\"]+\",\ ([A-Z0-9_]+),\ \"([^\"]+)\"\)$ ]] || continue
+        arch="${BASH_REMATCH[2]}" file="${BASH_REMATCH[3]}"
+        [[ $arch == ANY || $arch == "$want" ]] || continue
+        if [[ ! -f "$repo/csrc/$file" ]]; then
+            echo "test-c.sh: csrc/$file (csrc/isa_list.h) is missing" >&2
             return 1
         fi
-        echo "$repo/csrc/$dir/$f"
-    done
+        echo "$repo/csrc/$file"
+    done <"$repo/csrc/isa_list.h"
 }
 common=(-std=gnu11 -Wall -Wextra -I"$repo/csrc" -pthread)
 harness="$repo/tests/c/test_kernels.c"
@@ -128,6 +131,10 @@ if [[ $mode == avx512-emulated ]]; then
     # instead of silently testing something else.
     src="$repo/csrc/x86/kernels_avx512_vnni.c"
     emu="$build/kernels_avx512_vnni_emulated.c"
+    others=()   # every x86-64 kernel file but the one emulated
+    while IFS= read -r f; do
+        [[ $f == "$src" ]] || others+=("$f")
+    done < <(isa_sources x86_64)
     for pattern in '^#pragma GCC target(' '^#include <immintrin\.h>' '^#include "\.\./kernels\.h"'; do
         hits=$(grep -c -- "$pattern" "$src" || true)
         if [[ $hits != 1 ]]; then
@@ -148,7 +155,7 @@ if [[ $mode == avx512-emulated ]]; then
     "$cc" "${common[@]}" -O1 -g -fno-omit-frame-pointer -Wno-psabi \
         -fsanitize=address,undefined -fno-sanitize-recover=all \
         -DSA_TEST_EMULATED_AVX512 -I"$repo/tests/c" "${simde_flags[@]}" \
-        "${core[@]}" "$repo/csrc/x86/kernels_avx2.c" "$emu" "$harness" -o "$exe" -lm
+        "${core[@]}" "${others[@]}" "$emu" "$harness" -o "$exe" -lm
     status=0
     ASAN_OPTIONS="${ASAN_OPTIONS:-detect_leaks=1}" \
     UBSAN_OPTIONS="${UBSAN_OPTIONS:-print_stacktrace=1:halt_on_error=1}" \

@@ -1,21 +1,24 @@
 """sparse_attn: block-sparse top-k attention for long-context decoding.
 
 The KV is split into blocks (32 tokens by default); a cheap probe scores
-every block, the best ``k_blocks`` are chosen by the rules of SPEC §2, and
-exact softmax attention runs over those blocks only, on a float32 or int8
-(q8) KV cache.  The C core picks its kernels (portable, AVX2, AVX-512 VNNI,
-NEON, NEON dotprod) at import from what the CPU reports;
+every block, the best ``k_blocks`` are chosen by the rules of docs/spec.md
+§2, and exact softmax attention runs over those blocks only, on a float32 or
+int8 (q8) KV cache.  The C core picks its kernels (portable, AVX2, AVX-512
+VNNI, NEON, NEON dotprod) at import from what the CPU reports;
 ``SPARSE_ATTN_ISA=<name>`` forces a lower one.
 """
 import os as _os
 
-from ._api import (POLICIES, Q8, BlockBounds, ProbeRows, accumulate_v, available_isas,
-                   block_bounds, built_isas, dense_decode, isa, prefill, probe_rows,
-                   probe_scores, q8_dot, quantize_q8, select_blocks, set_isa, sparse_decode)
 from ._checks import ArgumentError, ArgumentTypeError, KernelError, SparseAttnError
+from .attention import (accumulate_v, dense_decode, prefill, probe_scores, q8_dot,
+                        select_blocks, sparse_decode)
 from .cache import KVCache
+from .isa import available_isas, built_isas, isa, set_isa
+from .metadata import BlockBounds, ProbeRows, block_bounds, probe_rows
+from .q8 import Q8, quantize_q8
+from .selection import POLICIES
 
-__version__ = "0.1.0"
+__version__ = "0.2.0"
 
 __all__ = [
     "POLICIES", "Q8", "KVCache", "BlockBounds", "quantize_q8", "probe_scores", "select_blocks",

@@ -1,11 +1,17 @@
-"""Argument validation: every check runs before any C code, and every message
-names the argument and shows what was expected and what came."""
+"""Argument validation: types, shapes, layouts and ranges, checked before any
+C code runs; every message names the argument and shows what was expected
+and what came.  The O(n) scans of values (NaN, Inf, magnitudes) are not
+here: the C core makes them once per call, first thing, and _ffi turns its
+status into the same kind of error."""
 import functools
 import math
 import numbers
 import os
 
 import numpy as np
+
+# The C core takes sizes and counts as C ints.
+INT_MAX = 2**31 - 1
 
 
 class SparseAttnError(Exception):
@@ -24,8 +30,10 @@ class KernelError(SparseAttnError, RuntimeError):
     """The C core reported a failure the Python checks did not foresee."""
 
 
-def check_int(name, value, *, minimum=None, maximum=None):
-    if type(value) is not int and (isinstance(value, bool) or
+def check_int(name, value, *, minimum=None, maximum=INT_MAX):
+    """An int (numpy integers too, never a bool) in [minimum, maximum]; the
+    default maximum is what a C int holds."""
+    if type(value) is not int and (isinstance(value, (bool, np.bool_)) or
                                    not isinstance(value, numbers.Integral)):
         raise ArgumentTypeError(f"{name} must be an int, got {type(value).__name__}")
     value = int(value)
@@ -43,7 +51,7 @@ def check_bool(name, value):
 
 
 def check_float(name, value, *, minimum=None, maximum=None, positive=False):
-    if type(value) not in (float, int) and (isinstance(value, bool) or
+    if type(value) not in (float, int) and (isinstance(value, (bool, np.bool_)) or
                                             not isinstance(value, numbers.Real)):
         raise ArgumentTypeError(f"{name} must be a real number, got {type(value).__name__}")
     value = float(value)
@@ -58,18 +66,52 @@ def check_float(name, value, *, minimum=None, maximum=None, positive=False):
     return value
 
 
-def check_array(name, a, *, dtype, ndim=None, contiguous=True, finite=False):
-    """A numpy array of exactly `dtype` (no silent casts), aligned, and by
-    default C-contiguous."""
+def check_float32(name, value):
+    """A real number > 0 that stays finite and > 0 as the float32 the kernels
+    compute with (1e300 would be Inf, 1e-300 zero)."""
+    value = check_float(name, value, positive=True)
+    with np.errstate(over="ignore"):
+        as32 = np.float32(value) if value <= 3.5e38 else np.float32(np.inf)
+    if not (np.isfinite(as32) and as32 > 0):
+        raise ArgumentError(f"{name} must be a float32 number: finite and > 0 as float32 "
+                            f"(between {np.finfo(np.float32).tiny:.3g} and "
+                            f"{np.finfo(np.float32).max:.3g}), got {value!r}")
+    return float(as32)
+
+
+def check_choice(name, value, choices):
+    """One of the strings in `choices` (anything else, unhashable values
+    included, gets a message naming the argument)."""
+    if not isinstance(value, str) or value not in choices:
+        raise ArgumentError(f"{name} must be one of {sorted(choices)}, got {value!r}")
+    return value
+
+
+def _check_ndarray(name, a, dtype, ndim, allow_empty=False):
+    dtype = np.dtype(dtype)
     if not isinstance(a, np.ndarray):
         raise ArgumentTypeError(
-            f"{name} must be a numpy.ndarray of {np.dtype(dtype).name}, got {type(a).__name__}")
+            f"{name} must be a numpy.ndarray of {dtype.name}, got {type(a).__name__}")
     if a.dtype != dtype:
+        if a.dtype.kind == dtype.kind and a.dtype.itemsize == dtype.itemsize:
+            raise ArgumentTypeError(
+                f"{name} must be native-endian {dtype.name}, got {a.dtype.str}"
+                f" (convert with {name}.astype(numpy.{dtype.name}))")
         raise ArgumentTypeError(
-            f"{name} must have dtype {np.dtype(dtype).name}, got {a.dtype.name}"
-            f" (convert with {name}.astype(numpy.{np.dtype(dtype).name}))")
+            f"{name} must have dtype {dtype.name}, got {a.dtype.name}"
+            f" (convert with {name}.astype(numpy.{dtype.name}))")
     if ndim is not None and a.ndim != ndim:
         raise ArgumentError(f"{name} must have {ndim} dimensions, got shape {a.shape}")
+    if 0 in a.shape and not allow_empty:
+        raise ArgumentError(f"{name} is empty: axis {a.shape.index(0)} of its shape "
+                            f"{a.shape} has length 0")
+
+
+def check_array(name, a, *, dtype, ndim=None, contiguous=True):
+    """A numpy array of exactly `dtype` (native byte order, no silent
+    casts), non-empty, aligned, and by default C-contiguous: for arrays the
+    kernels read in place (K, V) or write (outputs)."""
+    _check_ndarray(name, a, dtype, ndim)
     if contiguous and not a.flags.c_contiguous:
         raise ArgumentError(
             f"{name} must be C-contiguous (use numpy.ascontiguousarray({name}))")
@@ -77,8 +119,29 @@ def check_array(name, a, *, dtype, ndim=None, contiguous=True, finite=False):
         raise ArgumentError(
             f"{name} is misaligned: its data address is not a multiple of "
             f"{a.dtype.alignment} bytes (copy it with {name}.copy())")
-    if finite and not np.isfinite(a).all():
-        raise ArgumentError(f"{name} holds NaN or Inf values")
+    return a
+
+
+def as_array(name, a, *, dtype, ndim=None, allow_empty=False):
+    """Like check_array, for small inputs a call copies anyway or can afford
+    to (q, importance, appended rows): any strides, any alignment; returns
+    a C-contiguous aligned array (the same one when it already is)."""
+    _check_ndarray(name, a, dtype, ndim, allow_empty)
+    if a.flags.c_contiguous and a.flags.aligned:
+        return a
+    return np.ascontiguousarray(a)
+
+
+def check_output(name, a, *, dtype, shape):
+    """An output array the kernels write: dtype, shape, C-contiguous and
+    writable (a read-only memmap or a view of bytes is refused, not
+    written through)."""
+    check_array(name, a, dtype=dtype)
+    if a.shape != tuple(shape):
+        raise ArgumentError(f"{name} must have shape {tuple(shape)}, got {a.shape}")
+    if not a.flags.writeable:
+        raise ArgumentError(f"{name} is read-only (flags.writeable is False): pass a "
+                            f"writable array")
     return a
 
 
@@ -90,8 +153,8 @@ def default_threads():
         except ValueError:
             raise ArgumentError(
                 f"SPARSE_ATTN_NUM_THREADS must be a positive integer, got {env!r}") from None
-        if n < 1:
-            raise ArgumentError(f"SPARSE_ATTN_NUM_THREADS must be >= 1, got {n}")
+        if not 1 <= n <= INT_MAX:
+            raise ArgumentError(f"SPARSE_ATTN_NUM_THREADS must be in [1, {INT_MAX}], got {n}")
         return n
     return _usable_cores()
 
@@ -109,20 +172,3 @@ def check_threads(threads):
     if threads is None:
         return default_threads()
     return check_int("threads", threads, minimum=1)
-
-
-def importance_blocks(importance_fraction, k_blocks):
-    """The importance reserve of SPEC §6: ceil(importance_fraction * k_blocks),
-    with the product rounded to 9 decimals first so that 0.3 * 10 reserves 3
-    blocks, not 4."""
-    return int(math.ceil(round(importance_fraction * k_blocks, 9)))
-
-
-def check_n_probe(n_probe, block_size):
-    """n_probe as the int the C core takes: an int >= 1, or "all" (every row
-    of a block: block_size)."""
-    if n_probe == "all":
-        return block_size
-    if isinstance(n_probe, str):
-        raise ArgumentError(f"n_probe must be an int >= 1 or 'all', got {n_probe!r}")
-    return check_int("n_probe", n_probe, minimum=1)

@@ -23,8 +23,10 @@ import time
 import numpy as np
 
 import sparse_attn as sa
-from sparse_attn import _api
-from sparse_attn._core import ffi, lib
+from sparse_attn._ffi import ffi, lib
+from sparse_attn.isa import default_threads
+from sparse_attn.metadata import default_scale_group
+from sparse_attn.selection import parse_policy, selection
 from sparse_attn.synthetic import needle_context
 
 QWEN3_VL_2B = dict(n_layers=28, n_heads=16, n_kv_heads=8, head_dim=128)
@@ -139,7 +141,7 @@ def step_bytes(blocks, length, dtype, args, scoring="probe", n_probe=8):
         return 2 * args.kv_heads * length * row
     if scoring == "minmax":
         bgroup = args.group_size if dtype == "q8" else \
-            sa._api.default_bounds_group(None, args.head_dim)
+            default_scale_group(None, args.head_dim)
         bound_bytes = 2 * args.head_dim + 4 * (args.head_dim // bgroup)
         probe_cost = -(-length // args.block_size) * bound_bytes
     else:
@@ -160,8 +162,8 @@ def step_bytes(blocks, length, dtype, args, scoring="probe", n_probe=8):
 
 def cell_n_probe(kw, block_size):
     """The n_probe a sparse_decode call with these keywords uses, as an int."""
-    n = _api.resolve_policy(kw.get("policy", "seed"), n_probe=kw.get("n_probe"))["n_probe"]
-    return block_size if n == "all" else n
+    return selection(kw.get("policy", "seed"), block_size=block_size,
+                     n_probe=kw.get("n_probe")).n_probe
 
 
 # --------------------------------------------------------------------------- the table
@@ -464,8 +466,10 @@ def parse_args(argv):
     except ValueError:
         ap.error("--lengths takes integers and --configs 'dense' or integers >= 1")
     args.dtypes = [d.strip() for d in args.dtypes.split(",")]
-    from sparse_attn.eval import parse_policy
-    args.policies = [parse_policy(p.strip()) for p in args.policies.split(";") if p.strip()]
+    try:
+        args.policies = [parse_policy(p) for p in args.policies.split(";") if p.strip()]
+    except sa.ArgumentError as exc:
+        ap.error(f"--policies: {exc}")
     if not set(args.dtypes) <= {"q8", "float32"}:
         ap.error("--dtypes takes q8 and/or float32")
     if min(args.lengths) < 4 * args.block_size:
@@ -475,7 +479,7 @@ def parse_args(argv):
         if getattr(args, name) is not None and getattr(args, name) < 1:
             ap.error(f"--{name.replace('_', '-')} must be >= 1")
     if args.threads is None:
-        args.threads = _api.ck.default_threads()
+        args.threads = default_threads()
     return args
 
 

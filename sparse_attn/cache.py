@@ -1,13 +1,70 @@
 """A growing per-layer KV cache in the layout the kernels read directly."""
+import threading
+
 import numpy as np
 
-from . import _api
 from . import _checks as ck
-from ._api import Q8, BlockBounds, ProbeRows
+from . import _ffi
 from ._checks import ArgumentError
-from ._core import lib
+from ._ffi import ffi, lib
+from ._operands import importance_array, kv_operand, query, scale_value
+from .attention import metadata_structs, prefill_call, sparse_call
+from .metadata import (BlockBounds, ProbeRows, block_bounds, bounds_struct, default_scale_group,
+                       empty_bounds, empty_probe_rows, probe_rows_struct)
+from .q8 import Q8
+from .selection import n_probe_value, selection
 
 DTYPES = ("q8", "float32")
+
+# Every allocation of a cache goes through this (tests inject failures here).
+_zeros = np.zeros
+
+# decode()'s importance default: the cache's record.
+_RECORDED = object()
+
+
+class _RWLock:
+    """Many readers or one writer; a waiting writer holds back new readers."""
+
+    def __init__(self):
+        self._cond = threading.Condition(threading.Lock())
+        self._readers = 0
+        self._writer = False
+        self._waiting = 0
+
+    def acquire_read(self):
+        with self._cond:
+            while self._writer or self._waiting:
+                self._cond.wait()
+            self._readers += 1
+
+    def release_read(self):
+        with self._cond:
+            self._readers -= 1
+            if not self._readers:
+                self._cond.notify_all()
+
+    def acquire_write(self):
+        with self._cond:
+            self._waiting += 1
+            while self._writer or self._readers:
+                self._cond.wait()
+            self._waiting -= 1
+            self._writer = True
+
+    def release_write(self):
+        with self._cond:
+            self._writer = False
+            self._cond.notify_all()
+
+
+class _Buffers:
+    """Everything a cache holds at one capacity.  A cache that grows builds a
+    whole new one (every allocation first, then the copies) and swaps it in
+    only when the append into it has succeeded."""
+
+    __slots__ = ("capacity", "karr", "varr", "k", "v", "kop", "vop", "importance", "bounds",
+                 "bounds_st", "probe", "probe_st")
 
 
 class KVCache:
@@ -19,6 +76,18 @@ class KVCache:
     accepts; ``importance`` accumulates what :meth:`prefill` (or
     :meth:`add_importance`) records, for the decode step's reserve.
 
+    Thread safety: any number of threads may call :meth:`decode` (and read
+    the properties) at once; :meth:`append`, :meth:`prefill`,
+    :meth:`add_importance`, :meth:`truncate` and :meth:`reset` take the
+    cache's lock exclusively, so a decode sees the cache either before or
+    after an append, never half of one.  Each call reads the cache's state
+    once.  The views ``k``, ``v``, ``importance``, ``bounds`` and
+    ``probe_rows`` are snapshots of the rows valid when they were taken:
+    later appends never rewrite them, but :meth:`truncate` followed by an
+    append does.
+
+    An append that fails (bad values, no memory to grow) changes nothing.
+
     Parameters
     ----------
     n_kv_heads, head_dim : int
@@ -27,7 +96,7 @@ class KVCache:
     group_size : int, default 32; q8 only, must divide head_dim
     block_size : int, default 32; the blocks whose key bounds (for
         ``scoring="minmax"``) and probe-row copies the cache keeps up to date
-    n_probe : int, default 8; the probe the copies serve
+    n_probe : int or ``"all"``, default 8; the probe the copies serve
     copy_probe_rows : bool, default True; keep copies of the rows the probe
         samples (:class:`ProbeRows`), so that decode with ``scoring="probe"``
         at this block_size and n_probe reads a quarter of K's bytes for the
@@ -56,9 +125,7 @@ class KVCache:
         self.n_kv_heads = ck.check_int("n_kv_heads", n_kv_heads, minimum=1)
         self.head_dim = ck.check_int("head_dim", head_dim, minimum=1)
         capacity = ck.check_int("capacity", capacity, minimum=1)
-        if dtype not in DTYPES:
-            raise ArgumentError(f"dtype must be one of {DTYPES}, got {dtype!r}")
-        self.dtype = dtype
+        self.dtype = ck.check_choice("dtype", dtype, DTYPES)
         if dtype == "q8":
             self.group_size = ck.check_int("group_size", group_size, minimum=1)
             if head_dim % self.group_size:
@@ -67,72 +134,69 @@ class KVCache:
         else:
             self.group_size = None
         self.block_size = ck.check_int("block_size", block_size, minimum=1)
-        self.n_probe = ck.check_int("n_probe", n_probe, minimum=1)
+        self.n_probe = n_probe_value(n_probe, self.block_size)
         # A probe of every row (n_probe >= block_size) reads K itself.
         self.copy_probe_rows = ck.check_bool("copy_probe_rows", copy_probe_rows) and \
             self.n_probe < self.block_size
-        self._bounds_group = _api.default_bounds_group(self.group_size, head_dim)
-        self.seq_len = 0
-        self._k = self._alloc(capacity)
-        self._v = self._alloc(capacity)
-        self._importance = np.zeros(capacity, np.float32)
-        self._bounds = self._alloc_bounds(capacity)
-        self._probe = self._alloc_probe(capacity)
+        self._scale_group = default_scale_group(self.group_size, self.head_dim)
+        self._lock = _RWLock()
+        self._n = 0
+        self._has_importance = False
+        self._buf = self._allocate(capacity)
 
     # ----------------------------------------------------------------- storage
-    def _alloc(self, capacity):
+    def _allocate(self, capacity, old=None, n=0):
+        """A complete _Buffers of `capacity` rows, holding the first n rows
+        of `old` (and what goes with them) when given."""
+        b = _Buffers()
+        b.capacity = capacity
         shape = (self.n_kv_heads, capacity, self.head_dim)
         if self.dtype == "float32":
-            return np.zeros(shape, np.float32)
-        ng = self.head_dim // self.group_size
-        return Q8._wrap(np.zeros(shape, np.int8),
-                        np.zeros((self.n_kv_heads, capacity, ng), np.float32), self.group_size)
+            b.karr, b.varr = (_zeros(shape, np.float32),), (_zeros(shape, np.float32),)
+            b.k, b.v = b.karr[0], b.varr[0]
+        else:
+            sshape = (self.n_kv_heads, capacity, self.head_dim // self.group_size)
+            b.karr = (_zeros(shape, np.int8), _zeros(sshape, np.float32))
+            b.varr = (_zeros(shape, np.int8), _zeros(sshape, np.float32))
+            b.k, b.v = Q8._wrap(*b.karr, self.group_size), Q8._wrap(*b.varr, self.group_size)
+        b.importance = _zeros(capacity, np.float32)
+        nb = -(-capacity // self.block_size)
+        b.bounds = empty_bounds(self.n_kv_heads, nb, self.head_dim, self.block_size,
+                                self._scale_group, zeros=_zeros)
+        b.probe = None
+        if self.copy_probe_rows:
+            b.probe = empty_probe_rows(self.n_kv_heads, capacity, self.head_dim, self.dtype,
+                                       self.group_size, self.block_size, self.n_probe,
+                                       zeros=_zeros)
+        # Everything is allocated: copying cannot fail any more.
+        probe_rows_done = 0
+        if old is not None:
+            _copy_rows(old.karr, b.karr, n)
+            _copy_rows(old.varr, b.varr, n)
+            b.importance[:n] = old.importance[:n]
+            onb = -(-n // self.block_size)
+            for src, dst in zip(old.bounds, b.bounds):
+                dst[:, :onb] = src[:, :onb]
+            if b.probe is not None:
+                # every old copy row, including a partial block's copies so far
+                _copy_rows(_arrays(old.probe), _arrays(b.probe), _arrays(old.probe)[0].shape[1])
+                probe_rows_done = old.probe_st.k_rows
+        b.kop, b.vop = kv_operand("k", b.k), kv_operand("v", b.v)
+        b.bounds_st = bounds_struct(b.bounds, self.block_size, self._scale_group, n)
+        b.probe_st = None
+        if b.probe is not None:
+            b.probe_st = probe_rows_struct(b.probe, self.group_size, self.block_size,
+                                           self.n_probe, probe_rows_done)
+        return b
 
-    def _alloc_bounds(self, capacity):
-        return _api.empty_bounds(self.n_kv_heads, -(-capacity // self.block_size),
-                                 self.head_dim, self.block_size, self._bounds_group)
-
-    def _alloc_probe(self, capacity):
-        if not self.copy_probe_rows:
-            return None
-        return _api.empty_probe_rows(self.n_kv_heads, capacity, self.head_dim, self.dtype,
-                                     self.group_size, self.block_size, self.n_probe)
+    @property
+    def seq_len(self):
+        """The number of valid tokens."""
+        return self._n
 
     @property
     def capacity(self):
-        return self._k.shape[1]
-
-    def _grow(self, need):
-        cap = max(need, 2 * self.capacity)
-        n = self.seq_len
-        for name in ("_k", "_v"):
-            old, new = getattr(self, name), self._alloc(cap)
-            if self.dtype == "float32":
-                new[:, :n] = old[:, :n]
-            else:
-                new.data[:, :n] = old.data[:, :n]
-                new.scales[:, :n] = old.scales[:, :n]
-            setattr(self, name, new)
-        imp = np.zeros(cap, np.float32)
-        imp[:n] = self._importance[:n]
-        self._importance = imp
-        bounds, nb = self._alloc_bounds(cap), -(-n // self.block_size)
-        for name in ("mn", "mx", "scales"):
-            getattr(bounds, name)[:, :nb] = getattr(self._bounds, name)[:, :nb]
-        bounds.n_rows = n
-        self._bounds = bounds
-        if self._probe is not None:
-            probe = self._alloc_probe(cap)
-            # every old copy row, including a partial block's copies so far
-            old, new = self._probe.rows, probe.rows
-            r = old.shape[1]
-            if self.dtype == "float32":
-                new[:, :r] = old[:, :r]
-            else:
-                new.data[:, :r] = old.data[:, :r]
-                new.scales[:, :r] = old.scales[:, :r]
-            probe.n_rows = n
-            self._probe = probe
+        return self._buf.capacity
 
     @staticmethod
     def _view(t, n):
@@ -143,153 +207,250 @@ class KVCache:
     @property
     def k(self):
         """The valid keys, ``[n_kv_heads, seq_len, head_dim]`` (a view)."""
-        return self._view(self._k, self.seq_len)
+        buf, n = self._buf, self._n
+        return self._view(buf.k, n)
 
     @property
     def v(self):
         """The valid values, ``[n_kv_heads, seq_len, head_dim]`` (a view)."""
-        return self._view(self._v, self.seq_len)
+        buf, n = self._buf, self._n
+        return self._view(buf.v, n)
 
     @property
     def importance(self):
         """float32 ``[seq_len]``: the importance recorded so far (a view)."""
-        return self._importance[:self.seq_len]
+        buf, n = self._buf, self._n
+        return buf.importance[:n]
 
     @property
     def bounds(self):
         """The per-block key bounds of the valid rows (:class:`BlockBounds`,
         views), kept up to date by :meth:`append`, for ``scoring="minmax"``."""
-        b, nb = self._bounds, -(-self.seq_len // self.block_size)
-        return BlockBounds(b.mn[:, :nb], b.mx[:, :nb], b.scales[:, :nb], b.block_size,
-                           b.group_size, self.seq_len)
+        buf, n = self._buf, self._n
+        nb = -(-n // self.block_size)
+        mn, mx, sc = (a[:, :nb] for a in buf.bounds)
+        return BlockBounds._wrap(mn, mx, sc, self.block_size, self._scale_group, n,
+                                 buf.bounds[0].shape[1])
 
     @property
     def probe_rows(self):
         """The copies of the probe's rows (:class:`ProbeRows`, current for
         the valid rows), or None with ``copy_probe_rows=False``."""
-        p = self._probe
-        return None if p is None else ProbeRows(p.rows, p.block_size, p.n_probe, self.seq_len)
+        buf, n = self._buf, self._n
+        if buf.probe is None:
+            return None
+        rows = buf.probe if not isinstance(buf.probe, tuple) else \
+            Q8._wrap(*buf.probe, self.group_size)
+        return ProbeRows(rows, self.block_size, self.n_probe, n)
 
     @property
     def nbytes(self):
         """Bytes held by K and V at the current capacity."""
-        return self._k.nbytes + self._v.nbytes
+        buf = self._buf
+        return buf.k.nbytes + buf.v.nbytes
 
     @property
     def metadata_nbytes(self):
         """Bytes held at the current capacity by what selection reads beside
         K and V: the key bounds and the probe-row copies."""
-        return self._bounds.nbytes + (self._probe.nbytes if self._probe else 0)
+        buf = self._buf
+        probe = 0 if buf.probe is None else sum(a.nbytes for a in _arrays(buf.probe))
+        return sum(a.nbytes for a in buf.bounds) + probe
 
     # ----------------------------------------------------------------- updates
     def append(self, k, v):
-        """Append T tokens: ``k``, ``v`` float32 ``[n_kv_heads, T, head_dim]``,
-        C-contiguous and finite (checked before anything is written)."""
+        """Append T tokens: ``k``, ``v`` float32 ``[n_kv_heads, T, head_dim]``
+        (any strides), finite with magnitudes below 2**48 (checked before
+        anything is written: a refused append changes nothing)."""
         want = f"[{self.n_kv_heads}, T, {self.head_dim}]"
+        arrays = []
         for name, a in (("k", k), ("v", v)):
-            ck.check_array(name, a, dtype=np.float32, ndim=3, finite=True)
+            a = ck.as_array(name, a, dtype=np.float32, ndim=3, allow_empty=True)
             if a.shape[0] != self.n_kv_heads or a.shape[2] != self.head_dim:
                 raise ArgumentError(f"{name} must have shape {want}, got {a.shape}")
+            arrays.append(a)
+        k, v = arrays
         if k.shape[1] != v.shape[1]:
             raise ArgumentError(f"k and v must append the same number of tokens, got "
                                 f"{k.shape[1]} and {v.shape[1]}")
         T = k.shape[1]
         if T == 0:
             return
-        if self.seq_len + T > self.capacity:
-            self._grow(self.seq_len + T)
-        for name, src in (("k", k), ("v", v)):
-            dst = _api.kv_operand(name, getattr(self, "_" + name))
-            rc = lib.sa_kv_write(dst.struct, self.seq_len, _api._ptr(src, "float"), T)
-            _api._raise_for(rc, "KVCache.append")
-        # The blocks the new rows touch get their key bounds recomputed.
-        kop, bstruct = _api.kv_operand("k", self._k), self._bounds.struct()
-        rc = lib.sa_bounds_update(kop.struct, self.seq_len, self.seq_len + T, bstruct)
-        _api._raise_for(rc, "KVCache.append")
-        self._bounds.n_rows = self.seq_len + T
-        if self._probe is not None:
-            self._probe.n_rows = self.seq_len
-            rc = lib.sa_probe_rows_update(kop.struct, self.seq_len, self.seq_len + T,
-                                          self._probe.struct())
-            _api._raise_for(rc, "KVCache.append")
-            self._probe.n_rows = self.seq_len + T
-        self.seq_len += T
+        self._lock.acquire_write()
+        try:
+            n, buf = self._n, self._buf
+            if n + T > ck.INT_MAX:
+                raise ArgumentError(f"the cache would hold {n + T} rows; at most "
+                                    f"{ck.INT_MAX} are supported")
+            if n + T > buf.capacity:
+                buf = self._allocate(min(max(n + T, 2 * buf.capacity), ck.INT_MAX), buf, n)
+            rc = lib.sa_kv_append(buf.kop.struct, buf.vop.struct, n, _ffi.ptr(k, "float"),
+                                  _ffi.ptr(v, "float"), T, buf.bounds_st,
+                                  buf.probe_st if buf.probe_st is not None else ffi.NULL)
+            _ffi.check(rc, "KVCache.append")
+            self._buf, self._n = buf, n + T
+        finally:
+            self._lock.release_write()
 
     def add_importance(self, importance):
-        """Add per-token importance (float32 ``[n <= seq_len]``) to the record."""
-        ck.check_array("importance", importance, dtype=np.float32, ndim=1, contiguous=False,
-                       finite=True)
-        n = importance.shape[0]
-        if n > self.seq_len:
-            raise ArgumentError(f"importance has {n} entries, more than the cache's "
-                                f"seq_len ({self.seq_len})")
-        self._importance[:n] += importance
+        """Add per-token importance (float32 ``[m <= seq_len]``, any strides,
+        finite) to the record."""
+        importance = ck.as_array("importance", importance, dtype=np.float32, ndim=1,
+                                 allow_empty=True)
+        if not np.isfinite(importance).all():
+            raise ArgumentError("importance holds NaN or Inf values")
+        self._lock.acquire_write()
+        try:
+            m = importance.shape[0]
+            if m > self._n:
+                raise ArgumentError(f"importance has {m} entries, more than the cache's "
+                                    f"seq_len ({self._n})")
+            self._buf.importance[:m] += importance
+            self._has_importance = self._has_importance or bool(importance.any())
+        finally:
+            self._lock.release_write()
 
     def truncate(self, seq_len):
         """Keep the first ``seq_len`` tokens (roll back appended tokens).  The
         importance the kept tokens received stays as recorded (including what
         prefill queries of removed tokens gave them); removed tokens' entries
         are cleared and the bounds of a now partial last block recomputed."""
-        seq_len = ck.check_int("seq_len", seq_len, minimum=0, maximum=self.seq_len)
-        self._importance[seq_len:self.seq_len] = 0
-        start = seq_len // self.block_size * self.block_size
-        kop, bstruct = _api.kv_operand("k", self._k), self._bounds.struct()
-        _api._raise_for(lib.sa_bounds_update(kop.struct, start, seq_len, bstruct),
-                        "KVCache.truncate")
-        self._bounds.n_rows = self.seq_len = seq_len
-        if self._probe is not None:
-            self._probe.n_rows = seq_len    # the copies of kept rows stay valid
+        self._lock.acquire_write()
+        try:
+            seq_len = ck.check_int("seq_len", seq_len, minimum=0, maximum=self._n)
+            buf = self._buf
+            buf.importance[seq_len:self._n] = 0
+            start = seq_len // self.block_size * self.block_size
+            _ffi.check(lib.sa_bounds_update(buf.kop.struct, start, seq_len, buf.bounds_st),
+                       "KVCache.truncate")
+            if buf.probe_st is not None:
+                buf.probe_st.k_rows = seq_len    # the copies of kept rows stay valid
+            self._n = seq_len
+            self._has_importance = bool(buf.importance[:seq_len].any())
+        finally:
+            self._lock.release_write()
 
     def reset(self):
         """Forget every token (keeps the allocation)."""
-        self.seq_len = 0
-        self._importance[:] = 0
-        self._bounds.n_rows = 0
-        if self._probe is not None:
-            self._probe.n_rows = 0
+        self._lock.acquire_write()
+        try:
+            buf = self._buf
+            buf.importance[:] = 0
+            buf.bounds_st.k_rows = 0
+            if buf.probe_st is not None:
+                buf.probe_st.k_rows = 0
+            self._n = 0
+            self._has_importance = False
+        finally:
+            self._lock.release_write()
 
     # ----------------------------------------------------------------- attention
     def prefill(self, q, *, scale=None, threads=None):
         """Causal prefill of the last T appended tokens' queries
         (``q`` float32 ``[H, T, head_dim]``); records their importance.
         Returns the attention output ``[H, T, head_dim]``."""
-        ck.check_array("q", q, dtype=np.float32, ndim=3)
-        T = q.shape[1]
-        if T > self.seq_len:
-            raise ArgumentError(f"q has {T} query tokens but the cache holds only "
-                                f"{self.seq_len}; append their K/V first")
-        out, imp = _api.prefill(q, self.k, self.v, start=self.seq_len - T, scale=scale,
-                                threads=threads)
-        self._importance[:self.seq_len] += imp
-        return out
+        scale = scale_value(scale, self.head_dim)
+        threads = ck.check_threads(threads)
+        self._lock.acquire_write()
+        try:
+            buf, n = self._buf, self._n
+            q, n_heads = query(q, buf.kop, 3)
+            T = q.shape[1]
+            if T > n:
+                raise ArgumentError(f"q has {T} query tokens but the cache holds only "
+                                    f"{n}; append their K/V first")
+            out, imp = prefill_call(q, n_heads, buf.kop, buf.vop, n - T, scale, threads)
+            buf.importance[:n] += imp
+            self._has_importance = self._has_importance or bool(imp.any())
+            return out
+        finally:
+            self._lock.release_write()
 
-    def decode(self, q, **kwargs):
-        """:func:`sparse_attn.sparse_decode` over the cache, with its recorded
-        importance unless ``importance=`` is given, with its key bounds for
-        ``scoring="minmax"`` when ``block_size`` is the cache's, and with its
-        probe-row copies for ``scoring="probe"`` when ``block_size`` and
-        ``n_probe`` are the cache's."""
-        kwargs.setdefault("importance", self.importance if self.importance.any() else None)
-        kwargs.update(self.selection_metadata(**kwargs))
-        return _api.sparse_decode(q, self.k, self.v, **kwargs)
+    def decode(self, q, *, seq_len=None, k_blocks=32, block_size=None, n_probe=None,
+               importance=_RECORDED, recency=True, scale=None, policy="seed",
+               importance_fraction=None, sink_blocks=None, share=None, scoring=None,
+               bounds=None, probe_rows=None, threads=None, return_blocks=False):
+        """:func:`sparse_attn.sparse_decode` over the cache (same arguments),
+        with its recorded importance unless ``importance=`` is given
+        (``None``: no reserve), its key bounds for ``scoring="minmax"`` and
+        its probe-row copies for ``scoring="probe"`` when ``block_size``
+        (default: the cache's) and ``n_probe`` are the cache's and
+        ``seq_len`` is the cache's."""
+        sel = selection(policy, k_blocks=k_blocks,
+                        block_size=self.block_size if block_size is None else block_size,
+                        n_probe=n_probe, recency=recency,
+                        importance_fraction=importance_fraction, sink_blocks=sink_blocks,
+                        share=share, scoring=scoring)
+        scale = scale_value(scale, self.head_dim)
+        threads = ck.check_threads(threads)
+        return_blocks = ck.check_bool("return_blocks", return_blocks)
+        self._lock.acquire_read()
+        try:
+            buf, n = self._buf, self._n          # one snapshot of the state
+            if n == 0:
+                raise ArgumentError("the cache is empty: append tokens before decoding")
+            seq = n if seq_len is None else ck.check_int("seq_len", seq_len, minimum=1,
+                                                         maximum=n)
+            q, n_heads = query(q, buf.kop, 2)
+            if importance is _RECORDED:
+                imp = buf.importance if self._has_importance else None
+            else:
+                imp = importance_array(importance, seq)
+            keep = bst = pst = None
+            kind = self._own_metadata(sel, seq, n, bounds, probe_rows)
+            if kind == "bounds":
+                bst = buf.bounds_st
+            elif kind == "probe_rows":
+                pst = buf.probe_st
+            elif bounds is not None or probe_rows is not None or sel.scoring == "minmax":
+                bst, pst, keep = metadata_structs(sel, self._view(buf.k, seq), buf.kop, seq,
+                                                  bounds, probe_rows)
+            result = sparse_call(q, n_heads, buf.kop, buf.vop, seq, sel, imp, bst, pst, scale,
+                                 threads, return_blocks)
+            del keep
+            return result
+        finally:
+            self._lock.release_read()
 
-    def selection_metadata(self, **kwargs):
-        """The cache's bounds or probe-row copies that a selection with these
-        :func:`sparse_attn.sparse_decode` keyword arguments can read, as
-        keyword arguments (``{}`` when none applies or the caller gave them)."""
-        if "bounds" in kwargs or "probe_rows" in kwargs or \
-                kwargs.get("seq_len") not in (None, self.seq_len) or \
-                kwargs.get("block_size", 32) != self.block_size:
-            return {}
-        knobs = _api.resolve_policy(kwargs.get("policy", "seed"), scoring=kwargs.get("scoring"),
-                                    n_probe=kwargs.get("n_probe"))
-        if knobs["scoring"] == "minmax":
-            return {"bounds": self.bounds}
-        if knobs["scoring"] == "probe" and self._probe is not None and \
-                knobs["n_probe"] == self.n_probe:
-            return {"probe_rows": self.probe_rows}
-        return {}
+    def _own_metadata(self, sel, seq, n, bounds, probe_rows):
+        """Which of the cache's own metadata a decode with selection `sel`
+        over `seq` of its n rows reads: "bounds", "probe_rows" or None (the
+        caller passed its own, or none fits and K is probed or the bounds
+        computed for the call)."""
+        if bounds is not None or probe_rows is not None or seq != n:
+            return None
+        if sel.scoring == "minmax":
+            return "bounds" if sel.block_size == self.block_size else None
+        if self.copy_probe_rows and (sel.block_size, sel.n_probe) == \
+                (self.block_size, self.n_probe):
+            return "probe_rows"
+        return None
+
+    def metadata_for(self, *, seq_len=None, k_blocks=32, block_size=None, n_probe=None,
+                     policy="seed", scoring=None, bounds=None, probe_rows=None, **knobs):
+        """Which of its own metadata :meth:`decode` with these arguments
+        reads: ``"bounds"`` (its key bounds), ``"probe_rows"`` (its
+        probe-row copies) or None (the caller's, or none: K is probed, or
+        the bounds are computed for the call)."""
+        sel = selection(policy, k_blocks=k_blocks,
+                        block_size=self.block_size if block_size is None else block_size,
+                        n_probe=n_probe, scoring=scoring,
+                        **{k: v for k, v in knobs.items() if k in
+                           ("recency", "importance_fraction", "sink_blocks", "share")})
+        n = self._n
+        return self._own_metadata(sel, n if seq_len is None else seq_len, n, bounds, probe_rows)
 
     def __repr__(self):
         return (f"KVCache(n_kv_heads={self.n_kv_heads}, head_dim={self.head_dim}, "
                 f"dtype={self.dtype!r}, seq_len={self.seq_len}, capacity={self.capacity})")
+
+
+def _arrays(t):
+    """The arrays of probe-row copies: (f32,) or (data, scales)."""
+    return t if isinstance(t, tuple) else (t,)
+
+
+def _copy_rows(src, dst, n):
+    """dst[i][:, :n] = src[i][:, :n] for matching tuples of arrays."""
+    for s, d in zip(src, dst):
+        d[:, :n] = s[:, :n]

@@ -31,6 +31,8 @@ import time
 
 import numpy as np
 
+from sparse_attn.selection import parse_policy
+
 SMOLLM2_GGUF = "SmolLM2-135M-Instruct.Q4_1.gguf"
 
 # (needle sentence, question, answer word the output must contain, the fixed
@@ -127,41 +129,6 @@ def load_model(args):
     return tokenizer, lm
 
 
-def parse_policy(spec):
-    """``name`` of a preset, or ``name:key=value,key=value`` over selection
-    knobs; returns (name, knobs).  Shared with python -m sparse_attn.bench."""
-    import sparse_attn as sa
-    name, _, rest = spec.partition(":")
-    if not rest:
-        if name not in sa.POLICIES:
-            raise SystemExit(f"unknown policy {name!r}: presets are {list(sa.POLICIES)}, or "
-                             "write name:importance_fraction=0,sink_blocks=1,...")
-        return name, dict(sa.POLICIES[name])
-    knobs = {}
-    for item in rest.split(","):
-        key, _, value = item.partition("=")
-        if key not in ("importance_fraction", "sink_blocks", "scoring", "share", "n_probe",
-                       "recency", "dense_layers"):
-            raise SystemExit(f"policy {name}: unknown knob {key!r}")
-        if key == "dense_layers":
-            try:
-                knobs[key] = tuple(int(i) for i in value.split("+") if i)
-            except ValueError:
-                raise SystemExit(f"policy {name}: dense_layers takes layer indices joined "
-                                 f"by '+', e.g. dense_layers=0+1, got {value!r}") from None
-        elif key in ("scoring", "share"):
-            knobs[key] = value
-        elif key == "recency":
-            knobs[key] = value.lower() in ("1", "true", "yes")
-        elif key == "importance_fraction":
-            knobs[key] = float(value)
-        elif key == "n_probe" and value == "all":
-            knobs[key] = value
-        else:
-            knobs[key] = int(value)
-    return name, knobs
-
-
 class Runner:
     """Prefill once, then decode each configuration from the same cache."""
 
@@ -211,7 +178,7 @@ class Runner:
 
 def run(args):
     tokenizer, model = load_model(args)
-    policies = [parse_policy(p.strip()) for p in args.policies.split(";") if p.strip()]
+    policies = [parse_policy(p) for p in args.policies.split(";") if p.strip()]
     runner = Runner(model, tokenizer, args)
     cases = [(n, d, ni, f) for n in args.lengths for d in args.depths
              for ni in args.needles for f in args.fillers]

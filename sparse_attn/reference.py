@@ -10,8 +10,9 @@ import math
 
 import numpy as np
 
-from ._api import Q8, BlockBounds, resolve_policy
-from ._checks import importance_blocks
+from .metadata import BlockBounds
+from .q8 import Q8
+from .selection import selection
 
 
 # --------------------------------------------------------------------------- §4 q8
@@ -131,15 +132,15 @@ def _choose(score, nb, k_blocks, imp_sum, recency, reserve, sink_blocks):
 
 # --------------------------------------------------------------------------- §6 minmax
 
-def block_bounds(k, *, block_size=32, seq_len=None, group_size=None):
+def block_bounds(k, *, block_size=32, seq_len=None, scale_group=None):
     """Per-block key bounds, int8 with a float32 scale per channel group,
     rounded outwards (float32 arithmetic, as the C core)."""
     seq_len = _rows(k) if seq_len is None else seq_len
     if isinstance(k, Q8):
-        group_size = group_size or k.group_size
+        group_size = scale_group or k.group_size
         keys = Q8(k.data[:, :seq_len], k.scales[:, :seq_len], k.group_size).dequantize()
     else:
-        group_size = group_size or (32 if k.shape[2] % 32 == 0 else k.shape[2])
+        group_size = scale_group or (32 if k.shape[2] % 32 == 0 else k.shape[2])
         keys = k[:, :seq_len]
     hkv, _, dim = keys.shape
     nb = math.ceil(seq_len / block_size)
@@ -166,7 +167,7 @@ def block_bounds(k, *, block_size=32, seq_len=None, group_size=None):
 
 def minmax_scores(q, bounds):
     """Quest's bound per head and block: sum_i max(q_i * mn_i, q_i * mx_i)."""
-    g = bounds.group_size
+    g = bounds.scale_group
     scale = np.repeat(bounds.scales.astype(np.float64), g, axis=2)     # [hkv, nb, dim]
     lo, hi = bounds.mn * scale, bounds.mx * scale
     group = q.shape[0] // bounds.mn.shape[0]
@@ -181,10 +182,10 @@ def minmax_scores(q, bounds):
 def select_blocks(q, k, *, seq_len=None, k_blocks=32, block_size=32, n_probe=None,
                   importance=None, recency=True, policy="seed", importance_fraction=None,
                   sink_blocks=None, share=None, scoring=None, bounds=None):
-    knobs = resolve_policy(policy, importance_fraction, sink_blocks, scoring, share, n_probe)
-    n_probe = block_size if knobs["n_probe"] == "all" else knobs["n_probe"]
-    importance_fraction, sink_blocks = knobs["importance_fraction"], knobs["sink_blocks"]
-    share, scoring = knobs["share"], knobs["scoring"]
+    sel = selection(policy, k_blocks=k_blocks, block_size=block_size, n_probe=n_probe,
+                    recency=recency, importance_fraction=importance_fraction,
+                    sink_blocks=sink_blocks, share=share, scoring=scoring)
+    n_probe, sink_blocks, share, scoring = sel.n_probe, sel.sink_blocks, sel.share, sel.scoring
     seq_len = _rows(k) if seq_len is None else seq_len
     n_heads, group = q.shape[0], q.shape[0] // _n_kv(k)
     nb = math.ceil(seq_len / block_size)
@@ -198,7 +199,7 @@ def select_blocks(q, k, *, seq_len=None, k_blocks=32, block_size=32, n_probe=Non
     if importance is not None:
         imp = np.asarray(importance[:seq_len], np.float64)
         imp_sum = [imp[slice(*_block_bounds(b, block_size, seq_len))].sum() for b in range(nb)]
-    reserve = importance_blocks(importance_fraction, k_blocks)
+    reserve = sel.importance_blocks
     out = []
     for h in range(n_heads):
         if share == "group":

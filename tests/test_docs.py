@@ -6,13 +6,14 @@ import re
 import pytest
 
 import sparse_attn
-import sparse_attn._api
+import sparse_attn.attention
 import sparse_attn.cache
+import sparse_attn.q8
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 
 
-@pytest.mark.parametrize("module", [sparse_attn._api, sparse_attn.cache])
+@pytest.mark.parametrize("module", [sparse_attn.attention, sparse_attn.q8, sparse_attn.cache])
 def test_docstring_examples(module):
     result = doctest.testmod(module, optionflags=doctest.ELLIPSIS)
     assert result.attempted > 0 and result.failed == 0

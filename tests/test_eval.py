@@ -6,24 +6,28 @@ import pytest
 
 import sparse_attn as sa
 from sparse_attn import eval as sa_eval
+from sparse_attn.selection import parse_policy
 
 
 def test_parse_policy_presets_and_knob_lists():
-    assert sa_eval.parse_policy("recall") == ("recall", sa.POLICIES["recall"])
-    name, knobs = sa_eval.parse_policy("mine:importance_fraction=0.25,sink_blocks=2,share=group,"
-                                       "scoring=minmax,recency=false")
+    parse = parse_policy
+    assert parse("recall") == ("recall", sa.POLICIES["recall"])
+    name, knobs = parse("mine:importance_fraction=0.25,sink_blocks=2,share=group,"
+                        "scoring=minmax,recency=false")
     assert name == "mine"
     assert knobs == dict(importance_fraction=0.25, sink_blocks=2, share="group",
                          scoring="minmax", recency=False)
-    with pytest.raises(SystemExit, match="unknown policy"):
-        sa_eval.parse_policy("turbo")
-    with pytest.raises(SystemExit, match="unknown knob"):
-        sa_eval.parse_policy("x:k_blocks=3")
-    assert sa_eval.parse_policy("x:n_probe=all,dense_layers=0+2") == (
-        "x", dict(n_probe="all", dense_layers=(0, 2)))
-    assert sa_eval.parse_policy("x:n_probe=16")[1] == dict(n_probe=16)
-    with pytest.raises(SystemExit, match="dense_layers takes layer indices"):
-        sa_eval.parse_policy("x:dense_layers=first")
+    with pytest.raises(sa.ArgumentError, match="policy must be one of"):
+        parse("turbo")
+    with pytest.raises(sa.ArgumentError, match="unknown knob 'k_blocks'"):
+        parse("x:k_blocks=3")
+    assert parse("x:n_probe=all,dense_layers=0+2") == ("x", dict(n_probe="all",
+                                                                 dense_layers=(0, 2)))
+    assert parse("x:n_probe=16")[1] == dict(n_probe=16)
+    with pytest.raises(sa.ArgumentError, match="dense_layers='first' is not a valid"):
+        parse("x:dense_layers=first")
+    with pytest.raises(sa.ArgumentError, match="share must be one of"):
+        parse("x:share=layer")       # knobs are checked, not just parsed
 
 
 def test_bad_arguments_are_refused():

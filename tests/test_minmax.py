@@ -20,7 +20,7 @@ def test_bounds_match_reference_and_bound_the_keys(rng, dtype, D, gs, block_size
     keys = (k.dequantize() if isinstance(k, sa.Q8) else k)[:, :seq_len]
     for b in range(got.mn.shape[1]):
         rows = keys[:, b * block_size:(b + 1) * block_size]
-        s = np.repeat(got.scales[:, b], got.group_size, axis=1)
+        s = np.repeat(got.scales[:, b], got.scale_group, axis=1)
         assert (got.mn[:, b] * s <= rows.min(axis=1)).all()
         assert (got.mx[:, b] * s >= rows.max(axis=1)).all()
 

@@ -6,8 +6,11 @@ import pytest
 
 import sparse_attn as sa
 from sparse_attn import ArgumentError, ArgumentTypeError, KernelError
-from sparse_attn._api import kv_operand, probe_geometry
-from sparse_attn._core import ffi, lib
+from sparse_attn import _ffi
+from sparse_attn._ffi import ffi, lib
+from sparse_attn._operands import kv_operand
+from sparse_attn.metadata import probe_geometry
+from sparse_attn.selection import selection
 
 # (block_size, n_probe, seq_len): the default tiling, samples that do not
 # tile the block (32 / 5: step 6, 6 rows), every row, one row, odd sizes,
@@ -36,7 +39,7 @@ def test_decode_from_copies_is_bitwise_decode_from_k(isa, dtype, bs, n_probe, se
     q = rng.standard_normal((8, 64), dtype=np.float32)
     imp = rng.random(seq, dtype=np.float32)
     rows = sa.probe_rows(k, block_size=bs, n_probe=n_probe)
-    assert rows.n_rows == seq and rows.block_size == bs and rows.n_probe == n_probe
+    assert rows.k_rows == seq and rows.block_size == bs and rows.n_probe == n_probe
     for kb in (1, 3, 8):
         for kw in (dict(), dict(importance=imp), dict(policy="recall", share="group"),
                    dict(sink_blocks=1, recency=False)):
@@ -77,14 +80,14 @@ def test_cache_keeps_its_copies_current(dtype):
     def check():
         n = cache.seq_len
         ours, fresh = cache.probe_rows, sa.probe_rows(cache.k)
-        assert ours.n_rows == n
+        assert ours.k_rows == n
         full = n // 32 * 8
         a = ours.rows if dtype == "float32" else ours.rows.data
         b = fresh.rows if dtype == "float32" else fresh.rows.data
         assert np.array_equal(a[:, :full], b[:, :full])
         if dtype == "q8":
             assert np.array_equal(ours.rows.scales[:, :full], fresh.rows.scales[:, :full])
-        assert "probe_rows" in cache.selection_metadata(k_blocks=2)
+        assert cache.metadata_for(k_blocks=2) == "probe_rows"
         got = cache.decode(q, k_blocks=2, return_blocks=True)
         want = sa.sparse_decode(q, cache.k, cache.v, k_blocks=2, return_blocks=True,
                                 importance=cache.importance if cache.importance.any() else None)
@@ -113,14 +116,14 @@ def test_cache_uses_copies_only_when_they_fit_the_call():
     cache = sa.KVCache(2, 64, capacity=256, n_probe=4)
     x = rng.standard_normal((2, 200, 64), dtype=np.float32)
     cache.append(x, x)
-    meta = cache.selection_metadata
-    assert "probe_rows" in meta(n_probe=4)
-    assert meta() == {}                          # default n_probe 8: not what they hold
-    assert meta(n_probe=4, block_size=16) == {}
-    assert meta(n_probe=4, seq_len=100) == {}
-    assert list(meta(policy="fast")) == ["bounds"]
-    assert list(meta(n_probe=4, scoring="minmax")) == ["bounds"]
-    assert meta(n_probe=4, probe_rows=None) == {}   # the caller's choice stands
+    meta = cache.metadata_for
+    assert meta(n_probe=4) == "probe_rows"
+    assert meta() is None                        # default n_probe 8: not what they hold
+    assert meta(n_probe=4, block_size=16) is None
+    assert meta(n_probe=4, seq_len=100) is None
+    assert meta(policy="fast") == "bounds"
+    assert meta(n_probe=4, scoring="minmax") == "bounds"
+    assert meta(policy="fast", block_size=16) is None
     q = rng.standard_normal((4, 64), dtype=np.float32)
     for kw in (dict(), dict(n_probe=4), dict(n_probe=4, seq_len=150)):
         got = cache.decode(q, k_blocks=2, **kw)
@@ -132,7 +135,7 @@ def test_cache_without_copies():
     cache = sa.KVCache(2, 64, capacity=16, copy_probe_rows=False)
     x = rng.standard_normal((2, 100, 64), dtype=np.float32)
     cache.append(x, x)
-    assert cache.probe_rows is None and cache.selection_metadata() == {}
+    assert cache.probe_rows is None and cache.metadata_for() is None
     with_copies = sa.KVCache(2, 64, capacity=16)
     with_copies.append(x, x)
     assert with_copies.metadata_nbytes > cache.metadata_nbytes
@@ -170,9 +173,8 @@ def test_bad_probe_rows_are_refused_before_c():
     with pytest.raises(ArgumentError, match="cover 100 rows of K but seq_len is 200"):
         dec(q, k, v, probe_rows=short)
     assert dec(q, k, v, probe_rows=short, seq_len=100).shape == (4, 64)
-    few = sa.ProbeRows(short.rows, 32, 8, 200)   # claims 200 rows, room for 100
     with pytest.raises(ArgumentError, match="fewer than the 48"):
-        dec(q, k, v, probe_rows=few)
+        sa.ProbeRows(short.rows, 32, 8, 200)    # claims 200 rows, has room for 100
     with pytest.raises(ArgumentError, match="n_probe"):
         sa.probe_rows(k, n_probe=0)
     with pytest.raises(ArgumentError, match="seq_len"):
@@ -187,17 +189,19 @@ def test_c_refuses_copies_not_made_for_the_call():
     rows = sa.probe_rows(k)
     kop = kv_operand("k", k)
     blocks = np.empty((4, 2), np.int32)
-    for field, value in (("n_rows", 199), ("n_probe", 4), ("block_size", 16),
-                         ("head_stride", 48 - 1)):
-        st = rows.struct()
-        setattr(st, field, value)
-        params = sa._api.select_params(2)
-        params.probe_rows = st
+    for field, value in (("k_rows", 199), ("n_probe", 4), ("block_size", 16),
+                         ("copy rows", 48 - 1)):
+        st = ffi.new("sa_probe_rows *", rows.struct()[0])
+        if field == "copy rows":
+            st.rows.n_rows = value
+        else:
+            setattr(st, field, value)
+        params = selection(k_blocks=2).params(probe_rows=st)
         rc = lib.sa_select_blocks(ffi.from_buffer("float[]", q), 4, kop.struct, 200, params,
                                   ffi.NULL, 0, ffi.from_buffer("int32_t[]", blocks), 1)
         assert rc == lib.SA_ERR_PROBE_ROWS, field
     with pytest.raises(KernelError, match="probe rows were not copied"):
-        sa._api._raise_for(lib.SA_ERR_PROBE_ROWS, "x")
+        _ffi.check(lib.SA_ERR_PROBE_ROWS, "x")
 
 
 # ------------------------------------------------------------------ n_probe="all"
@@ -239,9 +243,9 @@ def test_n_probe_all_needs_no_copies_and_bad_values_are_refused():
     seeded = sa.KVCache(2, 64, capacity=64)
     x = rng.standard_normal((2, 100, 64), dtype=np.float32)
     seeded.append(x, x)
-    assert seeded.selection_metadata(policy="recall") == {}
-    assert seeded.selection_metadata(n_probe="all") == {}
-    assert "probe_rows" in seeded.selection_metadata(policy="recall", n_probe=8)
+    assert seeded.metadata_for(policy="recall") is None
+    assert seeded.metadata_for(n_probe="all") is None
+    assert seeded.metadata_for(policy="recall", n_probe=8) == "probe_rows"
     q = rng.standard_normal((4, 64), dtype=np.float32)
     assert _same(seeded.decode(q, k_blocks=2, policy="recall"),
                  sa.sparse_decode(q, seeded.k, seeded.v, k_blocks=2, policy="recall"))

@@ -202,7 +202,7 @@ def test_sparse_kv_cache_probe_rows_follow_the_policy(eager, prompt):
     cache = sat.SparseKVCache(model, dtype="float32")
     got = forced_logits(model, prompt, cont, cache)
     rows = cache.layers[0].kv.probe_rows
-    assert rows is not None and rows.n_rows == PROMPT_TOKENS + cont.shape[1] - 1
+    assert rows is not None and rows.k_rows == PROMPT_TOKENS + cont.shape[1] - 1
     want = forced_logits(model, prompt, cont, DynamicCache(config=eager.config))
     assert torch.equal(got, want)
     for policy in ("recall", "fast"):
@@ -454,7 +454,7 @@ def test_minmax_scoring_uses_the_caches_bounds(eager, prompt):
         model(prompt[:, -1:], cache=cache, use_cache=True)
     layer = model.model.layers[0].self_attn
     kv = cache.layers[0].kv
-    assert kv.bounds.n_rows == kv.seq_len == PROMPT_TOKENS + 1
+    assert kv.bounds.k_rows == kv.seq_len == PROMPT_TOKENS + 1
     # The blocks chosen are those select_blocks picks from the same bounds.
     assert layer.sparse_attn_blocks.shape == (4, 3)
     assert (layer.sparse_attn_blocks[:, 0] == 0).all()          # the sink block

@@ -12,6 +12,7 @@
 #include <arm_neon.h>
 
 #include "../kernels.h"
+#define SA_ISA_ID neon
 #include "neon_common.h"
 
 /* One group of gs int8 values (gs a multiple of 8): 16 per step, then an
@@ -30,7 +31,7 @@ static inline int32x4_t q8_group_dot_neon(const int8_t *a, const int8_t *b, int 
     return acc;
 }
 
-static void neon_scores_q8(const int8_t *qq, const float *qd, int G, int D, int gs,
+static void SA_FN(scores_q8)(const int8_t *qq, const float *qd, int G, int D, int gs,
                            const int8_t *k, const float *kd, ptrdiff_t row_stride,
                            ptrdiff_t scale_stride, int n, float *const *s)
 {
@@ -42,14 +43,6 @@ static void neon_scores_q8(const int8_t *qq, const float *qd, int G, int D, int 
         q8_scores_body(qq, qd, G, D, gs, k, kd, row_stride, scale_stride, n, s, q8_group_dot_neon);
 }
 
-const sa_kernels sa_kernels_neon = {
-    .name = "neon",
-    .scores_f32 = neon_scores_f32,
-    .scores_q8 = neon_scores_q8,
-    .softmax_exp = neon_softmax_exp,
-    .accumulate_v_f32 = neon_accumulate_v_f32,
-    .accumulate_v_q8 = neon_accumulate_v_q8,
-    .minmax_scores = neon_minmax_scores,
-};
+SA_DEFINE_KERNELS(neon);
 
 #endif

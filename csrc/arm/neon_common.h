@@ -5,7 +5,8 @@
  * differs between the two files, the int8 dot of one q8 group, comes in as
  * a function argument of the always-inlined q8 score body, so each file
  * compiles its own copy for its own target (the dotprod file includes this
- * header after its `#pragma GCC target`).  All functions are static.
+ * header after its `#pragma GCC target`).  All functions are static and
+ * named <kernel>_<SA_ISA_ID> (SA_FN), the including file's ISA.
  *
  * The rules every body follows (kernels.h):
  *  - The operations that produce one (query head, token) result never depend
@@ -95,7 +96,7 @@ SA_INLINE void f32_tile(const float *const qh[2], int NH, const float *const kt[
 
 /* Four tokens, then single tokens; inside, heads in pairs then a single
  * head, so every K row loaded for a token block serves all G heads. */
-static void neon_scores_f32(const float *q, int G, int D, const float *k,
+static void SA_FN(scores_f32)(const float *q, int G, int D, const float *k,
                             ptrdiff_t row_stride, int n, float *const *s)
 {
     int t = 0;
@@ -249,42 +250,35 @@ SA_INLINE float32x4_t exp_f32x4(float32x4_t x)
     return vreinterpretq_f32_u32(vbicq_u32(vreinterpretq_u32_f32(y), tiny));
 }
 
-/* exp(scale*s - scale*max) for four scores; x above 88.37 (impossible for
- * the maximum's own shift unless scale*s overflows) falls back to expf. */
-SA_INLINE float32x4_t softmax_exp4(float32x4_t sv, float32x4_t vscale, float32x4_t vnshift)
+/* exp(scale * (s - max)) for four scores: the argument is <= 0 (or NaN),
+ * inside exp_f32x4's range, and 0 exactly at the maximum. */
+SA_INLINE float32x4_t softmax_exp4(float32x4_t sv, float32x4_t vscale, float32x4_t vm)
 {
-    const float32x4_t x = vfmaq_f32(vnshift, vscale, sv);
-    if (vmaxvq_f32(x) > 88.0f) {
-        float lanes[4];
-        vst1q_f32(lanes, x);
-        for (int j = 0; j < 4; j++)
-            lanes[j] = expf(lanes[j]);
-        return vld1q_f32(lanes);
-    }
-    return exp_f32x4(x);
+    return exp_f32x4(vmulq_f32(vsubq_f32(sv, vm), vscale));
 }
 
-/* Two passes: the maximum, then exp in place.  The sum is kept in double
+/* Two passes: the maximum (vmaxq propagates NaN: a NaN score makes the sum
+ * NaN, as on every ISA), then exp in place.  The sum is kept in double
  * (four lanes), as the portable kernel does, so a long context loses
  * nothing to it.  The last n % 4 scores are padded to a vector with the
  * maximum, so every element goes through the same exp. */
-static float neon_softmax_exp(float *s, int n, float scale)
+static float SA_FN(softmax_exp)(float *s, int n, float scale)
 {
     int t = 0;
     float m = s[0];
     if (n >= 4) {
         float32x4_t vm = vld1q_f32(s);
-        for (t = 4; t + 4 <= n; t += 4)
+        for (t = 4; t <= n - 4; t += 4)   /* not t + 4 <= n: n may be INT_MAX */
             vm = vmaxq_f32(vm, vld1q_f32(s + t));
         m = vmaxvq_f32(vm);
     }
     for (; t < n; t++)
         m = s[t] > m ? s[t] : m;
 
-    const float32x4_t vscale = vdupq_n_f32(scale), vnshift = vdupq_n_f32(-(scale * m));
+    const float32x4_t vscale = vdupq_n_f32(scale), vmax = vdupq_n_f32(m);
     float64x2_t sum_lo = vdupq_n_f64(0.0), sum_hi = vdupq_n_f64(0.0);
-    for (t = 0; t + 4 <= n; t += 4) {
-        const float32x4_t e = softmax_exp4(vld1q_f32(s + t), vscale, vnshift);
+    for (t = 0; t <= n - 4; t += 4) {
+        const float32x4_t e = softmax_exp4(vld1q_f32(s + t), vscale, vmax);
         vst1q_f32(s + t, e);
         sum_lo = vaddq_f64(sum_lo, vcvt_f64_f32(vget_low_f32(e)));
         sum_hi = vaddq_f64(sum_hi, vcvt_high_f64_f32(e));
@@ -293,7 +287,7 @@ static float neon_softmax_exp(float *s, int n, float scale)
     if (t < n) {
         float buf[4] = {m, m, m, m};
         memcpy(buf, s + t, (size_t)(n - t) * sizeof(float));
-        vst1q_f32(buf, softmax_exp4(vld1q_f32(buf), vscale, vnshift));
+        vst1q_f32(buf, softmax_exp4(vld1q_f32(buf), vscale, vmax));
         for (int j = 0; t + j < n; j++) {
             s[t + j] = buf[j];
             tail += buf[j];
@@ -321,7 +315,7 @@ SA_INLINE float32x4_t fma_4tokens(float32x4_t o, float32x4_t w, float32x4_t r0,
  * 16 registers and serve every head (out stays in L1, it is G*D floats);
  * then 4-column steps, then scalar columns; then the remaining tokens one
  * at a time with the same per-element operations. */
-static void neon_accumulate_v_f32(float *const *out, const float *const *p, int G, int D,
+static void SA_FN(accumulate_v_f32)(float *const *out, const float *const *p, int G, int D,
                                   const float *v, ptrdiff_t row_stride, int n)
 {
     int t = 0;
@@ -431,7 +425,7 @@ static void q8_accumulate_scalar(float *const *out, const float *const *p, int G
  * a head's four weights w = p * scale are one vector multiply per chunk.
  * The last n % 4 tokens, and every token for other group sizes, get the
  * same per-element operations one token at a time. */
-static void neon_accumulate_v_q8(float *const *out, const float *const *p, int G, int D,
+static void SA_FN(accumulate_v_q8)(float *const *out, const float *const *p, int G, int D,
                                  int gs, const int8_t *v, const float *vd,
                                  ptrdiff_t row_stride, ptrdiff_t scale_stride, int n)
 {
@@ -574,7 +568,7 @@ SA_INLINE void minmax_tile(const float *const ph[2], const float *const mh[2], i
 
 /* Blocks outer, heads in pairs inner: each block's bounds are read once per
  * pair of heads (and from L1 for the next pair). */
-static void neon_minmax_scores(const float *qp, const float *qn, int G, int D, int gs,
+static void SA_FN(minmax_scores)(const float *qp, const float *qn, int G, int D, int gs,
                                const int8_t *mn, const int8_t *mx, const float *sc,
                                ptrdiff_t block_stride, int n, float *const *s)
 {
@@ -600,6 +594,26 @@ static void neon_minmax_scores(const float *qp, const float *qn, int G, int D, i
             minmax_tile(ph, mh, 1, lo, hi, scale, D, gs, sh, b);
         }
     }
+}
+
+/* ------------------------------------------------------------------ */
+/* stream_sum: the bandwidth probe                                      */
+/* ------------------------------------------------------------------ */
+
+static uint64_t SA_FN(stream_sum)(const uint64_t *buf, size_t n_words)
+{
+    uint64x2_t a0 = vdupq_n_u64(0), a1 = a0, a2 = a0, a3 = a0;
+    size_t i = 0;
+    for (; i + 8 <= n_words; i += 8) {
+        a0 = vaddq_u64(a0, vld1q_u64(buf + i));
+        a1 = vaddq_u64(a1, vld1q_u64(buf + i + 2));
+        a2 = vaddq_u64(a2, vld1q_u64(buf + i + 4));
+        a3 = vaddq_u64(a3, vld1q_u64(buf + i + 6));
+    }
+    uint64_t sum = vaddvq_u64(vaddq_u64(vaddq_u64(a0, a1), vaddq_u64(a2, a3)));
+    for (; i < n_words; i++)
+        sum += buf[i];
+    return sum;
 }
 
 #endif

@@ -26,7 +26,7 @@ static float dot_f32(const float *a, const float *b, int n)
     return (s01 + s23) + (s45 + s67);
 }
 
-static void scores_f32(const float *q, int G, int D, const float *k,
+static void scores_f32_portable(const float *q, int G, int D, const float *k,
                        ptrdiff_t row_stride, int n, float *const *s)
 {
     for (int t = 0; t < n; t++) {
@@ -49,7 +49,7 @@ static float dot_q8(const int8_t *a, const float *da, const int8_t *b,
     return acc;
 }
 
-static void scores_q8(const int8_t *qq, const float *qd, int G, int D, int gs,
+static void scores_q8_portable(const int8_t *qq, const float *qd, int G, int D, int gs,
                       const int8_t *k, const float *kd, ptrdiff_t row_stride,
                       ptrdiff_t scale_stride, int n, float *const *s)
 {
@@ -62,21 +62,22 @@ static void scores_q8(const int8_t *qq, const float *qd, int G, int D, int gs,
     }
 }
 
-static float softmax_exp(float *s, int n, float scale)
+/* The maximum ignores NaN (a NaN score then gives a NaN weight, and the
+ * sum is NaN: every ISA propagates it the same way). */
+static float softmax_exp_portable(float *s, int n, float scale)
 {
     float m = s[0];
     for (int t = 1; t < n; t++)
         m = s[t] > m ? s[t] : m;
-    const float shift = scale * m;
     double sum = 0.0;
     for (int t = 0; t < n; t++) {
-        s[t] = expf(scale * s[t] - shift);
+        s[t] = expf(scale * (s[t] - m));
         sum += s[t];
     }
     return (float)sum;
 }
 
-static void accumulate_v_f32(float *const *out, const float *const *p, int G, int D,
+static void accumulate_v_f32_portable(float *const *out, const float *const *p, int G, int D,
                              const float *v, ptrdiff_t row_stride, int n)
 {
     for (int t = 0; t < n; t++) {
@@ -90,7 +91,7 @@ static void accumulate_v_f32(float *const *out, const float *const *p, int G, in
     }
 }
 
-static void accumulate_v_q8(float *const *out, const float *const *p, int G, int D,
+static void accumulate_v_q8_portable(float *const *out, const float *const *p, int G, int D,
                             int gs, const int8_t *v, const float *vd,
                             ptrdiff_t row_stride, ptrdiff_t scale_stride, int n)
 {
@@ -109,7 +110,7 @@ static void accumulate_v_q8(float *const *out, const float *const *p, int G, int
     }
 }
 
-static void minmax_scores(const float *qp, const float *qn, int G, int D, int gs,
+static void minmax_scores_portable(const float *qp, const float *qn, int G, int D, int gs,
                           const int8_t *mn, const int8_t *mx, const float *sc,
                           ptrdiff_t block_stride, int n, float *const *s)
 {
@@ -132,12 +133,18 @@ static void minmax_scores(const float *qp, const float *qn, int G, int D, int gs
     }
 }
 
-const sa_kernels sa_kernels_portable = {
-    .name = "portable",
-    .scores_f32 = scores_f32,
-    .scores_q8 = scores_q8,
-    .softmax_exp = softmax_exp,
-    .accumulate_v_f32 = accumulate_v_f32,
-    .accumulate_v_q8 = accumulate_v_q8,
-    .minmax_scores = minmax_scores,
-};
+/* A wrapping sum of 64-bit words; eight independent sums let the compiler
+ * vectorise with the baseline ISA. */
+static uint64_t stream_sum_portable(const uint64_t *buf, size_t n_words)
+{
+    uint64_t acc[8] = {0};
+    size_t i = 0;
+    for (; i + 8 <= n_words; i += 8)
+        for (int j = 0; j < 8; j++)
+            acc[j] += buf[i + j];
+    for (; i < n_words; i++)
+        acc[0] += buf[i];
+    return ((acc[0] + acc[1]) + (acc[2] + acc[3])) + ((acc[4] + acc[5]) + (acc[6] + acc[7]));
+}
+
+SA_DEFINE_KERNELS(portable);

@@ -32,10 +32,6 @@
 
 #define SA_INLINE static inline __attribute__((always_inline))
 
-/* How far ahead rows are prefetched into L2 (PERF-NOTES: 8-16 KB helped,
- * prefetching into L1 hurt). */
-#define PF_BYTES 8192
-
 /* -------------------------------------------------------------------------
  * Small helpers
  * ---------------------------------------------------------------------- */
@@ -56,40 +52,6 @@ SA_INLINE void store_scores(float *dst, int cnt, __m256i sm, __m256 x)
         _mm256_storeu_ps(dst, x);
     else
         _mm256_maskstore_ps(dst, sm, x);
-}
-
-/* Prefetch (into L2) the rows that the block starting `ahead` rows after t0
- * will read: rows [t0 + ahead, t0 + ahead + cnt) clipped to n.  Contiguous
- * rows are prefetched as one byte range, strided rows line by line. */
-static inline void prefetch_rows(const void *base, ptrdiff_t stride_bytes, size_t row_bytes,
-                                 int n, int t0, int cnt, int ahead)
-{
-    const int a = t0 + ahead;
-    const int b = a + cnt < n ? a + cnt : n;
-    if (a >= b)
-        return;
-    const char *p0 = (const char *)base;
-    if ((size_t)stride_bytes == row_bytes) {
-        uintptr_t lo = (uintptr_t)(p0 + (ptrdiff_t)a * stride_bytes) & ~(uintptr_t)63;
-        const uintptr_t hi = (uintptr_t)(p0 + (ptrdiff_t)b * stride_bytes);
-        for (; lo < hi; lo += 64)
-            _mm_prefetch((const char *)lo, _MM_HINT_T1);
-    } else {
-        for (int t = a; t < b; t++) {
-            const char *r = p0 + (ptrdiff_t)t * stride_bytes;
-            uintptr_t lo = (uintptr_t)r & ~(uintptr_t)63;
-            for (; lo < (uintptr_t)(r + row_bytes); lo += 64)
-                _mm_prefetch((const char *)lo, _MM_HINT_T1);
-        }
-    }
-}
-
-/* Rows ahead that make about PF_BYTES. */
-static inline int prefetch_rows_ahead(ptrdiff_t stride_bytes)
-{
-    const ptrdiff_t s = stride_bytes > 0 ? stride_bytes : 1;
-    const ptrdiff_t r = PF_BYTES / s;
-    return r < 1 ? 1 : (int)r;
 }
 
 /* Four per-token vectors of partial sums -> in each 128-bit half, lane i is
@@ -162,17 +124,14 @@ SA_INLINE void scores_f32_block(const float *q, int HB, int D, const float *cons
         res[h] = reduce_halves_ps(half[h][0], half[h][1]);
 }
 
-static void scores_f32(const float *q, int G, int D, const float *k, ptrdiff_t row_stride,
+static void scores_f32_avx2(const float *q, int G, int D, const float *k, ptrdiff_t row_stride,
                        int n, float *const *s)
 {
-    const int ahead = prefetch_rows_ahead(row_stride * (ptrdiff_t)sizeof(float));
     for (int t = 0; t < n; t += 8) {
         const int cnt = n - t < 8 ? n - t : 8;
         const float *rows[8];
         for (int i = 0; i < 8; i++)
             rows[i] = k + (ptrdiff_t)(t + (i < cnt ? i : cnt - 1)) * row_stride;
-        prefetch_rows(k, row_stride * (ptrdiff_t)sizeof(float), (size_t)D * sizeof(float), n, t,
-                      8, ahead);
         const __m256i sm = tail_mask(cnt);
         int g = 0;
         for (; g + 2 <= G; g += 2) {
@@ -296,8 +255,6 @@ static void scores_q8_gs32(const int8_t *qq, const float *qd, int G, int D, int 
                            ptrdiff_t scale_stride, int n, float *const *s)
 {
     const int ng = D / gs;
-    const int ahead = prefetch_rows_ahead(row_stride);
-    const int sahead = prefetch_rows_ahead(scale_stride * (ptrdiff_t)sizeof(float));
     for (int t = 0; t < n; t += 8) {
         const int cnt = n - t < 8 ? n - t : 8;
         const int8_t *rows[8];
@@ -307,9 +264,6 @@ static void scores_q8_gs32(const int8_t *qq, const float *qd, int G, int D, int 
             rows[i] = k + r * row_stride;
             srow[i] = kd + r * scale_stride;
         }
-        prefetch_rows(k, row_stride, (size_t)D, n, t, 8, ahead);
-        prefetch_rows(kd, scale_stride * (ptrdiff_t)sizeof(float), (size_t)ng * sizeof(float), n,
-                      t, 8, sahead);
         const __m256i sm = tail_mask(cnt);
         int h = 0;
         for (; h + 2 <= G; h += 2) {
@@ -328,7 +282,7 @@ static void scores_q8_gs32(const int8_t *qq, const float *qd, int G, int D, int 
     }
 }
 
-static void scores_q8(const int8_t *qq, const float *qd, int G, int D, int gs, const int8_t *k,
+static void scores_q8_avx2(const int8_t *qq, const float *qd, int G, int D, int gs, const int8_t *k,
                       const float *kd, ptrdiff_t row_stride, ptrdiff_t scale_stride, int n,
                       float *const *s)
 {
@@ -347,10 +301,12 @@ static void scores_q8(const int8_t *qq, const float *qd, int G, int D, int gs, c
  * times 2^n built in two halves so results down to the subnormals (and 0
  * below them) come out with a single rounding.  x is clamped to
  * [-104, 89]: e^-104 rounds to 0, e^89 overflows to inf; never NaN for
- * finite input. */
+ * finite input, and NaN for NaN. */
 SA_INLINE __m256 exp_ps(__m256 x)
 {
-    x = _mm256_min_ps(_mm256_max_ps(x, _mm256_set1_ps(-104.0f)), _mm256_set1_ps(89.0f));
+    /* constant first: maxps/minps return their second operand when one is
+     * NaN, so a NaN x stays NaN (and its softmax sum NaN, as in portable). */
+    x = _mm256_min_ps(_mm256_set1_ps(89.0f), _mm256_max_ps(_mm256_set1_ps(-104.0f), x));
     const __m256 n = _mm256_round_ps(_mm256_mul_ps(x, _mm256_set1_ps(1.44269504088896341f)),
                                      _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
     __m256 r = _mm256_fnmadd_ps(n, _mm256_set1_ps(0.693359375f), x);
@@ -373,10 +329,10 @@ SA_INLINE __m256 exp_ps(__m256 x)
     return _mm256_mul_ps(_mm256_mul_ps(y, p1), p2);
 }
 
-/* Two passes: the max, then exp(scale*s - scale*max) written back while the
+/* Two passes: the max, then exp(scale * (s - max)) written back while the
  * sum runs in double lanes (as accurate as the portable double sum), reduced
  * in a fixed order. */
-static float softmax_exp(float *s, int n, float scale)
+static float softmax_exp_avx2(float *s, int n, float scale)
 {
     if (n <= 0)
         return 0.0f;
@@ -394,17 +350,16 @@ static float softmax_exp(float *s, int n, float scale)
     m4 = _mm_max_ss(m4, _mm_movehdup_ps(m4));
     const float m = _mm_cvtss_f32(m4);
 
-    const __m256 vs = _mm256_set1_ps(scale), shift = _mm256_set1_ps(scale * m);
+    const __m256 vs = _mm256_set1_ps(scale), vm = _mm256_set1_ps(m);
     __m256d sum0 = _mm256_setzero_pd(), sum1 = _mm256_setzero_pd();
     for (int t = 0; t < nv; t += 8) {
-        /* mul then sub (no FMA), so the max maps to exactly 0. */
-        const __m256 e = exp_ps(_mm256_sub_ps(_mm256_mul_ps(vs, _mm256_loadu_ps(s + t)), shift));
+        const __m256 e = exp_ps(_mm256_mul_ps(vs, _mm256_sub_ps(_mm256_loadu_ps(s + t), vm)));
         _mm256_storeu_ps(s + t, e);
         sum0 = _mm256_add_pd(sum0, _mm256_cvtps_pd(_mm256_castps256_ps128(e)));
         sum1 = _mm256_add_pd(sum1, _mm256_cvtps_pd(_mm256_extractf128_ps(e, 1)));
     }
     if (rem) {
-        __m256 e = exp_ps(_mm256_sub_ps(_mm256_mul_ps(vs, _mm256_maskload_ps(s + nv, tm)), shift));
+        __m256 e = exp_ps(_mm256_mul_ps(vs, _mm256_sub_ps(_mm256_maskload_ps(s + nv, tm), vm)));
         e = _mm256_and_ps(e, _mm256_castsi256_ps(tm)); /* unused lanes add 0 */
         _mm256_maskstore_ps(s + nv, tm, e);
         sum0 = _mm256_add_pd(sum0, _mm256_cvtps_pd(_mm256_castps256_ps128(e)));
@@ -470,14 +425,11 @@ SA_INLINE void accv_f32_heads(float *const *out, const float *const *p, int HB, 
         accv_f32_tile(out, p, HB, 1, 1, tail_mask(D - d), v, row_stride, t0, t1, d);
 }
 
-static void accumulate_v_f32(float *const *out, const float *const *p, int G, int D,
+static void accumulate_v_f32_avx2(float *const *out, const float *const *p, int G, int D,
                              const float *v, ptrdiff_t row_stride, int n)
 {
-    const int ahead = prefetch_rows_ahead(row_stride * (ptrdiff_t)sizeof(float));
     for (int t0 = 0; t0 < n; t0 += V_TOKENS) {
         const int t1 = n - t0 < V_TOKENS ? n : t0 + V_TOKENS;
-        prefetch_rows(v, row_stride * (ptrdiff_t)sizeof(float), (size_t)D * sizeof(float), n, t0,
-                      V_TOKENS, ahead);
         int g = 0;
         for (; g + 2 <= G; g += 2)
             accv_f32_heads(out + g, p + g, 2, D, v, row_stride, t0, t1);
@@ -582,7 +534,7 @@ SA_INLINE void accv_q8_heads(float *const *out, const float *const *p, int HB, i
 
 /* gs a multiple of 8 (else the scalar loop): blocks of V_TOKENS tokens, all
  * of D and all heads per block, tokens in order into each accumulator. */
-static void accumulate_v_q8(float *const *out, const float *const *p, int G, int D, int gs,
+static void accumulate_v_q8_avx2(float *const *out, const float *const *p, int G, int D, int gs,
                             const int8_t *v, const float *vd, ptrdiff_t row_stride,
                             ptrdiff_t scale_stride, int n)
 {
@@ -590,14 +542,8 @@ static void accumulate_v_q8(float *const *out, const float *const *p, int G, int
         sa_kernels_portable.accumulate_v_q8(out, p, G, D, gs, v, vd, row_stride, scale_stride, n);
         return;
     }
-    const int ng = D / gs;
-    const int ahead = prefetch_rows_ahead(row_stride);
-    const int sahead = prefetch_rows_ahead(scale_stride * (ptrdiff_t)sizeof(float));
     for (int t0 = 0; t0 < n; t0 += V_TOKENS) {
         const int t1 = n - t0 < V_TOKENS ? n : t0 + V_TOKENS;
-        prefetch_rows(v, row_stride, (size_t)D, n, t0, V_TOKENS, ahead);
-        prefetch_rows(vd, scale_stride * (ptrdiff_t)sizeof(float), (size_t)ng * sizeof(float), n,
-                      t0, V_TOKENS, sahead);
         int g = 0;
         for (; g + 2 <= G; g += 2)
             accv_q8_heads(out + g, p + g, 2, D, gs, v, vd, row_stride, scale_stride, t0, t1);
@@ -653,7 +599,7 @@ SA_INLINE void minmax_tile4(const float *qp, const float *qn, int D, int gs, con
 
 /* gs a multiple of 8: tiles of 4 blocks, one head at a time (the bounds of
  * a tile stay in L1 for the next head). */
-static void minmax_scores(const float *qp, const float *qn, int G, int D, int gs,
+static void minmax_scores_avx2(const float *qp, const float *qn, int G, int D, int gs,
                           const int8_t *mn, const int8_t *mx, const float *sc,
                           ptrdiff_t block_stride, int n, float *const *s)
 {
@@ -671,12 +617,27 @@ static void minmax_scores(const float *qp, const float *qn, int G, int D, int gs
     }
 }
 
-const sa_kernels sa_kernels_avx2 = {
-    .name = "avx2",
-    .scores_f32 = scores_f32,
-    .scores_q8 = scores_q8,
-    .softmax_exp = softmax_exp,
-    .accumulate_v_f32 = accumulate_v_f32,
-    .accumulate_v_q8 = accumulate_v_q8,
-    .minmax_scores = minmax_scores,
-};
+/* -------------------------------------------------------------------------
+ * stream_sum: the bandwidth probe, 32-byte loads into four accumulators.
+ * ---------------------------------------------------------------------- */
+
+static uint64_t stream_sum_avx2(const uint64_t *buf, size_t n_words)
+{
+    __m256i a0 = _mm256_setzero_si256(), a1 = a0, a2 = a0, a3 = a0;
+    size_t i = 0;
+    for (; i + 16 <= n_words; i += 16) {
+        a0 = _mm256_add_epi64(a0, _mm256_loadu_si256((const __m256i *)(buf + i)));
+        a1 = _mm256_add_epi64(a1, _mm256_loadu_si256((const __m256i *)(buf + i + 4)));
+        a2 = _mm256_add_epi64(a2, _mm256_loadu_si256((const __m256i *)(buf + i + 8)));
+        a3 = _mm256_add_epi64(a3, _mm256_loadu_si256((const __m256i *)(buf + i + 12)));
+    }
+    uint64_t lanes[4];
+    _mm256_storeu_si256((__m256i *)lanes,
+                        _mm256_add_epi64(_mm256_add_epi64(a0, a1), _mm256_add_epi64(a2, a3)));
+    uint64_t sum = lanes[0] + lanes[1] + lanes[2] + lanes[3];
+    for (; i < n_words; i++)
+        sum += buf[i];
+    return sum;
+}
+
+SA_DEFINE_KERNELS(avx2);

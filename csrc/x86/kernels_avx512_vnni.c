@@ -31,10 +31,6 @@
 
 #define SA_INLINE static inline __attribute__((always_inline))
 
-/* How far ahead rows are prefetched into L2 (PERF-NOTES: 8-16 KB helped,
- * prefetching into L1 hurt). */
-#define PF_BYTES 8192
-
 /* -------------------------------------------------------------------------
  * Small helpers
  * ---------------------------------------------------------------------- */
@@ -49,40 +45,6 @@ SA_INLINE __mmask16 lanes16(int r)
 SA_INLINE __mmask64 bytes64(int r)
 {
     return r >= 64 ? ~(__mmask64)0 : (((__mmask64)1 << r) - 1);
-}
-
-/* Prefetch (into L2) the rows that the block starting `ahead` rows after t0
- * will read: rows [t0 + ahead, t0 + ahead + cnt) clipped to n.  Contiguous
- * rows are prefetched as one byte range, strided rows line by line. */
-static inline void prefetch_rows(const void *base, ptrdiff_t stride_bytes, size_t row_bytes,
-                                 int n, int t0, int cnt, int ahead)
-{
-    const int a = t0 + ahead;
-    const int b = a + cnt < n ? a + cnt : n;
-    if (a >= b)
-        return;
-    const char *p0 = (const char *)base;
-    if ((size_t)stride_bytes == row_bytes) {
-        uintptr_t lo = (uintptr_t)(p0 + (ptrdiff_t)a * stride_bytes) & ~(uintptr_t)63;
-        const uintptr_t hi = (uintptr_t)(p0 + (ptrdiff_t)b * stride_bytes);
-        for (; lo < hi; lo += 64)
-            _mm_prefetch((const char *)lo, _MM_HINT_T1);
-    } else {
-        for (int t = a; t < b; t++) {
-            const char *r = p0 + (ptrdiff_t)t * stride_bytes;
-            uintptr_t lo = (uintptr_t)r & ~(uintptr_t)63;
-            for (; lo < (uintptr_t)(r + row_bytes); lo += 64)
-                _mm_prefetch((const char *)lo, _MM_HINT_T1);
-        }
-    }
-}
-
-/* Rows ahead that make about PF_BYTES. */
-static inline int prefetch_rows_ahead(ptrdiff_t stride_bytes)
-{
-    const ptrdiff_t s = stride_bytes > 0 ? stride_bytes : 1;
-    const ptrdiff_t r = PF_BYTES / s;
-    return r < 1 ? 1 : (int)r;
 }
 
 /* Row pointers of a block of 16 tokens from t: slots past the last valid row
@@ -193,16 +155,13 @@ SA_INLINE void scores_f32_block(const float *q, int HB, int D, const float *cons
     }
 }
 
-static void scores_f32(const float *q, int G, int D, const float *k, ptrdiff_t row_stride,
+static void scores_f32_avx512_vnni(const float *q, int G, int D, const float *k, ptrdiff_t row_stride,
                        int n, float *const *s)
 {
-    const int ahead = prefetch_rows_ahead(row_stride * (ptrdiff_t)sizeof(float));
     for (int t = 0; t < n; t += 16) {
         const int cnt = n - t < 16 ? n - t : 16;
         const float *rows[16];
         SA_BLOCK_ROWS(rows, k, t, cnt, row_stride);
-        prefetch_rows(k, row_stride * (ptrdiff_t)sizeof(float), (size_t)D * sizeof(float), n, t,
-                      16, ahead);
         int g = 0;
         for (; g + 2 <= G; g += 2) {
             __m512 res[2];
@@ -385,7 +344,7 @@ SA_INLINE void scores_q8_block16(const int8_t *qq, const float *qd, int HB, int 
     }
 }
 
-static void scores_q8(const int8_t *qq, const float *qd, int G, int D, int gs, const int8_t *k,
+static void scores_q8_avx512_vnni(const int8_t *qq, const float *qd, int G, int D, int gs, const int8_t *k,
                       const float *kd, ptrdiff_t row_stride, ptrdiff_t scale_stride, int n,
                       float *const *s)
 {
@@ -396,16 +355,11 @@ static void scores_q8(const int8_t *qq, const float *qd, int G, int D, int gs, c
     }
     const int ng = D / gs;
     const int fast = gs == 32 && D % 128 == 0;
-    const int ahead = prefetch_rows_ahead(row_stride);
-    const int sahead = prefetch_rows_ahead(scale_stride * (ptrdiff_t)sizeof(float));
     const __m512i lane = _mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15);
     for (int t = 0; t < n; t += 16) {
         const int cnt = n - t < 16 ? n - t : 16;
         const int8_t *rows[16];
         SA_BLOCK_ROWS(rows, k, t, cnt, row_stride);
-        prefetch_rows(k, row_stride, (size_t)D, n, t, 16, ahead);
-        prefetch_rows(kd, scale_stride * (ptrdiff_t)sizeof(float), (size_t)ng * sizeof(float), n,
-                      t, 16, sahead);
         const __m512i idx = _mm512_mullo_epi32(_mm512_min_epi32(lane, _mm512_set1_epi32(cnt - 1)),
                                                _mm512_set1_epi32((int)scale_stride));
         const float *kd_t = kd + (ptrdiff_t)t * scale_stride;
@@ -444,10 +398,12 @@ static void scores_q8(const int8_t *qq, const float *qd, int G, int D, int gs, c
  * constants), e^r by the Cephes expf polynomial (< 1 ulp on that range),
  * then vscalefps multiplies by 2^n with a single rounding (subnormals, 0 and
  * inf come out right).  x is clamped to [-104, 89] first so r stays small:
- * e^-104 rounds to 0 and e^89 overflows to inf; never NaN for finite x. */
+ * e^-104 rounds to 0 and e^89 overflows to inf; never NaN for finite x,
+ * NaN for NaN. */
 SA_INLINE __m512 exp_ps(__m512 x)
 {
-    x = _mm512_min_ps(_mm512_max_ps(x, _mm512_set1_ps(-104.0f)), _mm512_set1_ps(89.0f));
+    /* constant first: a NaN x stays NaN (the second operand wins) */
+    x = _mm512_min_ps(_mm512_set1_ps(89.0f), _mm512_max_ps(_mm512_set1_ps(-104.0f), x));
     const __m512 n = _mm512_roundscale_ps(_mm512_mul_ps(x, _mm512_set1_ps(1.44269504088896341f)),
                                           _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
     __m512 r = _mm512_fnmadd_ps(n, _mm512_set1_ps(0.693359375f), x);
@@ -471,10 +427,10 @@ SA_INLINE void add_pd16(__m512d *s0, __m512d *s1, __m512 e)
         *s1, _mm512_cvtps_pd(_mm256_castpd_ps(_mm512_extractf64x4_pd(_mm512_castps_pd(e), 1))));
 }
 
-/* Two passes: the max, then exp(scale*s - scale*max) written back while the
+/* Two passes: the max, then exp(scale * (s - max)) written back while the
  * sum runs in double lanes (as accurate as the portable double sum), reduced
  * in a fixed order. */
-static float softmax_exp(float *s, int n, float scale)
+static float softmax_exp_avx512_vnni(float *s, int n, float scale)
 {
     if (n <= 0)
         return 0.0f;
@@ -492,18 +448,17 @@ static float softmax_exp(float *s, int n, float scale)
     m4 = _mm_max_ss(m4, _mm_movehdup_ps(m4));
     const float m = _mm_cvtss_f32(m4);
 
-    const __m512 vs = _mm512_set1_ps(scale), shift = _mm512_set1_ps(scale * m);
+    const __m512 vs = _mm512_set1_ps(scale), vm = _mm512_set1_ps(m);
     __m512d sum0 = _mm512_setzero_pd(), sum1 = _mm512_setzero_pd();
     for (int t = 0; t < nv; t += 16) {
-        /* mul then sub (no FMA), so the max maps to exactly 0. */
-        const __m512 e = exp_ps(_mm512_sub_ps(_mm512_mul_ps(vs, _mm512_loadu_ps(s + t)), shift));
+        const __m512 e = exp_ps(_mm512_mul_ps(vs, _mm512_sub_ps(_mm512_loadu_ps(s + t), vm)));
         _mm512_storeu_ps(s + t, e);
         add_pd16(&sum0, &sum1, e);
     }
     if (tm) {
         const __m512 x = _mm512_maskz_loadu_ps(tm, s + nv);
         const __m512 e =
-            _mm512_maskz_mov_ps(tm, exp_ps(_mm512_sub_ps(_mm512_mul_ps(vs, x), shift)));
+            _mm512_maskz_mov_ps(tm, exp_ps(_mm512_mul_ps(vs, _mm512_sub_ps(x, vm))));
         _mm512_mask_storeu_ps(s + nv, tm, e);
         add_pd16(&sum0, &sum1, e); /* unused lanes add 0 */
     }
@@ -568,14 +523,11 @@ SA_INLINE void accv_f32_heads(float *const *out, const float *const *p, int HB, 
         accv_f32_tile(out, p, HB, 1, lanes16(D - d), v, row_stride, t0, t1, d);
 }
 
-static void accumulate_v_f32(float *const *out, const float *const *p, int G, int D,
+static void accumulate_v_f32_avx512_vnni(float *const *out, const float *const *p, int G, int D,
                              const float *v, ptrdiff_t row_stride, int n)
 {
-    const int ahead = prefetch_rows_ahead(row_stride * (ptrdiff_t)sizeof(float));
     for (int t0 = 0; t0 < n; t0 += V_TOKENS) {
         const int t1 = n - t0 < V_TOKENS ? n : t0 + V_TOKENS;
-        prefetch_rows(v, row_stride * (ptrdiff_t)sizeof(float), (size_t)D * sizeof(float), n, t0,
-                      V_TOKENS, ahead);
         int g = 0;
         for (; g + 4 <= G; g += 4)
             accv_f32_heads(out + g, p + g, 4, D, v, row_stride, t0, t1);
@@ -674,7 +626,7 @@ SA_INLINE void accv_q8_heads(float *const *out, const float *const *p, int HB, i
 
 /* gs a multiple of 16 (else the scalar loop): blocks of V_TOKENS tokens, all
  * of D and all heads per block, tokens in order into each accumulator. */
-static void accumulate_v_q8(float *const *out, const float *const *p, int G, int D, int gs,
+static void accumulate_v_q8_avx512_vnni(float *const *out, const float *const *p, int G, int D, int gs,
                             const int8_t *v, const float *vd, ptrdiff_t row_stride,
                             ptrdiff_t scale_stride, int n)
 {
@@ -682,14 +634,8 @@ static void accumulate_v_q8(float *const *out, const float *const *p, int G, int
         sa_kernels_portable.accumulate_v_q8(out, p, G, D, gs, v, vd, row_stride, scale_stride, n);
         return;
     }
-    const int ng = D / gs;
-    const int ahead = prefetch_rows_ahead(row_stride);
-    const int sahead = prefetch_rows_ahead(scale_stride * (ptrdiff_t)sizeof(float));
     for (int t0 = 0; t0 < n; t0 += V_TOKENS) {
         const int t1 = n - t0 < V_TOKENS ? n : t0 + V_TOKENS;
-        prefetch_rows(v, row_stride, (size_t)D, n, t0, V_TOKENS, ahead);
-        prefetch_rows(vd, scale_stride * (ptrdiff_t)sizeof(float), (size_t)ng * sizeof(float), n,
-                      t0, V_TOKENS, sahead);
         int g = 0;
         for (; g + 4 <= G; g += 4)
             accv_q8_heads(out + g, p + g, 4, D, gs, v, vd, row_stride, scale_stride, t0, t1);
@@ -723,7 +669,7 @@ SA_INLINE float hsum8_ps(__m256 v)
 /* gs a multiple of 8: each group's channel terms q- * lo + q+ * hi summed in
  * 8 lanes, reduced in a fixed order, then scaled and added in group order
  * (the portable kernel's acc += scale * part). */
-static void minmax_scores(const float *qp, const float *qn, int G, int D, int gs,
+static void minmax_scores_avx512_vnni(const float *qp, const float *qn, int G, int D, int gs,
                           const int8_t *mn, const int8_t *mx, const float *sc,
                           ptrdiff_t block_stride, int n, float *const *s)
 {
@@ -753,12 +699,29 @@ static void minmax_scores(const float *qp, const float *qn, int G, int D, int gs
     }
 }
 
-const sa_kernels sa_kernels_avx512_vnni = {
-    .name = "avx512-vnni",
-    .scores_f32 = scores_f32,
-    .scores_q8 = scores_q8,
-    .softmax_exp = softmax_exp,
-    .accumulate_v_f32 = accumulate_v_f32,
-    .accumulate_v_q8 = accumulate_v_q8,
-    .minmax_scores = minmax_scores,
-};
+/* -------------------------------------------------------------------------
+ * stream_sum: the bandwidth probe, 64-byte loads into four accumulators.
+ * ---------------------------------------------------------------------- */
+
+static uint64_t stream_sum_avx512_vnni(const uint64_t *buf, size_t n_words)
+{
+    __m512i a0 = _mm512_setzero_si512(), a1 = a0, a2 = a0, a3 = a0;
+    size_t i = 0;
+    for (; i + 32 <= n_words; i += 32) {
+        a0 = _mm512_add_epi64(a0, _mm512_loadu_si512(buf + i));
+        a1 = _mm512_add_epi64(a1, _mm512_loadu_si512(buf + i + 8));
+        a2 = _mm512_add_epi64(a2, _mm512_loadu_si512(buf + i + 16));
+        a3 = _mm512_add_epi64(a3, _mm512_loadu_si512(buf + i + 24));
+    }
+    uint64_t lanes[8];
+    _mm512_storeu_si512(lanes, _mm512_add_epi64(_mm512_add_epi64(a0, a1),
+                                                _mm512_add_epi64(a2, a3)));
+    uint64_t sum = 0;
+    for (int j = 0; j < 8; j++)
+        sum += lanes[j];
+    for (; i < n_words; i++)
+        sum += buf[i];
+    return sum;
+}
+
+SA_DEFINE_KERNELS(avx512_vnni);

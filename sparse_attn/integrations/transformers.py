@@ -64,7 +64,7 @@ from transformers.masking_utils import AttentionMaskInterface, causal_mask_funct
 
 import sparse_attn as sa
 from sparse_attn import _checks as ck
-from sparse_attn._api import resolve_policy, select_params
+from sparse_attn.selection import POLICIES, selection
 from sparse_attn._checks import ArgumentError, ArgumentTypeError, SparseAttnError
 from sparse_attn.cache import DTYPES as CACHE_DTYPES
 
@@ -127,14 +127,18 @@ class SparseAttnSettings:
     compare_exact: bool = False
 
     def __post_init__(self):
-        # The policy fills the knobs left None; select_params then checks
-        # every selection knob and names the bad one.
-        knobs = resolve_policy(self.policy, self.importance_fraction, self.sink_blocks,
-                               self.scoring, self.share, self.n_probe)
-        for name, value in knobs.items():
-            object.__setattr__(self, name, value)
-        knobs.pop("n_probe")
-        select_params(self.k_blocks, self.block_size, self.n_probe, self.recency, **knobs)
+        # The policy fills the knobs left None; selection() checks every knob
+        # and names the bad one.
+        sel = selection(self.policy, k_blocks=self.k_blocks, block_size=self.block_size,
+                        n_probe=self.n_probe, recency=self.recency,
+                        importance_fraction=self.importance_fraction,
+                        sink_blocks=self.sink_blocks, share=self.share, scoring=self.scoring)
+        for name in ("importance_fraction", "sink_blocks", "share", "scoring"):
+            object.__setattr__(self, name, getattr(sel, name))
+        # n_probe keeps the policy's spelling ("all" stays "all")
+        if self.n_probe is None:
+            object.__setattr__(self, "n_probe", POLICIES[self.policy]["n_probe"])
+        object.__setattr__(self, "_selection", sel)
         ck.check_bool("compare_exact", self.compare_exact)
         try:
             layers = list(self.dense_layers)
@@ -509,12 +513,11 @@ class SparseKVCache(Cache):
             raise UnsupportedError(f"SparseKVCache serves full-attention layers only; this model "
                                    f"has layer types {sorted(kinds)}: use a DynamicCache")
         block_size = getattr(settings, "block_size", 32)
-        n_probe = getattr(settings, "n_probe", 8)
+        sel = getattr(settings, "_selection", None)
         # Copies serve a probe of some rows; a probe of every row reads K
         # itself, and minmax scoring reads the key bounds instead.
-        copies = isinstance(n_probe, int) and n_probe < block_size and \
-            getattr(settings, "scoring", "probe") == "probe"
-        n_probe = n_probe if copies else 8
+        copies = sel is None or sel.reads == "probe_rows"
+        n_probe = sel.n_probe if copies and sel is not None else 8
         super().__init__(layers=[SparseKVLayer(dtype, group_size, capacity, block_size, n_probe,
                                                copies)
                                  for _ in range(n_layers)])
@@ -689,14 +692,16 @@ def sparse_topk_attention(module, query, key, value, attention_mask, scaling=Non
         if layer_idx in settings.dense_layers:
             out = sa.dense_decode(qd, k, v, scale=scaling, threads=threads)
         else:
-            importance = kv.importance if store is None else store.importance
             kwargs = settings.decode_kwargs()
             if store is None:
-                # the key bounds (minmax) or probe-row copies (probe) the
-                # cache keeps up to date on append, when they fit the settings
-                kwargs.update(kv.selection_metadata(**kwargs))
-            out, blocks = sa.sparse_decode(qd, k, v, importance=importance, scale=scaling,
-                                           threads=threads, return_blocks=True, **kwargs)
+                # the cache's importance, and the key bounds (minmax) or
+                # probe-row copies (probe) it keeps up to date on append
+                out, blocks = kv.decode(qd, scale=scaling, threads=threads, return_blocks=True,
+                                        **kwargs)
+            else:
+                out, blocks = sa.sparse_decode(qd, k, v, importance=store.importance,
+                                               scale=scaling, threads=threads,
+                                               return_blocks=True, **kwargs)
             module.sparse_attn_blocks = blocks
             if settings.compare_exact:
                 exact = sa.dense_decode(qd, k, v, scale=scaling, threads=threads)

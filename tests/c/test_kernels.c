@@ -505,7 +505,50 @@ static void test_softmax(const sa_kernels *kern)
             ok &= s[t] == 0.0f;
         check(ok, "softmax_exp n=%d: huge negative arguments must give exactly 0", n);
     }
+
+    /* No overflow for any finite scores and scale: exp(scale * (s - max)),
+     * so scale * s beyond FLT_MAX still gives the weights 1 and 0. */
+    for (int n = 2; n <= 19; n += 17) {
+        for (int t = 0; t < n; t++)
+            s[t] = t == n / 2 ? 1e30f : -1e30f * (float)(t + 1);
+        const float z = kern->softmax_exp(s, n, 1e30f);
+        ok = z == 1.0f;
+        for (int t = 0; t < n; t++)
+            ok &= s[t] == (t == n / 2 ? 1.0f : 0.0f);
+        check(ok, "softmax_exp n=%d: scale 1e30 over scores of 1e30 gave sum %g", n, z);
+    }
+
+    /* A NaN score makes the sum NaN wherever it stands (never a dropped
+     * token), on every ISA. */
+    for (int n = 1; n <= 37; n += 6)
+        for (int at = 0; at < n; at += (n > 3 ? n / 3 : 1)) {
+            for (int t = 0; t < n; t++)
+                s[t] = gauss();
+            s[at] = NAN;
+            const float z = kern->softmax_exp(s, n, 0.125f);
+            check(isnan(z), "softmax_exp n=%d: a NaN score at %d gave the sum %g", n, at, z);
+        }
     free(s), free(x);
+}
+
+/* The bandwidth probe's sum: the 64-bit wrapping sum of the words, from
+ * any 8-byte offset, for lengths around every vector and unroll width. */
+static void test_stream_sum(const sa_kernels *kern)
+{
+    enum { MAXW = 300 };
+    uint64_t *buf = xmalloc((MAXW + 8) * sizeof(uint64_t));
+    for (int i = 0; i < MAXW + 8; i++)
+        buf[i] = next_u64();
+    for (int off = 0; off < 8; off++)
+        for (int n = 0; n <= MAXW; n += (n < 70 ? 1 : 23)) {
+            uint64_t want = 0;
+            for (int i = 0; i < n; i++)
+                want += buf[off + i];
+            const uint64_t got = kern->stream_sum(buf + off, (size_t)n);
+            check(got == want, "stream_sum n=%d offset=%d: %llx, expected %llx", n, off,
+                  (unsigned long long)got, (unsigned long long)want);
+        }
+    free(buf);
 }
 
 static void test_accumulate_f32(const sa_kernels *kern)
@@ -709,10 +752,11 @@ static int set_isa(const char *name)
     return check(sa_set_isa(name) == SA_OK, "sa_set_isa(\"%s\") failed", name);
 }
 
-/* sa_quantize_q8 against SPEC §4 written out with roundf: bitwise, for
+/* sa_quantize_q8 against spec §4 written out with roundf: bitwise, for
  * group sizes that take the vector rounding and its scalar tail, values on
- * and next to the halfway points, the clamp, all-zero groups; NaN becomes
- * -127 (the API rejects NaN before quantising; this only keeps it defined). */
+ * and next to the halfway points, the clamp, all-zero groups, magnitudes up
+ * to the value limit; NaN becomes -127 in sa_quantize_row (every entry
+ * point refuses NaN before quantising; this only keeps it defined). */
 static void test_quantize(void)
 {
     static const int shapes[][2] = {{128, 32}, {64, 8}, {67, 1}, {30, 3}, {20, 5}, {256, 128}};
@@ -729,7 +773,7 @@ static void test_quantize(void)
             x[2 * D + i] = (i % gs == 0) ? 127.0f
                            : nextafterf((float)(i % 255 - 127) + 0.5f, (i & 1) ? 1e9f : -1e9f);
             x[3 * D + i] = 0.0f;
-            x[4 * D + i] = (i & 1 ? -3e38f : 3e38f) * (float)uniform();
+            x[4 * D + i] = (i & 1 ? -0x1p47f : 0x1p47f) * (float)uniform();
         }
         check(sa_quantize_q8(x, rows, D, gs, q, sc) == SA_OK, "sa_quantize_q8 D=%d gs=%d", D, gs);
         int same = 1;
@@ -749,7 +793,7 @@ static void test_quantize(void)
             }
         check(same, "sa_quantize_q8 D=%d gs=%d differs from SPEC 4 with roundf", D, gs);
         x[5 * D + 1] = NAN;
-        sa_quantize_q8(x + 5 * D, 1, D, gs, q, sc);
+        sa_quantize_row(x + 5 * D, D, gs, q, sc);
         if (gs > 1)   /* the group's scale is then NaN-free only if 1 is not its max */
             check(q[1] == -127, "sa_quantize_q8: NaN gave %d, not -127", q[1]);
         free(x), free(q), free(sc);
@@ -900,12 +944,12 @@ static void e2e_data_new(e2e_data *d, int dtype, int D, int gs, int Hkv, int G, 
     /* Bounds grouped like q8 K, or by 32 (1 when that does not divide D). */
     const int bgs = dtype == SA_DTYPE_Q8 ? gs : (D % 32 ? 1 : 32);
     d->bounds = (sa_bounds){.n_kv_heads = Hkv, .head_dim = D, .block_size = bs,
-                            .group_size = bgs, .head_stride = d->NB};
+                            .scale_group = bgs, .head_stride = d->NB};
     d->bounds.mn = xmalloc((size_t)Hkv * d->NB * D);
     d->bounds.mx = xmalloc((size_t)Hkv * d->NB * D);
     d->bounds.scales = xmalloc((size_t)Hkv * d->NB * (D / bgs) * sizeof(float));
     const int rc = sa_bounds_update(&d->k, 0, seq_len, &d->bounds);
-    check(rc == SA_OK && d->bounds.n_rows == seq_len, "sa_bounds_update: %s", sa_strerror(rc));
+    check(rc == SA_OK && d->bounds.k_rows == seq_len, "sa_bounds_update: %s", sa_strerror(rc));
 }
 
 static void e2e_data_free(e2e_data *d)
@@ -936,15 +980,16 @@ static sa_probe_rows probe_rows_new(const sa_kv *k, int S, int bs, int n_probe)
 {
     const int step = bs / n_probe > 1 ? bs / n_probe : 1, cnt = (bs + step - 1) / step;
     const int rows = (S + bs - 1) / bs * cnt, D = k->head_dim;
-    sa_probe_rows p = {.dtype = k->dtype, .n_kv_heads = k->n_kv_heads, .head_dim = D,
-                       .group_size = k->group_size, .block_size = bs, .n_probe = n_probe,
-                       .head_stride = rows};
+    sa_probe_rows p = {.rows = {.dtype = k->dtype, .n_kv_heads = k->n_kv_heads,
+                                .head_stride = rows, .n_rows = rows, .head_dim = D,
+                                .group_size = k->group_size},
+                       .block_size = bs, .n_probe = n_probe};
     const size_t n = (size_t)k->n_kv_heads * rows;
     if (k->dtype == SA_DTYPE_F32) {
-        p.f32 = xmalloc(n * D * sizeof(float));
+        p.rows.f32 = xmalloc(n * D * sizeof(float));
     } else {
-        p.q8 = xmalloc(n * D);
-        p.scales = xmalloc(n * (D / k->group_size) * sizeof(float));
+        p.rows.q8 = xmalloc(n * D);
+        p.rows.scales = xmalloc(n * (D / k->group_size) * sizeof(float));
     }
     int rc = sa_probe_rows_update(k, 0, S / 2, &p);
     if (rc == SA_OK)
@@ -955,7 +1000,7 @@ static sa_probe_rows probe_rows_new(const sa_kv *k, int S, int bs, int n_probe)
 
 static void probe_rows_free(sa_probe_rows *p)
 {
-    free(p->f32), free(p->q8), free(p->scales);
+    free((void *)p->rows.f32), free((void *)p->rows.q8), free((void *)p->rows.scales);
 }
 
 static int blocks_valid(const int32_t *b, int H, int n_sel, int NB)
@@ -1310,11 +1355,11 @@ static void test_bad_args(void)
     EXPECT(SA_ERR_GROUP, sa_prefill(qp, H, 3, &KQ, &k, 0, sc, pout, imp, 1));
 
     /* NaN / Inf in q. */
-    EXPECT(SA_ERR_NONFINITE, sa_probe_scores(q_nan, H, &K, S, 4, 2, probe, 1));
-    EXPECT(SA_ERR_NONFINITE, sa_select_blocks(q_inf, H, &KQ, S, &P, NULL, 0, blocks, 1));
-    EXPECT(SA_ERR_NONFINITE, sa_sparse_decode(q_nan, H, &K, &V, S, &P, NULL, 0, sc, out, NULL, 1));
-    EXPECT(SA_ERR_NONFINITE, sa_dense_decode(q_inf, H, &KQ, &VQ, S, sc, out, 1));
-    EXPECT(SA_ERR_NONFINITE, sa_prefill(qp_nan, H, 3, &K, &V, 0, sc, pout, imp, 1));
+    EXPECT(SA_ERR_Q_VALUES, sa_probe_scores(q_nan, H, &K, S, 4, 2, probe, 1));
+    EXPECT(SA_ERR_Q_VALUES, sa_select_blocks(q_inf, H, &KQ, S, &P, NULL, 0, blocks, 1));
+    EXPECT(SA_ERR_Q_VALUES, sa_sparse_decode(q_nan, H, &K, &V, S, &P, NULL, 0, sc, out, NULL, 1));
+    EXPECT(SA_ERR_Q_VALUES, sa_dense_decode(q_inf, H, &KQ, &VQ, S, sc, out, 1));
+    EXPECT(SA_ERR_Q_VALUES, sa_prefill(qp_nan, H, 3, &K, &V, 0, sc, pout, imp, 1));
 
     /* scale <= 0, NaN, Inf. */
     static const float bad_scales[] = {0.0f, -0.0f, -1.0f, NAN, INFINITY};
@@ -1339,11 +1384,11 @@ static void test_bad_args(void)
         for (int t = 0; t < S; t++)
             bad[t] = 1.0f;
         bad[S - 1] = NAN;
-        EXPECT(SA_ERR_IMPORTANCE_NONFINITE, sa_select_blocks(q, H, &K, S, &P, bad, S, blocks, 1));
+        EXPECT(SA_ERR_IMPORTANCE_VALUES, sa_select_blocks(q, H, &K, S, &P, bad, S, blocks, 1));
         EXPECT(SA_OK, sa_select_blocks(q, H, &K, S - 1, &P, bad, S, blocks, 1));
         bad[S - 1] = 1.0f;
         bad[0] = -INFINITY;
-        EXPECT(SA_ERR_IMPORTANCE_NONFINITE,
+        EXPECT(SA_ERR_IMPORTANCE_VALUES,
                sa_sparse_decode(q, H, &KQ, &VQ, S, &P, bad, S, sc, out, NULL, 1));
         free(bad);
     }
@@ -1351,7 +1396,7 @@ static void test_bad_args(void)
     /* scoring="minmax" and its bounds. */
     {
         enum { NBB = S / 4 };
-        sa_bounds B = {.n_kv_heads = HKV, .head_dim = D, .block_size = 4, .group_size = GS,
+        sa_bounds B = {.n_kv_heads = HKV, .head_dim = D, .block_size = 4, .scale_group = GS,
                        .head_stride = NBB};
         B.mn = xmalloc(HKV * NBB * D), B.mx = xmalloc(HKV * NBB * D);
         B.scales = xmalloc(HKV * NBB * NG * 4);
@@ -1366,7 +1411,7 @@ static void test_bad_args(void)
         EXPECT(SA_ERR_SHAPE, sa_bounds_update(&K, 0, S, &b));
         b = B, b.block_size = 0;
         EXPECT(SA_ERR_SHAPE, sa_bounds_update(&K, 0, S, &b));
-        b = B, b.group_size = 3;
+        b = B, b.scale_group = 3;
         EXPECT(SA_ERR_GROUP, sa_bounds_update(&K, 0, S, &b));
         b = B;
         EXPECT(SA_ERR_SEQ_LEN, sa_bounds_update(&K, 0, ROWS + 1, &b));
@@ -1388,11 +1433,11 @@ static void test_bad_args(void)
         EXPECT(SA_ERR_BOUNDS, sa_select_blocks(q, H, &K, S, &pp, NULL, 0, blocks, 1));
         b = B, b.block_size = 5; /* made for another block size */
         EXPECT(SA_ERR_BOUNDS, sa_select_blocks(q, H, &K, S, &pp, NULL, 0, blocks, 1));
-        b = B, b.n_rows = S - 1; /* made for another seq_len */
+        b = B, b.k_rows = S - 1; /* made for another seq_len */
         EXPECT(SA_ERR_BOUNDS, sa_sparse_decode(q, H, &K, &V, S, &pp, NULL, 0, sc, out, NULL, 1));
         b = B, b.head_dim = D / 2;
         EXPECT(SA_ERR_BOUNDS, sa_select_blocks(q, H, &K, S, &pp, NULL, 0, blocks, 1));
-        b = B, b.group_size = 3;
+        b = B, b.scale_group = 3;
         EXPECT(SA_ERR_BOUNDS, sa_select_blocks(q, H, &K, S, &pp, NULL, 0, blocks, 1));
         b = B, b.head_stride = NBB - 1;
         EXPECT(SA_ERR_BOUNDS, sa_select_blocks(q, H, &K, S, &pp, NULL, 0, blocks, 1));
@@ -1409,21 +1454,21 @@ static void test_bad_args(void)
         EXPECT(SA_OK, sa_sparse_decode(q, H, &KQ, &VQ, S - 9, &pp, imp, S, sc, out, NULL, 1));
         EXPECT(SA_ERR_PROBE_ROWS, sa_select_blocks(q, H, &K, S, &pp, NULL, 0, blocks, 1));
         pp.probe_rows = &r;
-        r = R, r.n_rows = S - 1;              /* copies of an older K */
+        r = R, r.k_rows = S - 1;              /* copies of an older K */
         EXPECT(SA_ERR_PROBE_ROWS, sa_select_blocks(q, H, &KQ, S, &pp, NULL, 0, blocks, 1));
         r = R, r.block_size = 4;
         EXPECT(SA_ERR_PROBE_ROWS, sa_select_blocks(q, H, &KQ, S, &pp, NULL, 0, blocks, 1));
         r = R, r.n_probe = 2;
         EXPECT(SA_ERR_PROBE_ROWS, sa_select_blocks(q, H, &KQ, S, &pp, NULL, 0, blocks, 1));
-        r = R, r.group_size = KQ.group_size * 2;
+        r = R, r.rows.group_size = KQ.group_size * 2;
         EXPECT(SA_ERR_PROBE_ROWS, sa_select_blocks(q, H, &KQ, S, &pp, NULL, 0, blocks, 1));
-        r = R, r.head_stride = S / 8 * 4 - 1; /* too few rows for the full blocks */
+        r = R, r.rows.n_rows = S / 8 * 4 - 1; /* too few rows for the full blocks */
         EXPECT(SA_ERR_PROBE_ROWS, sa_sparse_decode(q, H, &KQ, &VQ, S, &pp, NULL, 0, sc, out, NULL, 1));
-        r = R, r.scales = NULL;
+        r = R, r.rows.scales = NULL;
         EXPECT(SA_ERR_PROBE_ROWS, sa_select_blocks(q, H, &KQ, S, &pp, NULL, 0, blocks, 1));
-        r = R, r.n_kv_heads = 1;
+        r = R, r.rows.n_kv_heads = 1;
         EXPECT(SA_ERR_PROBE_ROWS, sa_select_blocks(q, H, &KQ, S, &pp, NULL, 0, blocks, 1));
-        r = R, r.n_rows = 4;                  /* a gap: rows 4..9 never copied */
+        r = R, r.k_rows = 4;                  /* a gap: rows 4..9 never copied */
         EXPECT(SA_ERR_PROBE_ROWS, sa_probe_rows_update(&KQ, 10, S, &r));
         r = R;
         EXPECT(SA_ERR_PROBE_ROWS, sa_probe_rows_update(&K, 0, S, &r));
@@ -1432,7 +1477,7 @@ static void test_bad_args(void)
         EXPECT(SA_ERR_SEQ_LEN, sa_probe_rows_update(&KQ, 5, 4, &r));
         r = R, r.n_probe = 0;
         EXPECT(SA_ERR_PARAM, sa_probe_rows_update(&KQ, 0, S, &r));
-        r = R, r.head_stride = 3;             /* rows past the capacity are skipped */
+        r = R, r.rows.n_rows = 3;             /* rows past the capacity are skipped */
         EXPECT(SA_OK, sa_probe_rows_update(&KQ, 0, S, &r));
         probe_rows_free(&R);
     }
@@ -1454,7 +1499,7 @@ static void test_bad_args(void)
         free(buf);
     }
 
-    /* sa_quantize_q8 and sa_kv_write. */
+    /* sa_quantize_q8: arguments, and values it must refuse. */
     int8_t qq[D];
     float qs[D];
     EXPECT(SA_ERR_NULL, sa_quantize_q8(NULL, 1, D, GS, qq, qs));
@@ -1465,33 +1510,109 @@ static void test_bad_args(void)
     EXPECT(SA_ERR_SHAPE, sa_quantize_q8(q, 1, D, 0, qq, qs));
     EXPECT(SA_ERR_GROUP, sa_quantize_q8(q, 1, D, 3, qq, qs));
     EXPECT(SA_OK, sa_quantize_q8(q, 0, D, GS, qq, qs));
+    EXPECT(SA_ERR_VALUES, sa_quantize_q8(q_nan, H, D, GS, qq, qs));
     {
-        float *cache = xmalloc(HKV * ROWS * D * 4), *before = xmalloc(HKV * ROWS * D * 4);
-        int8_t *cq = xmalloc(HKV * ROWS * D);
-        float *cs = xmalloc(HKV * ROWS * NG * 4);
-        memcpy(cache, kf, HKV * ROWS * D * 4);
-        memcpy(before, kf, HKV * ROWS * D * 4);
-        memcpy(cq, kq, HKV * ROWS * D);
-        memcpy(cs, ks, HKV * ROWS * NG * 4);
-        const sa_kv C = {SA_DTYPE_F32, HKV, ROWS, ROWS, D, 0, cache, NULL, NULL};
-        const sa_kv CQ = {SA_DTYPE_Q8, HKV, ROWS, ROWS, D, GS, NULL, cq, cs};
-        float src[HKV * 2 * D];
-        fill_gauss(src, HKV * 2 * D);
-        EXPECT(SA_ERR_NULL, sa_kv_write(NULL, 0, src, 2));
-        EXPECT(SA_ERR_NULL, sa_kv_write(&C, 0, NULL, 2));
-        EXPECT(SA_ERR_SEQ_LEN, sa_kv_write(&C, ROWS - 1, src, 2));
-        EXPECT(SA_ERR_SEQ_LEN, sa_kv_write(&C, -1, src, 2));
-        EXPECT(SA_ERR_SEQ_LEN, sa_kv_write(&CQ, 0, src, -1));
-        src[HKV * 2 * D - 1] = NAN; /* the last value of the last KV head */
-        EXPECT(SA_ERR_NONFINITE, sa_kv_write(&C, 3, src, 2));
-        EXPECT(SA_ERR_NONFINITE, sa_kv_write(&CQ, 3, src, 2));
-        check(!memcmp(cache, before, HKV * ROWS * D * 4) && !memcmp(cq, kq, HKV * ROWS * D) &&
-              !memcmp(cs, ks, HKV * ROWS * NG * 4),
-              "sa_kv_write wrote to the cache before rejecting non-finite input");
-        src[HKV * 2 * D - 1] = 1.0f;
-        EXPECT(SA_OK, sa_kv_write(&CQ, ROWS - 2, src, 2));
-        free(cache), free(before), free(cq), free(cs);
+        static const float bad_values[] = {INFINITY, -INFINITY, 0x1p48f, -0x1p48f, 3e38f};
+        float x[D];
+        for (int i = 0; i < LEN(bad_values); i++) {
+            memcpy(x, q, sizeof x);
+            x[D / 2] = bad_values[i];
+            set_where("arguments, sa_quantize_q8 of %g", bad_values[i]);
+            EXPECT(SA_ERR_VALUES, sa_quantize_q8(x, 1, D, GS, qq, qs));
+        }
+        x[D / 2] = nextafterf(0x1p48f, 0.0f);    /* the largest value below the limit */
+        set_where("arguments");
+        EXPECT(SA_OK, sa_quantize_q8(x, 1, D, GS, qq, qs));
     }
+
+    /* sa_kv_append: checks everything before writing anything. */
+    for (int dt = 0; dt < 2; dt++) {
+        const size_t nf = HKV * ROWS * D, nq = HKV * ROWS * NG;
+        float *ck = xmalloc(nf * 4), *cv = xmalloc(nf * 4), *cks = xmalloc(nq * 4),
+              *cvs = xmalloc(nq * 4);
+        int8_t *ckq = xmalloc(nf), *cvq = xmalloc(nf);
+        memset(ck, 0, nf * 4), memset(cv, 0, nf * 4), memset(cks, 0, nq * 4);
+        memset(cvs, 0, nq * 4), memset(ckq, 0, nf), memset(cvq, 0, nf);
+        const sa_kv CK = dt ? (sa_kv){SA_DTYPE_Q8, HKV, ROWS, ROWS, D, GS, NULL, ckq, cks}
+                            : (sa_kv){SA_DTYPE_F32, HKV, ROWS, ROWS, D, 0, ck, NULL, NULL};
+        const sa_kv CV = dt ? (sa_kv){SA_DTYPE_Q8, HKV, ROWS, ROWS, D, GS, NULL, cvq, cvs}
+                            : (sa_kv){SA_DTYPE_F32, HKV, ROWS, ROWS, D, 0, cv, NULL, NULL};
+        enum { BS = 4, NBB = ROWS / BS, PCNT = 2, PROWS = NBB * PCNT };
+        sa_bounds B = {.n_kv_heads = HKV, .head_dim = D, .block_size = BS, .scale_group = GS,
+                       .head_stride = NBB, .k_rows = 0};
+        B.mn = xmalloc(HKV * NBB * D), B.mx = xmalloc(HKV * NBB * D);
+        B.scales = xmalloc(HKV * NBB * NG * 4);
+        memset(B.mn, 0, HKV * NBB * D), memset(B.mx, 0, HKV * NBB * D);
+        memset(B.scales, 0, HKV * NBB * NG * 4);
+        sa_probe_rows R = {.rows = CK, .block_size = BS, .n_probe = PCNT, .k_rows = 0};
+        R.rows.head_stride = R.rows.n_rows = PROWS;
+        float *rf = xmalloc(HKV * PROWS * D * 4), *rs = xmalloc(HKV * PROWS * NG * 4);
+        int8_t *rq = xmalloc(HKV * PROWS * D);
+        memset(rf, 0, HKV * PROWS * D * 4), memset(rs, 0, HKV * PROWS * NG * 4);
+        memset(rq, 0, HKV * PROWS * D);
+        if (dt)
+            R.rows.q8 = rq, R.rows.scales = rs;
+        else
+            R.rows.f32 = rf;
+        float src[HKV * 3 * D], src2[HKV * 3 * D];
+        fill_gauss(src, HKV * 3 * D);
+        fill_gauss(src2, HKV * 3 * D);
+        set_where("arguments, sa_kv_append %s", dt ? "q8" : "f32");
+        EXPECT(SA_OK, sa_kv_append(&CK, &CV, 0, src, src2, 3, &B, &R));
+        check(B.k_rows == 3 && R.k_rows == 3, "sa_kv_append left k_rows at %d / %d, not 3",
+              B.k_rows, R.k_rows);
+        /* a snapshot of everything, then appends that must be refused */
+        void *snap[9];
+        const void *live[9] = {ck, cv, cks, cvs, ckq, cvq, B.mn, B.scales, dt ? (void *)rq : rf};
+        const size_t len[9] = {nf * 4, nf * 4, nq * 4, nq * 4, nf, nf, HKV * NBB * D,
+                               HKV * NBB * NG * 4, dt ? HKV * PROWS * D : HKV * PROWS * D * 4};
+        for (int i = 0; i < 9; i++)
+            memcpy(snap[i] = xmalloc(len[i]), live[i], len[i]);
+        EXPECT(SA_ERR_NULL, sa_kv_append(NULL, &CV, 3, src, src2, 3, NULL, NULL));
+        EXPECT(SA_ERR_NULL, sa_kv_append(&CK, &CV, 3, NULL, src2, 3, NULL, NULL));
+        EXPECT(SA_ERR_NULL, sa_kv_append(&CK, &CV, 3, src, NULL, 3, NULL, NULL));
+        EXPECT(SA_ERR_SEQ_LEN, sa_kv_append(&CK, &CV, ROWS - 2, src, src2, 3, NULL, NULL));
+        EXPECT(SA_ERR_SEQ_LEN, sa_kv_append(&CK, &CV, -1, src, src2, 3, NULL, NULL));
+        EXPECT(SA_ERR_SEQ_LEN, sa_kv_append(&CK, &CV, 3, src, src2, -1, NULL, NULL));
+        EXPECT(SA_ERR_BOUNDS, sa_kv_append(&CK, &CV, 4, src, src2, 3, &B, &R)); /* bounds cover 3 */
+        EXPECT(SA_ERR_PROBE_ROWS, sa_kv_append(&CK, &CV, 4, src, src2, 3, NULL, &R)); /* gap */
+        const float keep = src[HKV * 3 * D - 1];
+        src[HKV * 3 * D - 1] = NAN;     /* the last value of the last KV head */
+        EXPECT(SA_ERR_K_VALUES, sa_kv_append(&CK, &CV, 3, src, src2, 3, &B, &R));
+        src[HKV * 3 * D - 1] = -0x1p48f;
+        EXPECT(SA_ERR_K_VALUES, sa_kv_append(&CK, &CV, 3, src, src2, 3, &B, &R));
+        src[HKV * 3 * D - 1] = keep;
+        src2[0] = 3e38f;                /* finite, but a score or sum could overflow */
+        EXPECT(SA_ERR_V_VALUES, sa_kv_append(&CK, &CV, 3, src, src2, 3, &B, &R));
+        int same = B.k_rows == 3 && R.k_rows == 3;
+        for (int i = 0; i < 9; i++)
+            same &= memcmp(snap[i], live[i], len[i]) == 0;
+        check(same, "sa_kv_append wrote to the cache before refusing a call");
+        src2[0] = 1.0f;
+        EXPECT(SA_OK, sa_kv_append(&CK, &CV, 3, src, src2, 3, &B, &R));
+        /* the bounds and copies are those made from scratch over the 6 rows */
+        sa_kv k6 = CK;
+        k6.n_rows = 6;
+        sa_bounds B2 = B;
+        B2.mn = xmalloc(HKV * NBB * D), B2.mx = xmalloc(HKV * NBB * D);
+        B2.scales = xmalloc(HKV * NBB * NG * 4);
+        EXPECT(SA_OK, sa_bounds_update(&k6, 0, 6, &B2));
+        same = B.k_rows == 6 && R.k_rows == 6;
+        for (int kh = 0; kh < HKV; kh++)
+            for (int blk = 0; blk < 2; blk++) {
+                const size_t at = (size_t)kh * NBB + blk;
+                same &= !memcmp(B.mn + at * D, B2.mn + at * D, D) &&
+                        !memcmp(B.mx + at * D, B2.mx + at * D, D) &&
+                        !memcmp(B.scales + at * NG, B2.scales + at * NG, NG * 4);
+            }
+        check(same, "sa_kv_append: bounds differ from sa_bounds_update over the same rows");
+        free(B2.mn), free(B2.mx), free(B2.scales);
+        for (int i = 0; i < 9; i++)
+            free(snap[i]);
+        free(ck), free(cv), free(cks), free(cvs), free(ckq), free(cvq);
+        free(B.mn), free(B.mx), free(B.scales), free(rf), free(rs), free(rq);
+    }
+    set_where("arguments");
 
     /* The microbenchmark entry points. */
     float dots[S];
@@ -1532,7 +1653,7 @@ static void test_bad_args(void)
           "sa_isa_name_at out of range is not NULL");
 
     /* Every status has its own text. */
-    for (int st = SA_OK; st <= SA_ERR_BOUNDS; st++)
+    for (int st = SA_OK; st <= SA_ERR_SIZE; st++)
         check(sa_strerror(st) && strcmp(sa_strerror(st), "unknown status") != 0,
               "sa_strerror(%d) has no text", st);
     check(strcmp(sa_strerror(99), "unknown status") == 0, "sa_strerror(99)");
@@ -1542,24 +1663,21 @@ static void test_bad_args(void)
 
 /* ====================================================================== */
 
-/* Every table the build knows about, by the extern names of kernels.h. */
-static const sa_kernels *const TABLES[] = {
-    &sa_kernels_portable,
-#if defined(__x86_64__) || defined(_M_X64)
-    &sa_kernels_avx2,
-    &sa_kernels_avx512_vnni,
-#endif
-#if defined(__aarch64__)
-    &sa_kernels_neon,
-    &sa_kernels_neon_dotprod,
-#endif
+/* Every table the build knows about, from isa_list.h. */
+static const struct {
+    const char *name;
+    const sa_kernels *table;
+} TABLES[] = {
+#define SA_ISA(id, name, arch, file) SA_IF_##arch({name, &sa_kernels_##id},)
+#include "isa_list.h"
+#undef SA_ISA
 };
 
 static const sa_kernels *table_named(const char *name)
 {
     for (int i = 0; i < LEN(TABLES); i++)
-        if (strcmp(TABLES[i]->name, name) == 0)
-            return TABLES[i];
+        if (strcmp(TABLES[i].name, name) == 0)
+            return TABLES[i].table;
     return NULL;
 }
 
@@ -1600,7 +1718,8 @@ int main(int argc, char **argv)
             continue;
         check(i > 0 || strcmp(name, "portable") == 0, "the first ISA is not portable");
         check(table->scores_f32 && table->scores_q8 && table->softmax_exp &&
-              table->accumulate_v_f32 && table->accumulate_v_q8 && table->minmax_scores,
+              table->accumulate_v_f32 && table->accumulate_v_q8 && table->minmax_scores &&
+              table->stream_sum,
               "table %s leaves a kernel NULL", name);
         if (!avail) {
             check(sa_set_isa(name) == SA_ERR_ISA, "sa_set_isa(\"%s\") accepted an ISA this CPU "
@@ -1632,6 +1751,8 @@ int main(int argc, char **argv)
             test_accumulate_q8(kern);
         if (kern->minmax_scores)
             test_minmax(kern);
+        if (kern->stream_sum)
+            test_stream_sum(kern);
         set_where("%s api kernels", isas[i]);
         test_api_kernels(isas[i]);
     }

@@ -1,0 +1,344 @@
+"""What a selection reads beside K: the per-block key bounds of
+``scoring="minmax"`` and the copies of the rows the probe samples.
+
+Both are immutable here, checked when made (so a hand-built one that does not
+fit never reaches C) and checked against each call they serve.  A
+:class:`~sparse_attn.KVCache` keeps its own up to date as tokens are appended.
+"""
+import numpy as np
+
+from . import _checks as ck
+from . import _ffi
+from ._checks import ArgumentError, ArgumentTypeError
+from ._ffi import ffi, lib
+from ._operands import check_seq_len, kv_operand
+from .q8 import Q8, _read_only
+
+
+def probe_geometry(block_size, n_probe):
+    """(rows kept per full block, step between them) of the probe (spec §2.2),
+    as the C core computes it (probe_rows.c)."""
+    step = max(1, block_size // n_probe)
+    return -(-block_size // step), step
+
+
+def default_scale_group(kv_group_size, head_dim):
+    """The channels sharing one bound scale: K's q8 group, or 32 for float32
+    K (head_dim when 32 does not divide it)."""
+    if kv_group_size is not None:
+        return kv_group_size
+    return 32 if head_dim % 32 == 0 else head_dim
+
+
+def _rows_layout(name, a, dtype):
+    """Checks a [Hkv, N, W] array with contiguous rows; returns its head
+    stride in rows."""
+    ck.check_array(name, a, dtype=dtype, ndim=3, contiguous=False)
+    hkv, n, w = a.shape
+    item = a.dtype.itemsize
+    if a.strides[2] != item or (n > 1 and a.strides[1] != w * item) or \
+            (hkv > 1 and (a.strides[0] % (w * item) or a.strides[0] < n * w * item)):
+        raise ArgumentError(f"{name} must have contiguous rows (C order within a head), got "
+                            f"strides {a.strides} for shape {a.shape}")
+    return n if hkv == 1 else a.strides[0] // (w * item)
+
+
+# --------------------------------------------------------------------------- key bounds
+
+class BlockBounds:
+    """Per-block, per-channel key bounds for ``scoring="minmax"`` (spec §6).
+
+    For block ``b`` of KV head ``kh`` and channel ``i``:
+    ``scales[kh, b, i // scale_group] * mn[kh, b, i] <= K[kh, t, i] <=
+    scales[kh, b, i // scale_group] * mx[kh, b, i]`` for every valid row
+    ``t`` of the block (int8 multiples of the scale, rounded outwards).
+
+    Attributes (read-only)
+    ----------------------
+    mn, mx : int8 ``[Hkv, NB, D]``
+    scales : float32 ``[Hkv, NB, D // scale_group]``
+    block_size : int
+    scale_group : int, channels sharing one scale
+    k_rows : int, the rows of K the bounds were computed over
+    """
+
+    __slots__ = ("_mn", "_mx", "_scales", "_block_size", "_scale_group", "_k_rows",
+                 "_stride", "_struct")
+
+    def __init__(self, mn, mx, scales, block_size, scale_group, k_rows):
+        block_size = ck.check_int("block_size", block_size, minimum=1)
+        scale_group = ck.check_int("scale_group", scale_group, minimum=1)
+        k_rows = ck.check_int("k_rows", k_rows, minimum=0)
+        stride = _rows_layout("bounds.mn", mn, np.int8)
+        if _rows_layout("bounds.mx", mx, np.int8) != stride or mx.shape != mn.shape:
+            raise ArgumentError(f"bounds.mx must have the shape and layout of bounds.mn "
+                                f"{mn.shape}, got {mx.shape}")
+        hkv, nb, dim = mn.shape
+        if dim % scale_group:
+            raise ArgumentError(f"scale_group ({scale_group}) must divide head_dim ({dim})")
+        scale_stride = _rows_layout("bounds.scales", scales, np.float32)
+        if scales.shape != (hkv, nb, dim // scale_group):
+            raise ArgumentError(f"bounds.scales must have shape {(hkv, nb, dim // scale_group)}"
+                                f", got {scales.shape}")
+        if hkv > 1 and scale_stride != stride:
+            raise ArgumentError("bounds.scales must have the head stride of bounds.mn")
+        if -(-k_rows // block_size) > nb:
+            raise ArgumentError(f"bounds hold {nb} blocks, fewer than the "
+                                f"{-(-k_rows // block_size)} of k_rows {k_rows}")
+        if not np.isfinite(scales).all():
+            raise ArgumentError("bounds.scales holds NaN or Inf values")
+        self._init(mn, mx, scales, block_size, scale_group, k_rows, stride)
+
+    def _init(self, mn, mx, scales, block_size, scale_group, k_rows, stride):
+        for name, value in (("_mn", _read_only(mn)), ("_mx", _read_only(mx)),
+                            ("_scales", _read_only(scales)), ("_block_size", block_size),
+                            ("_scale_group", scale_group), ("_k_rows", k_rows),
+                            ("_stride", stride), ("_struct", None)):
+            object.__setattr__(self, name, value)
+
+    @classmethod
+    def _wrap(cls, mn, mx, scales, block_size, scale_group, k_rows, stride):
+        """Bounds this package computed (block_bounds, KVCache views)."""
+        self = cls.__new__(cls)
+        self._init(mn, mx, scales, block_size, scale_group, k_rows, stride)
+        return self
+
+    def __setattr__(self, name, value):
+        raise AttributeError(f"BlockBounds is immutable (cannot set {name!r})")
+
+    mn = property(lambda self: self._mn)
+    mx = property(lambda self: self._mx)
+    scales = property(lambda self: self._scales)
+    block_size = property(lambda self: self._block_size)
+    scale_group = property(lambda self: self._scale_group)
+    k_rows = property(lambda self: self._k_rows)
+
+    @property
+    def nbytes(self):
+        return self._mn.nbytes + self._mx.nbytes + self._scales.nbytes
+
+    def struct(self):
+        """The sa_bounds the C core reads (made once; the arrays stay alive
+        with this object)."""
+        if self._struct is None:
+            hkv, _, dim = self._mn.shape
+            st = ffi.new("sa_bounds *", {
+                "n_kv_heads": hkv, "head_dim": dim, "block_size": self._block_size,
+                "scale_group": self._scale_group, "head_stride": self._stride,
+                "k_rows": self._k_rows,
+                "mn": ffi.cast("int8_t *", _ffi.ptr(self._mn, "int8_t")),
+                "mx": ffi.cast("int8_t *", _ffi.ptr(self._mx, "int8_t")),
+                "scales": ffi.cast("float *", _ffi.ptr(self._scales, "float"))})
+            object.__setattr__(self, "_struct", st)
+        return self._struct
+
+    def check_for(self, kop, seq_len, block_size):
+        """Refuse bounds that were not made for this K, seq_len and block_size."""
+        if self._mn.shape[0] != kop.n_kv_heads or self._mn.shape[2] != kop.head_dim:
+            raise ArgumentError(f"bounds are for [{self._mn.shape[0]} KV heads, head_dim "
+                                f"{self._mn.shape[2]}], k is [{kop.n_kv_heads}, "
+                                f"{kop.head_dim}]")
+        if self._block_size != block_size:
+            raise ArgumentError(f"bounds were computed for block_size {self._block_size}, "
+                                f"not {block_size}")
+        if self._k_rows != seq_len:
+            raise ArgumentError(f"bounds cover {self._k_rows} rows but seq_len is {seq_len}; "
+                                f"recompute them with block_bounds(k, seq_len={seq_len})")
+
+    def __repr__(self):
+        return (f"BlockBounds(blocks={self._mn.shape[1]}, block_size={self._block_size}, "
+                f"scale_group={self._scale_group}, k_rows={self._k_rows})")
+
+
+def empty_bounds(n_kv_heads, n_blocks, head_dim, block_size, scale_group, zeros=np.zeros):
+    """Zeroed bound arrays (mn, mx, scales) for a cache to fill."""
+    return (zeros((n_kv_heads, n_blocks, head_dim), np.int8),
+            zeros((n_kv_heads, n_blocks, head_dim), np.int8),
+            zeros((n_kv_heads, n_blocks, head_dim // scale_group), np.float32))
+
+
+def bounds_struct(arrays, block_size, scale_group, k_rows):
+    """A writable sa_bounds over a cache's own arrays (mn, mx, scales)."""
+    mn, mx, sc = arrays
+    return ffi.new("sa_bounds *", {
+        "n_kv_heads": mn.shape[0], "head_dim": mn.shape[2], "block_size": block_size,
+        "scale_group": scale_group, "head_stride": mn.shape[1], "k_rows": k_rows,
+        "mn": _ffi.out_ptr(mn, "int8_t"), "mx": _ffi.out_ptr(mx, "int8_t"),
+        "scales": _ffi.out_ptr(sc, "float")})
+
+
+def block_bounds(k, *, block_size=32, seq_len=None, scale_group=None):
+    """Per-block min/max key bounds of K's first ``seq_len`` rows (one read of
+    K), for ``scoring="minmax"``.  A :class:`~sparse_attn.KVCache` keeps its
+    own up to date instead (``cache.bounds``).
+
+    Parameters
+    ----------
+    k : float32 ``[Hkv, S, D]`` or Q8
+    block_size : int, default 32
+    seq_len : int, default ``S``
+    scale_group : int, default: K's q8 group, or 32 for float32 K (head_dim if
+        32 does not divide it); channels sharing one bound scale
+
+    Returns
+    -------
+    BlockBounds with ``NB = ceil(seq_len / block_size)`` blocks.
+    """
+    kop = kv_operand("k", k)
+    seq_len = check_seq_len(seq_len, kop)
+    block_size = ck.check_int("block_size", block_size, minimum=1)
+    if scale_group is None:
+        scale_group = default_scale_group(kop.group_size, kop.head_dim)
+    scale_group = ck.check_int("scale_group", scale_group, minimum=1)
+    if kop.head_dim % scale_group:
+        raise ArgumentError(f"scale_group ({scale_group}) must divide head_dim "
+                            f"({kop.head_dim})")
+    nb = -(-seq_len // block_size)
+    arrays = empty_bounds(kop.n_kv_heads, nb, kop.head_dim, block_size, scale_group)
+    st = bounds_struct(arrays, block_size, scale_group, 0)
+    _ffi.check(lib.sa_bounds_update(kop.struct, 0, seq_len, st), "block_bounds")
+    return BlockBounds._wrap(*arrays, block_size, scale_group, seq_len, nb)
+
+
+# --------------------------------------------------------------------------- probe rows
+
+class ProbeRows:
+    """Copies of the rows the probe samples (spec §2.2), for ``scoring="probe"``.
+
+    With ``step = max(1, block_size // n_probe)``, each full block ``b`` of K
+    keeps ``cnt = ceil(block_size / step)`` rows, K rows ``b*block_size +
+    j*step`` at copy rows ``b*cnt + j``.  The probe then reads these copies
+    front to back instead of every ``step``-th row of K, which on real
+    hardware costs about a full read of K (the prefetchers fetch the rows in
+    between).  The copies are byte copies, so scores, selections and outputs
+    are bitwise those computed from K.  They cost ``cnt / block_size`` of
+    K's memory (a quarter with the defaults).  The last, partial block of a
+    context is probed from K.
+
+    Attributes (read-only)
+    ----------------------
+    rows : float32 ``[Hkv, R, D]`` or Q8, in K's dtype (and q8 group)
+    block_size, n_probe : int
+    k_rows : int, the rows of K the copies are current for
+    """
+
+    __slots__ = ("_rows", "_op", "_block_size", "_n_probe", "_k_rows", "_struct")
+
+    def __init__(self, rows, block_size, n_probe, k_rows):
+        from .selection import n_probe_value
+        block_size = ck.check_int("block_size", block_size, minimum=1)
+        n_probe = n_probe_value(n_probe, block_size)
+        k_rows = ck.check_int("k_rows", k_rows, minimum=0)
+        if not isinstance(rows, (np.ndarray, Q8)):
+            raise ArgumentTypeError(f"probe_rows.rows must be a float32 numpy.ndarray or a "
+                                    f"Q8, got {type(rows).__name__}")
+        if isinstance(rows, np.ndarray):
+            rows = _read_only(rows)
+        op = kv_operand("probe_rows.rows", rows)
+        cnt, _ = probe_geometry(block_size, n_probe)
+        if k_rows // block_size * cnt > op.rows:
+            raise ArgumentError(f"probe_rows hold {op.rows} rows, fewer than the "
+                                f"{k_rows // block_size * cnt} copies of k_rows {k_rows}")
+        for name, value in (("_rows", rows), ("_op", op), ("_block_size", block_size),
+                            ("_n_probe", n_probe), ("_k_rows", k_rows), ("_struct", None)):
+            object.__setattr__(self, name, value)
+
+    def __setattr__(self, name, value):
+        raise AttributeError(f"ProbeRows is immutable (cannot set {name!r})")
+
+    rows = property(lambda self: self._rows)
+    block_size = property(lambda self: self._block_size)
+    n_probe = property(lambda self: self._n_probe)
+    k_rows = property(lambda self: self._k_rows)
+
+    @property
+    def nbytes(self):
+        return self._rows.nbytes
+
+    def struct(self):
+        """The sa_probe_rows the C core reads (made once)."""
+        if self._struct is None:
+            st = ffi.new("sa_probe_rows *")
+            st.rows = self._op.struct[0]
+            st.block_size, st.n_probe, st.k_rows = self._block_size, self._n_probe, self._k_rows
+            object.__setattr__(self, "_struct", st)
+        return self._struct
+
+    def check_for(self, kop, seq_len, sel):
+        """Refuse copies that were not made for this K, seq_len, block_size
+        and n_probe."""
+        op = self._op
+        if (op.dtype, op.group_size, op.n_kv_heads, op.head_dim) != \
+                (kop.dtype, kop.group_size, kop.n_kv_heads, kop.head_dim):
+            raise ArgumentError(f"probe_rows hold {op.dtype} rows of [{op.n_kv_heads} KV heads, "
+                                f"head_dim {op.head_dim}], k is {kop.dtype} "
+                                f"[{kop.n_kv_heads}, {kop.head_dim}] (and the q8 group sizes "
+                                f"must match)")
+        if (self._block_size, self._n_probe) != (sel.block_size, sel.n_probe):
+            raise ArgumentError(f"probe_rows were copied for block_size {self._block_size}, "
+                                f"n_probe {self._n_probe}, not {sel.block_size}, {sel.n_probe}")
+        if self._k_rows < seq_len:
+            raise ArgumentError(f"probe_rows cover {self._k_rows} rows of K but seq_len is "
+                                f"{seq_len}; copy them again with probe_rows(k)")
+
+    def __repr__(self):
+        return (f"ProbeRows(rows={tuple(self._rows.shape)}, block_size={self._block_size}, "
+                f"n_probe={self._n_probe}, k_rows={self._k_rows})")
+
+
+def empty_probe_rows(n_kv_heads, capacity, head_dim, dtype, group_size, block_size, n_probe,
+                     zeros=np.zeros):
+    """Zeroed room for the copies of every block of `capacity` K rows, the
+    last partial one included (a cache that grows completes it later):
+    an ndarray, or (data, scales) for q8."""
+    cnt, _ = probe_geometry(block_size, n_probe)
+    r = -(-capacity // block_size) * cnt
+    if dtype == "float32":
+        return zeros((n_kv_heads, r, head_dim), np.float32)
+    return (zeros((n_kv_heads, r, head_dim), np.int8),
+            zeros((n_kv_heads, r, head_dim // group_size), np.float32))
+
+
+def probe_rows_struct(arrays, group_size, block_size, n_probe, k_rows):
+    """A writable sa_probe_rows over a cache's own copy arrays."""
+    st = ffi.new("sa_probe_rows *")
+    r = st.rows
+    if isinstance(arrays, tuple):
+        data, scales = arrays
+        r.dtype, r.group_size = lib.SA_DTYPE_Q8, group_size
+        r.q8, r.scales = _ffi.out_ptr(data, "int8_t"), _ffi.out_ptr(scales, "float")
+    else:
+        data = arrays
+        r.dtype = lib.SA_DTYPE_F32
+        r.f32 = _ffi.out_ptr(data, "float")
+    r.n_kv_heads, r.head_stride, r.n_rows, r.head_dim = (data.shape[0], data.shape[1],
+                                                        data.shape[1], data.shape[2])
+    st.block_size, st.n_probe, st.k_rows = block_size, n_probe, k_rows
+    return st
+
+
+def probe_rows(k, *, block_size=32, n_probe=8, seq_len=None):
+    """Copy the probe's sampled rows of K's first ``seq_len`` rows into a
+    :class:`ProbeRows` (one strided read of K).  A
+    :class:`~sparse_attn.KVCache` keeps its copies up to date as tokens are
+    appended instead (``cache.probe_rows``).
+
+    Parameters
+    ----------
+    k : float32 ``[Hkv, S, D]`` or Q8
+    block_size : int, default 32
+    n_probe : int or ``"all"``, default 8 (those of the decode calls the
+        copies serve)
+    seq_len : int, default ``S``
+    """
+    from .selection import n_probe_value
+    kop = kv_operand("k", k)
+    seq_len = check_seq_len(seq_len, kop)
+    block_size = ck.check_int("block_size", block_size, minimum=1)
+    n_probe = n_probe_value(n_probe, block_size)
+    arrays = empty_probe_rows(kop.n_kv_heads, seq_len, kop.head_dim, kop.dtype,
+                              kop.group_size, block_size, n_probe)
+    st = probe_rows_struct(arrays, kop.group_size, block_size, n_probe, 0)
+    _ffi.check(lib.sa_probe_rows_update(kop.struct, 0, seq_len, st), "probe_rows")
+    rows = Q8._wrap(*arrays, kop.group_size) if isinstance(arrays, tuple) else arrays
+    return ProbeRows(rows, block_size, n_probe, seq_len)

@@ -1,0 +1,195 @@
+"""Block selection settings (docs/spec.md §2 and §6) in one place.
+
+A :class:`Selection` is a policy preset resolved with the caller's overrides
+into checked knobs.  It knows which metadata beside K the selection reads
+(the probe-row copies or the key bounds), whether a cache should keep
+probe-row copies for it, and the C struct the core takes.  Every entry point,
+the KV cache, the benchmarks, the evaluation and the transformers backend
+build their selection through :func:`selection`.
+"""
+import functools
+import math
+from dataclasses import dataclass
+
+from . import _checks as ck
+from ._checks import ArgumentError
+from ._ffi import ffi, lib
+
+SHARES = {"head": lib.SA_SHARE_HEAD, "group": lib.SA_SHARE_GROUP}
+SCORINGS = {"probe": lib.SA_SCORING_PROBE, "minmax": lib.SA_SCORING_MINMAX}
+
+# Named selection policies: the four knobs of spec §6 and the probe's
+# n_probe.  "seed" is the article's rule and the default everywhere.
+# "recall" is the best combination `sparse-attn eval` found on
+# SmolLM2-135M-Instruct at 2K tokens (docs/results.md): no importance
+# reserve and a probe that reads every row of a block (n_probe="all", the
+# block's true max of q.k); it reads all of K to choose, so it saves V reads
+# and attention work, not K reads.  "fast" reads the least: Quest's min/max
+# key bounds instead of the probe, one selection per GQA group, the first
+# block kept; it recalled less than the probe on SmolLM2, so measure your
+# model first.
+POLICIES = {
+    "seed": dict(importance_fraction=0.5, sink_blocks=0, scoring="probe", share="head",
+                 n_probe=8),
+    "recall": dict(importance_fraction=0.0, sink_blocks=0, scoring="probe", share="head",
+                   n_probe="all"),
+    "fast": dict(importance_fraction=0.0, sink_blocks=1, scoring="minmax", share="group",
+                 n_probe=8),
+}
+
+
+def importance_blocks(importance_fraction, k_blocks):
+    """The importance reserve of spec §6: ceil(importance_fraction * k_blocks),
+    with the product rounded to 9 decimals first so that 0.3 * 10 reserves 3
+    blocks, not 4."""
+    return int(math.ceil(round(importance_fraction * k_blocks, 9)))
+
+
+def n_probe_value(n_probe, block_size):
+    """n_probe as the int the C core takes: an int >= 1, or the string "all"
+    (every row of a block: block_size)."""
+    if isinstance(n_probe, str):
+        if n_probe == "all":
+            return block_size
+        raise ArgumentError(f"n_probe must be an int >= 1 or 'all', got {n_probe!r}")
+    return ck.check_int("n_probe", n_probe, minimum=1)
+
+
+@dataclass(frozen=True)
+class Selection:
+    """Checked selection knobs (spec §2, §6); make one with :func:`selection`.
+
+    Attributes
+    ----------
+    k_blocks, block_size : int
+    n_probe : int, rows probed per block (``block_size`` for ``"all"``)
+    recency : bool
+    importance_fraction : float in [0, 1]
+    sink_blocks : int
+    share : ``"head"`` or ``"group"``
+    scoring : ``"probe"`` or ``"minmax"``
+    """
+
+    k_blocks: int
+    block_size: int
+    n_probe: int
+    recency: bool
+    importance_fraction: float
+    sink_blocks: int
+    share: str
+    scoring: str
+
+    @property
+    def importance_blocks(self):
+        return importance_blocks(self.importance_fraction, self.k_blocks)
+
+    @property
+    def probes_every_row(self):
+        return self.scoring == "probe" and self.n_probe >= self.block_size
+
+    @property
+    def reads(self):
+        """The metadata the selection reads beside K: ``"bounds"`` (minmax),
+        ``"probe_rows"`` (a probe of some rows, served by copies), or None
+        (a probe of every row reads K itself)."""
+        if self.scoring == "minmax":
+            return "bounds"
+        return None if self.probes_every_row else "probe_rows"
+
+    def params(self, bounds=None, probe_rows=None):
+        """A fresh sa_select_params for one call, pointing at the call's
+        sa_bounds / sa_probe_rows (or NULL)."""
+        p = ffi.new("sa_select_params *", _fields(self))
+        if bounds is not None:
+            p.bounds = bounds
+        if probe_rows is not None:
+            p.probe_rows = probe_rows
+        return p
+
+    def n_blocks(self, seq_len):
+        return -(-seq_len // self.block_size)
+
+    def n_selected(self, seq_len):
+        return min(self.k_blocks, self.n_blocks(seq_len))
+
+
+@functools.lru_cache(maxsize=256)
+def _fields(sel):
+    return dict(block_size=sel.block_size, k_blocks=sel.k_blocks, n_probe=sel.n_probe,
+                recency=int(sel.recency), importance_blocks=sel.importance_blocks,
+                sink_blocks=sel.sink_blocks, share=SHARES[sel.share],
+                scoring=SCORINGS[sel.scoring])
+
+
+def selection(policy="seed", *, k_blocks=32, block_size=32, n_probe=None, recency=True,
+              importance_fraction=None, sink_blocks=None, share=None, scoring=None):
+    """The :class:`Selection` of a policy preset with every knob given (not
+    None) taking precedence; each value is checked and a bad one named."""
+    args = (policy, k_blocks, block_size, n_probe, recency, importance_fraction, sink_blocks,
+            share, scoring)
+    try:
+        return _selection(*args)
+    except TypeError as exc:
+        if "unhashable" not in str(exc):
+            raise
+        return _selection.__wrapped__(*args)   # validate uncached, for the message
+
+
+@functools.lru_cache(maxsize=512, typed=True)
+def _selection(policy, k_blocks, block_size, n_probe, recency, importance_fraction, sink_blocks,
+               share, scoring):
+    ck.check_choice("policy", policy, POLICIES)
+    knobs = dict(POLICIES[policy])
+    for name, value in (("importance_fraction", importance_fraction),
+                        ("sink_blocks", sink_blocks), ("scoring", scoring), ("share", share),
+                        ("n_probe", n_probe)):
+        if value is not None:
+            knobs[name] = value
+    block_size = ck.check_int("block_size", block_size, minimum=1)
+    return Selection(
+        k_blocks=ck.check_int("k_blocks", k_blocks, minimum=1),
+        block_size=block_size,
+        n_probe=n_probe_value(knobs["n_probe"], block_size),
+        recency=ck.check_bool("recency", recency),
+        importance_fraction=ck.check_float("importance_fraction", knobs["importance_fraction"],
+                                           minimum=0.0, maximum=1.0),
+        sink_blocks=ck.check_int("sink_blocks", knobs["sink_blocks"], minimum=0),
+        share=ck.check_choice("share", knobs["share"], SHARES),
+        scoring=ck.check_choice("scoring", knobs["scoring"], SCORINGS))
+
+
+# Knobs a policy spec of the command line may set, and how to read them.
+_SPEC_KNOBS = {
+    "importance_fraction": float,
+    "sink_blocks": int,
+    "scoring": str,
+    "share": str,
+    "n_probe": lambda v: v if v == "all" else int(v),
+    "recency": lambda v: v.lower() in ("1", "true", "yes"),
+    "dense_layers": lambda v: tuple(int(i) for i in v.split("+") if i),
+}
+
+
+def parse_policy(spec):
+    """A policy of the command line: ``name`` of a preset, or
+    ``name:key=value,key=value`` over selection knobs (``dense_layers=0+1``
+    for the transformers backend).  Returns (name, knobs), knobs checked
+    by resolving them once; raises ArgumentError naming what is wrong."""
+    name, _, rest = spec.strip().partition(":")
+    if not rest:
+        ck.check_choice("policy", name, POLICIES)
+        return name, dict(POLICIES[name])
+    knobs = {}
+    for item in rest.split(","):
+        key, _, value = item.partition("=")
+        if key not in _SPEC_KNOBS:
+            raise ArgumentError(f"policy {name}: unknown knob {key!r} (knobs: "
+                                f"{', '.join(_SPEC_KNOBS)})")
+        try:
+            knobs[key] = _SPEC_KNOBS[key](value)
+        except ValueError:
+            raise ArgumentError(f"policy {name}: {key}={value!r} is not a valid "
+                                f"{key}") from None
+    base = name if name in POLICIES else "seed"
+    selection(base, **{k: v for k, v in knobs.items() if k != "dense_layers"})
+    return name, knobs

@@ -1,0 +1,221 @@
+"""What an adversarial pass found (issue 12), kept fixed: NaN in K/V behaves
+the same on every ISA, values that would overflow never enter a cache, a
+failed append changes nothing, a cache serves concurrent readers while it
+grows, and sizes at the edge of a C int are served correctly."""
+import threading
+
+import numpy as np
+import pytest
+
+import sparse_attn as sa
+import sparse_attn.cache as sa_cache
+from sparse_attn import reference as ref
+
+from conftest import make_kv, rel_err, rtol_for
+
+
+# ------------------------------------------------------------------ NaN in K or V
+
+@pytest.mark.parametrize("where", ["k", "v"])
+def test_nan_in_k_or_v_propagates_the_same_on_every_isa(isa, rng, where):
+    """A NaN in a float32 K or V passed directly (not scanned: that would
+    read the whole KV per call) makes the output of exactly the heads that
+    read it NaN, on every ISA, as in the reference; a prefill row that reads
+    it is NaN, and so is the importance it contributes to."""
+    H, Hkv, D, S = 8, 2, 64, 150
+    k, v = make_kv(rng, Hkv, S, D)
+    (k if where == "k" else v)[0, 5, 3] = np.nan        # KV head 0, row 5
+    q = rng.standard_normal((H, D), dtype=np.float32)
+    reads = np.arange(H) // (H // Hkv) == 0              # heads of KV head 0
+    # NaN in K: the score is NaN, so is the softmax sum, so is every output
+    # element of those heads; NaN in V: the output channel that adds it.
+    nan_cols = slice(None) if where == "k" else slice(3, 4)
+    for out, want in ((sa.dense_decode(q, k, v), ref.dense_decode(q, k, v)),
+                      (sa.sparse_decode(q, k, v, k_blocks=5), ref.dense_decode(q, k, v))):
+        assert np.isnan(out[reads][:, nan_cols]).all() and np.isfinite(out[~reads]).all()
+        assert np.array_equal(np.isnan(out), np.isnan(want))
+        assert rel_err(out[~reads], want[~reads]) < 1e-5
+    # a sparse selection that does not read block 0 never sees the NaN
+    far = sa.sparse_decode(q, k, v, k_blocks=1, recency=True, n_probe=1,
+                           importance=np.r_[np.zeros(S - 1), 1].astype(np.float32))
+    assert np.isfinite(far).all()
+    T = 12
+    qp = rng.standard_normal((H, T, D), dtype=np.float32)
+    out, imp = sa.prefill(qp, k, v, start=0)
+    want, want_imp = ref.prefill(qp, k, v, start=0)
+    assert np.array_equal(np.isnan(out), np.isnan(want))
+    assert np.isnan(out[reads][:, 5:, nan_cols]).all() and np.isfinite(out[reads][:, :5]).all()
+    assert np.isfinite(out[~reads]).all()
+    # importance is made of the weights: NaN where a NaN score entered them
+    assert np.array_equal(np.isnan(imp), np.isnan(want_imp))
+    assert np.isnan(imp).any() == (where == "k")
+
+
+def test_nan_in_a_q8_cache_or_quantiser_is_refused(rng):
+    x = rng.standard_normal((2, 10, 64), dtype=np.float32)
+    x[1, 3, 7] = np.nan
+    with pytest.raises(ValueError, match="x holds NaN"):
+        sa.quantize_q8(x)
+
+
+# ------------------------------------------------------------------ values that overflow
+
+@pytest.mark.parametrize("dtype", ["q8", "float32"])
+@pytest.mark.parametrize("bad", [3e38, -2.0**48, np.inf])
+def test_values_that_could_overflow_never_enter_a_cache(rng, dtype, bad):
+    cache = sa.KVCache(2, 64, capacity=8, dtype=dtype)
+    good = rng.standard_normal((2, 20, 64), dtype=np.float32)
+    cache.append(good, good)
+    cache.prefill(rng.standard_normal((4, 20, 64), dtype=np.float32))
+    before = (cache.seq_len, cache.capacity, np.array(cache.importance))
+    huge = good.copy()
+    huge[1, 4, 9] = bad
+    for k, v, name in ((huge, good, "k"), (good, huge, "v")):
+        with pytest.raises(ValueError, match=f"^{name} holds NaN or Inf values, or magnitudes"):
+            cache.append(k, v)
+        assert (cache.seq_len, cache.capacity) == before[:2]
+        assert np.array_equal(cache.importance, before[2])
+    out = cache.prefill(rng.standard_normal((4, 20, 64), dtype=np.float32))
+    assert np.isfinite(out).all() and np.isfinite(cache.importance).all()
+    assert np.isfinite(cache.decode(rng.standard_normal((4, 64), dtype=np.float32),
+                                    k_blocks=1)).all()
+    # the largest magnitude below the limit is fine, and stays finite
+    edge = good.copy()
+    edge[0, 0, 0] = np.nextafter(np.float32(2.0**48), np.float32(0))
+    cache.append(edge, edge)
+    assert np.isfinite(cache.decode(rng.standard_normal((4, 64), dtype=np.float32))).all()
+
+
+# ------------------------------------------------------------------ failed growth
+
+def _state(cache):
+    """Every byte of a cache's visible state."""
+    parts = [cache.seq_len, cache.capacity, cache.importance.tobytes()]
+    for t in (cache.k, cache.v):
+        parts += [t.data.tobytes(), t.scales.tobytes()] if isinstance(t, sa.Q8) else \
+            [t.tobytes()]
+    b = cache.bounds
+    parts += [b.mn.tobytes(), b.mx.tobytes(), b.scales.tobytes(), b.k_rows]
+    p = cache.probe_rows
+    if p is not None:
+        parts += [p.k_rows]
+    return parts
+
+
+@pytest.mark.parametrize("dtype", ["q8", "float32"])
+def test_failed_growth_changes_nothing(rng, monkeypatch, dtype):
+    """An allocation that fails while the cache grows (any of its buffers)
+    leaves seq_len, K, V, importance, bounds and probe rows as they were,
+    and the cache keeps working: later appends give what a cache that never
+    failed holds."""
+    x = rng.standard_normal((2, 40, 64), dtype=np.float32)
+    y = rng.standard_normal((2, 30, 64), dtype=np.float32)
+    real = np.zeros
+    fails_at = 0
+    while True:
+        cache = sa.KVCache(2, 64, capacity=32, dtype=dtype)
+        cache.append(x[:, :20], x[:, :20])
+        cache.add_importance(np.arange(20, dtype=np.float32))
+        before = _state(cache)
+        calls = []
+
+        def failing(*args, **kw):
+            calls.append(1)
+            if len(calls) == fails_at + 1:
+                raise MemoryError("injected")
+            return real(*args, **kw)
+
+        monkeypatch.setattr(sa_cache, "_zeros", failing)
+        try:
+            cache.append(x[:, 20:], x[:, 20:])      # needs to grow past 32 rows
+        except MemoryError:
+            failed = True
+        else:
+            failed = False
+        monkeypatch.setattr(sa_cache, "_zeros", real)
+        if not failed:
+            assert fails_at > 0          # some allocations were tried and failed before
+            break
+        assert _state(cache) == before, f"allocation {fails_at} left a half-grown cache"
+        cache.append(x[:, 20:], x[:, 20:])
+        cache.append(y, y)
+        fresh = sa.KVCache(2, 64, capacity=32, dtype=dtype)
+        fresh.append(x, x)
+        fresh.add_importance(np.arange(20, dtype=np.float32))
+        fresh.append(y, y)
+        assert _state(cache)[2:] == _state(fresh)[2:]
+        fails_at += 1
+
+
+# ------------------------------------------------------------------ concurrent use
+
+@pytest.mark.parametrize("policy", ["seed", "fast"])
+def test_concurrent_decodes_while_one_thread_appends(rng, policy):
+    """Four threads decode from a cache while a fifth appends one token at a
+    time (with growth and bound updates of the partial last block): no call
+    fails, and every result is bitwise the decode of the cache at one of the
+    lengths it passed through."""
+    H, Hkv, D, T0, steps = 8, 2, 64, 100, 40
+    kv = rng.standard_normal((Hkv, T0 + steps, D), dtype=np.float32)
+    q = rng.standard_normal((H, D), dtype=np.float32)
+    imp = rng.random(T0 + steps, dtype=np.float32)
+    want = {}
+    check = sa.KVCache(Hkv, D, capacity=T0)
+    check.append(kv[:, :T0], kv[:, :T0])
+    check.add_importance(imp[:T0])
+    for n in range(T0, T0 + steps + 1):
+        if n > T0:
+            check.append(kv[:, n - 1:n], kv[:, n - 1:n])
+        want[check.decode(q, k_blocks=3, policy=policy).tobytes()] = n
+    cache = sa.KVCache(Hkv, D, capacity=T0)
+    cache.append(kv[:, :T0], kv[:, :T0])
+    cache.add_importance(imp[:T0])
+    done, errors, seen = threading.Event(), [], []
+
+    def reader():
+        try:
+            while not done.is_set():
+                seen.append(cache.decode(q, k_blocks=3, policy=policy, threads=2).tobytes())
+        except Exception as exc:    # noqa: BLE001 - any error fails the test
+            errors.append(exc)
+
+    threads = [threading.Thread(target=reader) for _ in range(4)]
+    for t in threads:
+        t.start()
+    for n in range(T0, T0 + steps):
+        cache.append(kv[:, n:n + 1], kv[:, n:n + 1])
+    done.set()
+    for t in threads:
+        t.join()
+    assert not errors, errors[:3]
+    assert seen and all(s in want for s in seen)
+    assert cache.capacity > T0 and cache.seq_len == T0 + steps
+
+
+# ------------------------------------------------------------------ sizes near 2**31
+
+@pytest.mark.slow
+def test_contexts_near_the_c_int_limit_are_served_exactly():
+    """2**31 - 1 rows of head_dim 1 in blocks of 2**30 - 1 (three blocks, the
+    last of one row): the recency block ends at 3 * (2**30 - 1), beyond a C
+    int, and used to be read one row past the end.  K and V are zero pages
+    (np.zeros), only the rows written are touched."""
+    S = 2**31 - 1
+    bs = 2**30 - 1
+    k = np.zeros((1, S, 1), np.float32)
+    v = np.zeros((1, S, 1), np.float32)
+    v[0, -1, 0] = 3.0
+    q = np.ones((1, 1), np.float32)
+    out, blocks = sa.sparse_decode(q, k, v, k_blocks=1, block_size=bs, return_blocks=True)
+    assert blocks.tolist() == [[2]] and out.tolist() == [[3.0]]
+    # 2**30 + 1 rows in blocks of 2**30: the SIGSEGV case, and selection of two
+    k2 = np.zeros((1, 2**30 + 1, 1), np.float32)
+    v2 = np.zeros((1, 2**30 + 1, 1), np.float32)
+    v2[0, -1, 0] = -2.0
+    out, blocks = sa.sparse_decode(q, k2, v2, k_blocks=1, block_size=2**30, return_blocks=True)
+    assert blocks.tolist() == [[1]] and out.tolist() == [[-2.0]]
+    assert sa.select_blocks(q, k2, k_blocks=2, block_size=2**30).tolist() == [[0, 1]]
+    imp = np.zeros(2**30 + 1, np.float32)
+    imp[3] = 1.0
+    assert sa.select_blocks(q, k2, k_blocks=1, block_size=2**30, importance=imp,
+                            recency=False).tolist() == [[0]]
