@@ -1,5 +1,4 @@
-/* Exact attention of a KV head group over its chosen blocks (spec §2.6),
- * and the prefetching of the rows it reads next. */
+/* Exact attention of a KV head group over its chosen blocks (spec §2.6). */
 #ifndef SA_ATTEND_H
 #define SA_ATTEND_H
 
@@ -12,9 +11,5 @@
 void sa_attend_group(const sa_kernels *kern, sa_scratch *s, const sa_kv *k,
                      const sa_kv *v, int kh, const float *qf, int seq_len, int bs,
                      float scale, float *out, ptrdiff_t out_head_stride);
-
-/* Prefetch into L2 the lines of rows [r0, r0 + n) of KV head kh of kv (and
- * of their q8 scales). */
-void sa_prefetch_rows(const sa_kv *kv, int kh, int r0, int n);
 
 #endif

@@ -16,59 +16,88 @@
 
 #include "bounds.h"
 
-static float row_value(const sa_kv *k, int kh, int row, int i)
+/* Channels whose minima and maxima one pass keeps (two stack arrays). */
+#define CHUNK 256
+
+/* lo/hi[i - c0] = min/max over rows [r0, r1) of K[kh, t, i], c0 <= i < c1,
+ * reading the rows front to back (dequantised for q8). */
+static void channel_range(const sa_kv *k, int kh, int r0, int r1, int c0, int c1, float *lo,
+                          float *hi)
 {
-    if (k->dtype == SA_DTYPE_F32)
-        return sa_kv_f32_row(k, kh, row)[i];
-    return sa_kv_scale_row(k, kh, row)[i / k->group_size] * (float)sa_kv_q8_row(k, kh, row)[i];
+    const int w = c1 - c0;
+    for (int i = 0; i < w; i++)
+        lo[i] = INFINITY, hi[i] = -INFINITY;
+    for (int t = r0; t < r1; t++) {
+        if (k->dtype == SA_DTYPE_F32) {
+            const float *row = sa_kv_f32_row(k, kh, t) + c0;
+            for (int i = 0; i < w; i++) {
+                lo[i] = row[i] < lo[i] ? row[i] : lo[i];
+                hi[i] = row[i] > hi[i] ? row[i] : hi[i];
+            }
+        } else {
+            const int8_t *row = sa_kv_q8_row(k, kh, t);
+            const float *sc = sa_kv_scale_row(k, kh, t);
+            for (int i = c0; i < c1; i++) {
+                const float x = sc[i / k->group_size] * (float)row[i];
+                lo[i - c0] = x < lo[i - c0] ? x : lo[i - c0];
+                hi[i - c0] = x > hi[i - c0] ? x : hi[i - c0];
+            }
+        }
+    }
 }
 
-/* Channels per pass of the per-channel minima and maxima (a stack array). */
-#define CHUNK 64
+/* The outward-rounded int8 multiples of scale s of the channel ranges. */
+static void quantise_range(const float *lo, const float *hi, int w, float s, int8_t *mn,
+                           int8_t *mx)
+{
+    for (int i = 0; i < w; i++) {
+        if (s == 0.0f) {
+            mn[i] = mx[i] = 0;
+            continue;
+        }
+        float up = ceilf(hi[i] / s), down = floorf(lo[i] / s);
+        while (up * s < hi[i])  /* the division may have rounded down */
+            up += 1.0f;
+        while (down * s > lo[i])
+            down -= 1.0f;
+        mx[i] = (int8_t)(up > 127.0f ? 127.0f : up);
+        mn[i] = (int8_t)(down < -127.0f ? -127.0f : down);
+    }
+}
 
-/* Bounds of rows [r0, r1) of KV head kh, scale group by scale group: the
- * group's scale from the largest magnitude in it, then per channel the
- * outward-rounded multiples of that scale. */
+/* The scale of a group from its largest magnitude: +-127 steps reach every
+ * value. */
+static float group_scale(float amax)
+{
+    float s = amax / 127.0f;
+    return 127.0f * s < amax ? nextafterf(s, INFINITY) : s;
+}
+
+/* Bounds of rows [r0, r1) of KV head kh, scale group by scale group.  A
+ * group of up to CHUNK channels takes one pass over the rows; a wider one
+ * a pass for its scale, then one per CHUNK channels. */
 static void block_bounds(const sa_kv *k, int kh, int r0, int r1, int sg, int8_t *mn,
                          int8_t *mx, float *sc)
 {
     const int D = k->head_dim;
+    float lo[CHUNK], hi[CHUNK];
     for (int g = 0, i0 = 0; i0 < D; g++, i0 += sg) {
         float amax = 0.0f;
-        for (int t = r0; t < r1; t++)
-            for (int i = i0; i < i0 + sg; i++) {
-                const float a = fabsf(row_value(k, kh, t, i));
-                amax = a > amax ? a : amax;
+        for (int c0 = i0; c0 < i0 + sg; c0 += CHUNK) {
+            const int c1 = sa_min(c0 + CHUNK, i0 + sg);
+            channel_range(k, kh, r0, r1, c0, c1, lo, hi);
+            for (int i = 0; i < c1 - c0; i++) {
+                amax = fabsf(lo[i]) > amax ? fabsf(lo[i]) : amax;
+                amax = fabsf(hi[i]) > amax ? fabsf(hi[i]) : amax;
             }
-        float s = amax / 127.0f;
-        if (127.0f * s < amax)      /* so that +-127 steps reach every value */
-            s = nextafterf(s, INFINITY);
+        }
+        const float s = group_scale(amax);
         sc[g] = s;
         for (int c0 = i0; c0 < i0 + sg; c0 += CHUNK) {
             const int c1 = sa_min(c0 + CHUNK, i0 + sg);
-            float lo[CHUNK], hi[CHUNK];
-            for (int i = c0; i < c1; i++)
-                lo[i - c0] = INFINITY, hi[i - c0] = -INFINITY;
-            for (int t = r0; t < r1; t++)
-                for (int i = c0; i < c1; i++) {
-                    const float x = row_value(k, kh, t, i);
-                    lo[i - c0] = x < lo[i - c0] ? x : lo[i - c0];
-                    hi[i - c0] = x > hi[i - c0] ? x : hi[i - c0];
-                }
-            for (int i = c0; i < c1; i++) {
-                if (s == 0.0f) {
-                    mn[i] = mx[i] = 0;
-                    continue;
-                }
-                const float l = lo[i - c0], h = hi[i - c0];
-                float up = ceilf(h / s), down = floorf(l / s);
-                while (up * s < h)  /* the division may have rounded down */
-                    up += 1.0f;
-                while (down * s > l)
-                    down -= 1.0f;
-                mx[i] = (int8_t)(up > 127.0f ? 127.0f : up);
-                mn[i] = (int8_t)(down < -127.0f ? -127.0f : down);
-            }
+            if (sg > CHUNK)     /* the ranges of this chunk again */
+                channel_range(k, kh, r0, r1, c0, c1, lo, hi);
+            quantise_range(lo, hi, c1 - c0, s, mn + c0, mx + c0);
         }
     }
 }

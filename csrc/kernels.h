@@ -11,8 +11,11 @@
  * of the operations that produce one head's score for one token, and V
  * accumulation adds tokens into `out` strictly in token order.
  *
- * Kernels do not prefetch: attend.c, which knows which rows are read next
- * (the next chosen run, or the next stretch of a long run), owns that.
+ * Kernels prefetch only what they are told: rows.c, which knows which rows
+ * are read next (the next stretch of a run, or the first rows of the next
+ * chosen run), hands each call an sa_prefetch, and the kernel spreads those
+ * lines over its iterations (sa_prefetch_part), so the loads overlap the
+ * arithmetic instead of stalling it in one burst.
  *
  * Heads are passed as G pointers so a caller can hand any subset of a GQA
  * group to a kernel without copying outputs.
@@ -23,16 +26,41 @@
 #include <stddef.h>
 #include <stdint.h>
 
+/* Byte ranges to bring into L2 during a kernel call: up to two ranges of
+ * rows, each with (q8) the range of their scales; len 0 means none. */
+typedef struct sa_prefetch {
+    const char *at[4];
+    size_t len[4];
+} sa_prefetch;
+
+/* Prefetch part i of n of pf's ranges (every line once over i = 0 .. n-1). */
+static inline void sa_prefetch_part(const sa_prefetch *pf, int i, int n)
+{
+    if (!pf)
+        return;
+    for (int r = 0; r < 4; r++) {
+        if (!pf->len[r])
+            continue;
+        const uintptr_t base = (uintptr_t)pf->at[r], len = pf->len[r];
+        uintptr_t a = base + len * (uintptr_t)i / (uintptr_t)n;
+        const uintptr_t z = base + len * (uintptr_t)(i + 1) / (uintptr_t)n;
+        a = i ? (a + 63) & ~(uintptr_t)63 : a & ~(uintptr_t)63;
+        for (; a < z; a += 64)
+            __builtin_prefetch((const void *)a, 0, 2);
+    }
+}
+
 typedef struct sa_kernels {
-    /* s[g][t] = dot(q[g], k[t * row_stride]) for t < n; q is G x D compact. */
+    /* s[g][t] = dot(q[g], k[t * row_stride]) for t < n; q is G x D compact.
+     * pf (may be NULL): lines to prefetch meanwhile. */
     void (*scores_f32)(const float *q, int G, int D, const float *k,
-                       ptrdiff_t row_stride, int n, float *const *s);
+                       ptrdiff_t row_stride, int n, float *const *s, const sa_prefetch *pf);
 
     /* The q8 dot of spec §4: qq/qd are the G quantised query rows (D int8,
      * D/gs scales each), k/kd the key rows with strides in elements. */
     void (*scores_q8)(const int8_t *qq, const float *qd, int G, int D, int gs,
                       const int8_t *k, const float *kd, ptrdiff_t row_stride,
-                      ptrdiff_t scale_stride, int n, float *const *s);
+                      ptrdiff_t scale_stride, int n, float *const *s, const sa_prefetch *pf);
 
     /* s[t] <- exp(scale * (s[t] - max(s))) for t < n; returns the sum (taken
      * in double).  Subtracting before scaling cannot overflow for finite
@@ -42,12 +70,14 @@ typedef struct sa_kernels {
 
     /* out[g][d] += p[g][t] * v[t][d], t ascending. */
     void (*accumulate_v_f32)(float *const *out, const float *const *p, int G, int D,
-                             const float *v, ptrdiff_t row_stride, int n);
+                             const float *v, ptrdiff_t row_stride, int n,
+                             const sa_prefetch *pf);
 
     /* The same with q8 V, dequantised on the fly: v[t][d] = vd[t][d/gs] * vq[t][d]. */
     void (*accumulate_v_q8)(float *const *out, const float *const *p, int G, int D,
                             int gs, const int8_t *v, const float *vd,
-                            ptrdiff_t row_stride, ptrdiff_t scale_stride, int n);
+                            ptrdiff_t row_stride, ptrdiff_t scale_stride, int n,
+                            const sa_prefetch *pf);
 
     /* Quest's bound per block (spec §6) from the query split by sign:
      * s[g][b] = sum over groups grp of sc[b][grp] * sum over i in grp of
@@ -80,6 +110,9 @@ typedef struct sa_kernels {
         .accumulate_v_q8 = accumulate_v_q8_##id, .minmax_scores = minmax_scores_##id, \
         .stream_sum = stream_sum_##id,                                                \
     }
+
+/* The same, for an id that is itself a macro (SA_ISA_ID). */
+#define SA_DEFINE_KERNELS_OF(id) SA_DEFINE_KERNELS(id)
 
 /* Which architectures this build targets: SA_IF_<arch>(x) is x or nothing. */
 #define SA_IF_ANY(...) __VA_ARGS__

@@ -1,5 +1,6 @@
 /* The design card's kernels on their own, for microbenchmarks and tests:
- * one call of the active table's kernel, no threads, no scratch. */
+ * calls of the active table's kernel (at most 2^24 rows each, as rows.c
+ * makes them), no threads, no scratch, no prefetch hints. */
 #include "internal.h"
 
 int sa_kernel_q8_dot(const int8_t *q, const float *q_scales, int dim, int group_size,
@@ -20,7 +21,7 @@ int sa_kernel_q8_dot(const int8_t *q, const float *q_scales, int dim, int group_
         const int m = n - done < (1 << 24) ? n - done : (1 << 24);
         float *s[1] = {out + done};
         kern->scores_q8(q, q_scales, 1, dim, group_size, rows + (ptrdiff_t)done * dim,
-                        row_scales + (ptrdiff_t)done * ng, dim, ng, m, s);
+                        row_scales + (ptrdiff_t)done * ng, dim, ng, m, s, NULL);
         done += m;
     }
     return SA_OK;
@@ -44,11 +45,11 @@ int sa_kernel_accumulate_v(const float *p, const sa_kv *v, int n, float *out)
         const float *pp[1] = {p + done};
         if (v->dtype == SA_DTYPE_F32)
             kern->accumulate_v_f32(o, pp, 1, v->head_dim, sa_kv_f32_row(v, 0, done),
-                                   v->head_dim, m);
+                                   v->head_dim, m, NULL);
         else
             kern->accumulate_v_q8(o, pp, 1, v->head_dim, v->group_size, sa_kv_q8_row(v, 0, done),
                                   sa_kv_scale_row(v, 0, done), v->head_dim,
-                                  v->head_dim / v->group_size, m);
+                                  v->head_dim / v->group_size, m, NULL);
         done += m;
     }
     return SA_OK;

@@ -90,7 +90,7 @@ static int prefill_item(void *arg, int item, int worker)
             s->heads[i] = i;
             s->sp[i] = s->scores + (ptrdiff_t)i * s->max_tok;
         }
-        sa_score_rows(c->kern, s, c->k, kh, qrows, s->heads, m, 0, 1, n_tile);
+        sa_score_rows(c->kern, s, c->k, kh, qrows, s->heads, m, 0, 1, n_tile, NULL);
 
         for (int i = 0; i < m; i++) {
             const int r = i / G, g = i % G, h = kh * G + g;
@@ -106,13 +106,13 @@ static int prefill_item(void *arg, int item, int worker)
          * r on (vectors r*G .. m-1).  Never a zero weight times a key beyond
          * the row: 0 * NaN is NaN. */
         const int n0 = c->start + t0 + 1;
-        sa_accumulate_rows(c->kern, s, c->v, kh, m, 0, n0);
+        sa_accumulate_rows(c->kern, s, c->v, kh, m, 0, n0, NULL);
         for (int r = 1; r < rows; r++) {
             const int key = n0 + r - 1, first = r * G;
             s->op += first, s->pp += first;
             for (int j = 0; j < m - first; j++)
                 s->pp[j] += key;
-            sa_accumulate_rows(c->kern, s, c->v, kh, m - first, key, 1);
+            sa_accumulate_rows(c->kern, s, c->v, kh, m - first, key, 1, NULL);
             for (int j = 0; j < m - first; j++)
                 s->pp[j] -= key;
             s->op -= first, s->pp -= first;

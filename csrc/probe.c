@@ -55,18 +55,18 @@ void sa_probe_group(const sa_kernels *kern, sa_scratch *s, const sa_kv *k, int k
         const sa_kv view = sa_probe_rows_view(rows, full);
         for (int g = 0; g < G; g++)
             s->sp[g] = s->probe_tmp + (ptrdiff_t)g * full * cnt;
-        sa_score_rows(kern, s, &view, kh, qf, s->heads, G, 0, 1, full * cnt);
+        sa_score_rows(kern, s, &view, kh, qf, s->heads, G, 0, 1, full * cnt, NULL);
         block_max(s, full, cnt);
     } else if (full > 0 && (int64_t)cnt * step == block_size) {
         for (int g = 0; g < G; g++)
             s->sp[g] = s->probe_tmp + (ptrdiff_t)g * full * cnt;
-        sa_score_rows(kern, s, k, kh, qf, s->heads, G, 0, step, full * cnt);
+        sa_score_rows(kern, s, k, kh, qf, s->heads, G, 0, step, full * cnt, NULL);
         block_max(s, full, cnt);
     } else {
         for (int j = 0; j < cnt && full > 0; j++) {
             for (int g = 0; g < G; g++)
                 s->sp[g] = (j == 0 ? s->probe : s->probe_tmp) + (ptrdiff_t)g * NB;
-            sa_score_rows(kern, s, k, kh, qf, s->heads, G, j * step, block_size, full);
+            sa_score_rows(kern, s, k, kh, qf, s->heads, G, j * step, block_size, full, NULL);
             if (j == 0)
                 continue;
             for (int g = 0; g < G; g++) {
@@ -83,7 +83,7 @@ void sa_probe_group(const sa_kernels *kern, sa_scratch *s, const sa_kv *k, int k
         const int pstep = sa_max(1, len / n_probe), pcnt = sa_ceil_div(len, pstep);
         for (int g = 0; g < G; g++)
             s->sp[g] = s->probe_tmp + (ptrdiff_t)g * pcnt;
-        sa_score_rows(kern, s, k, kh, qf, s->heads, G, p0, pstep, pcnt);
+        sa_score_rows(kern, s, k, kh, qf, s->heads, G, p0, pstep, pcnt, NULL);
         for (int g = 0; g < G; g++) {
             const float *d = s->sp[g];
             float best = d[0];

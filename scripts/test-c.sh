@@ -19,7 +19,7 @@
 #                              the API on it are checked on a CPU without
 #                              AVX-512; must default to avx512-vnni
 #
-# The native x86-64 and --arm runs also check that csrc/attend.c, compiled
+# The native x86-64 and --arm runs also check that a kernel file, compiled
 # as the extension compiles it, still contains a prefetch instruction.
 #
 # Installs nothing: the compilers, qemu-user and SIMDe (libsimde-dev) must
@@ -66,19 +66,20 @@ isa_sources() {  # arch (x86_64, aarch64 or other) -> prints the kernel files
 common=(-std=gnu11 -Wall -Wextra -I"$repo/csrc" -pthread)
 harness="$repo/tests/c/test_kernels.c"
 
-# attend.c prefetches the next chosen run while it reads the current one (a
-# third faster sparse decode from DRAM on the development VM).  A compiler can
-# drop __builtin_prefetch without a trace (one refactor of it compiled to no
-# prefetch at all), and no result changes, so check the instruction is there,
-# compiled as the extension compiles it (csrc/build_ffi.py).
-check_prefetch() {  # compiler, instruction regex, label
+# The kernels prefetch the rows rows.c names next (the next stretch of a run,
+# the first rows of the next chosen run): a third faster sparse decode from
+# DRAM on the development VM.  A compiler can drop __builtin_prefetch without
+# a trace (one refactor compiled to no prefetch at all), and no result
+# changes, so check the instruction is there in a kernel file, compiled as
+# the extension compiles it (csrc/build_ffi.py).
+check_prefetch() {  # compiler, kernel file under csrc/, instruction regex, label
     local asm
     asm="$("$1" -O3 -std=gnu11 -fvisibility=hidden -ffp-contract=off -I"$repo/csrc" \
-           -S -o - "$repo/csrc/attend.c")"
-    if grep -Eq "^[[:space:]]+($2)[[:space:]]" <<<"$asm"; then
-        echo "== $3: attend.c keeps its prefetch ($2)"
+           -S -o - "$repo/csrc/$2")"
+    if grep -Eq "^[[:space:]]+($3)[[:space:]]" <<<"$asm"; then
+        echo "== $4: $2 keeps its prefetch ($3)"
     else
-        echo "== $3: FAILED: attend.c compiles to no $2 (the next-run prefetch was optimised away)"
+        echo "== $4: FAILED: $2 compiles to no $3 (the kernels' prefetch was optimised away)"
         return 1
     fi
 }
@@ -109,7 +110,8 @@ if [[ $mode == native ]]; then
     UBSAN_OPTIONS="${UBSAN_OPTIONS:-print_stacktrace=1:halt_on_error=1}" \
         run "native $(uname -m)" "$exe" || status=$?
     if [[ $(uname -m) == x86_64 ]]; then
-        check_prefetch "$cc" 'prefetcht[012]|prefetchnta' "native x86-64" || status=1
+        check_prefetch "$cc" x86/kernels_avx2.c 'prefetcht[012]|prefetchnta' "native x86-64" ||
+            status=1
     fi
     exit "$status"
 fi
@@ -152,7 +154,7 @@ if [[ $mode == avx512-emulated ]]; then
     [[ $simde_include == /usr/include ]] || simde_flags=(-isystem "$simde_include")
     echo "== building $exe ($cc, ASan + UBSan, avx512-vnni through SIMDe)"
     # -Wno-psabi: SIMDe passes 512-bit vectors by value without AVX-512.
-    "$cc" "${common[@]}" -O1 -g -fno-omit-frame-pointer -Wno-psabi \
+    "$cc" "${common[@]}" -I"$repo/csrc/x86" -O1 -g -fno-omit-frame-pointer -Wno-psabi \
         -fsanitize=address,undefined -fno-sanitize-recover=all \
         -DSA_TEST_EMULATED_AVX512 -I"$repo/tests/c" "${simde_flags[@]}" \
         "${core[@]}" "${others[@]}" "$emu" "$harness" -o "$exe" -lm
@@ -185,7 +187,7 @@ echo "== building $exe ($arm_cc -O2 -static)"
 "$arm_cc" "${common[@]}" -O2 -static "${core[@]}" "${isa[@]}" "$harness" -o "$exe" -lm
 
 failed=0
-check_prefetch "$arm_cc" 'prfm' "aarch64" || failed=1
+check_prefetch "$arm_cc" arm/kernels_neon_dotprod.c 'prfm' "aarch64" || failed=1
 
 # (qemu CPU model, the ISA it must get by default)
 cpus=("cortex-a76 neon-dotprod" "cortex-a53 neon")

@@ -33,14 +33,14 @@ static inline int32x4_t q8_group_dot_neon(const int8_t *a, const int8_t *b, int 
 
 static void SA_FN(scores_q8)(const int8_t *qq, const float *qd, int G, int D, int gs,
                            const int8_t *k, const float *kd, ptrdiff_t row_stride,
-                           ptrdiff_t scale_stride, int n, float *const *s)
+                           ptrdiff_t scale_stride, int n, float *const *s, const sa_prefetch *pf)
 {
     /* The default group size gets a copy of its own, with the group's dot
      * unrolled and the query loads shared by the four tokens; same results. */
     if (gs == 32)
-        q8_scores_body(qq, qd, G, D, 32, k, kd, row_stride, scale_stride, n, s, q8_group_dot_neon);
+        q8_scores_body(qq, qd, G, D, 32, k, kd, row_stride, scale_stride, n, s, pf, q8_group_dot_neon);
     else
-        q8_scores_body(qq, qd, G, D, gs, k, kd, row_stride, scale_stride, n, s, q8_group_dot_neon);
+        q8_scores_body(qq, qd, G, D, gs, k, kd, row_stride, scale_stride, n, s, pf, q8_group_dot_neon);
 }
 
 SA_DEFINE_KERNELS(neon);

@@ -97,10 +97,13 @@ SA_INLINE void f32_tile(const float *const qh[2], int NH, const float *const kt[
 /* Four tokens, then single tokens; inside, heads in pairs then a single
  * head, so every K row loaded for a token block serves all G heads. */
 static void SA_FN(scores_f32)(const float *q, int G, int D, const float *k,
-                            ptrdiff_t row_stride, int n, float *const *s)
+                              ptrdiff_t row_stride, int n, float *const *s,
+                              const sa_prefetch *pf)
 {
+    const int parts = (n + 3) / 4;
     int t = 0;
     for (; t + 4 <= n; t += 4) {
+        sa_prefetch_part(pf, t / 4, parts);
         const float *kt[4] = {k + t * row_stride, k + (t + 1) * row_stride,
                               k + (t + 2) * row_stride, k + (t + 3) * row_stride};
         int g = 0;
@@ -115,6 +118,8 @@ static void SA_FN(scores_f32)(const float *q, int G, int D, const float *k,
             f32_tile(qh, 1, kt, 4, D, sh, t);
         }
     }
+    if (t < n)
+        sa_prefetch_part(pf, t / 4, parts);
     for (; t < n; t++) {
         const float *kt[4] = {k + t * row_stride, NULL, NULL, NULL};
         int g = 0;
@@ -145,10 +150,12 @@ typedef int32x4_t (*q8_group_dot_fn)(const int8_t *a, const int8_t *b, int gs);
  * product of the two scales). */
 static void q8_scores_scalar(const int8_t *qq, const float *qd, int G, int D, int gs,
                              const int8_t *k, const float *kd, ptrdiff_t row_stride,
-                             ptrdiff_t scale_stride, int n, float *const *s)
+                             ptrdiff_t scale_stride, int n, float *const *s,
+                             const sa_prefetch *pf)
 {
     const int ng = D / gs;
     for (int t = 0; t < n; t++) {
+        sa_prefetch_part(pf, t, n);
         const int8_t *row = k + t * row_stride;
         const float *rd = kd + t * scale_stride;
         for (int g = 0; g < G; g++) {
@@ -175,15 +182,16 @@ static void q8_scores_scalar(const int8_t *qq, const float *qd, int G, int D, in
 SA_INLINE void q8_scores_body(const int8_t *qq, const float *qd, int G, int D, int gs,
                               const int8_t *k, const float *kd, ptrdiff_t row_stride,
                               ptrdiff_t scale_stride, int n, float *const *s,
-                              q8_group_dot_fn group_dot)
+                              const sa_prefetch *pf, q8_group_dot_fn group_dot)
 {
     if (gs % 8) {
-        q8_scores_scalar(qq, qd, G, D, gs, k, kd, row_stride, scale_stride, n, s);
+        q8_scores_scalar(qq, qd, G, D, gs, k, kd, row_stride, scale_stride, n, s, pf);
         return;
     }
-    const int ng = D / gs;
+    const int ng = D / gs, parts = (n + 3) / 4;
     int t = 0;
     for (; t + 4 <= n; t += 4) {
+        sa_prefetch_part(pf, t / 4, parts);
         const int8_t *r[4];
         const float *rd[4];
         for (int j = 0; j < 4; j++) {
@@ -206,6 +214,8 @@ SA_INLINE void q8_scores_body(const int8_t *qq, const float *qd, int G, int D, i
             vst1q_f32(s[g] + t, acc);
         }
     }
+    if (t < n)
+        sa_prefetch_part(pf, t / 4, parts);
     for (; t < n; t++) {
         const int8_t *row = k + t * row_stride;
         const float *rd = kd + t * scale_stride;
@@ -316,10 +326,13 @@ SA_INLINE float32x4_t fma_4tokens(float32x4_t o, float32x4_t w, float32x4_t r0,
  * then 4-column steps, then scalar columns; then the remaining tokens one
  * at a time with the same per-element operations. */
 static void SA_FN(accumulate_v_f32)(float *const *out, const float *const *p, int G, int D,
-                                  const float *v, ptrdiff_t row_stride, int n)
+                                    const float *v, ptrdiff_t row_stride, int n,
+                                    const sa_prefetch *pf)
 {
+    const int parts = (n + 3) / 4;
     int t = 0;
     for (; t + 4 <= n; t += 4) {
+        sa_prefetch_part(pf, t / 4, parts);
         const float *v0 = v + t * row_stride, *v1 = v0 + row_stride;
         const float *v2 = v1 + row_stride, *v3 = v2 + row_stride;
         int d = 0;
@@ -357,6 +370,8 @@ static void SA_FN(accumulate_v_f32)(float *const *out, const float *const *p, in
                 out[g][d] = fmaf(w[3], v3[d], o);
             }
     }
+    if (t < n)
+        sa_prefetch_part(pf, t / 4, parts);
     for (; t < n; t++) {
         const float *row = v + t * row_stride;
         int d = 0;
@@ -404,9 +419,11 @@ SA_INLINE void s8x8_to_f32(int8x8_t x, float32x4_t f[2])
  * per element; exactly the per-element operations of the vector path. */
 static void q8_accumulate_scalar(float *const *out, const float *const *p, int G, int D,
                                  int gs, const int8_t *v, const float *vd,
-                                 ptrdiff_t row_stride, ptrdiff_t scale_stride, int n)
+                                 ptrdiff_t row_stride, ptrdiff_t scale_stride, int n,
+                                 const sa_prefetch *pf)
 {
     for (int t = 0; t < n; t++) {
+        sa_prefetch_part(pf, t, n);
         const int8_t *row = v + t * row_stride;
         const float *rd = vd + t * scale_stride;
         for (int g = 0; g < G; g++) {
@@ -426,15 +443,18 @@ static void q8_accumulate_scalar(float *const *out, const float *const *p, int G
  * The last n % 4 tokens, and every token for other group sizes, get the
  * same per-element operations one token at a time. */
 static void SA_FN(accumulate_v_q8)(float *const *out, const float *const *p, int G, int D,
-                                 int gs, const int8_t *v, const float *vd,
-                                 ptrdiff_t row_stride, ptrdiff_t scale_stride, int n)
+                                   int gs, const int8_t *v, const float *vd,
+                                   ptrdiff_t row_stride, ptrdiff_t scale_stride, int n,
+                                   const sa_prefetch *pf)
 {
     if (gs % 8) {
-        q8_accumulate_scalar(out, p, G, D, gs, v, vd, row_stride, scale_stride, n);
+        q8_accumulate_scalar(out, p, G, D, gs, v, vd, row_stride, scale_stride, n, pf);
         return;
     }
+    const int parts = (n + 3) / 4;
     int t = 0;
     for (; t + 4 <= n; t += 4) {
+        sa_prefetch_part(pf, t / 4, parts);
         const int8_t *r[4];
         const float *rd[4];
         for (int j = 0; j < 4; j++) {
@@ -474,6 +494,8 @@ static void SA_FN(accumulate_v_q8)(float *const *out, const float *const *p, int
             }
         }
     }
+    if (t < n)
+        sa_prefetch_part(pf, t / 4, parts);
     for (; t < n; t++) {
         const int8_t *row = v + t * row_stride;
         const float *rd = vd + t * scale_stride;

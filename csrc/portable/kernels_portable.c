@@ -27,9 +27,11 @@ static float dot_f32(const float *a, const float *b, int n)
 }
 
 static void scores_f32_portable(const float *q, int G, int D, const float *k,
-                       ptrdiff_t row_stride, int n, float *const *s)
+                                ptrdiff_t row_stride, int n, float *const *s,
+                                const sa_prefetch *pf)
 {
     for (int t = 0; t < n; t++) {
+        sa_prefetch_part(pf, t, n);
         const float *row = k + (ptrdiff_t)t * row_stride;
         for (int g = 0; g < G; g++)
             s[g][t] = dot_f32(q + (ptrdiff_t)g * D, row, D);
@@ -50,11 +52,13 @@ static float dot_q8(const int8_t *a, const float *da, const int8_t *b,
 }
 
 static void scores_q8_portable(const int8_t *qq, const float *qd, int G, int D, int gs,
-                      const int8_t *k, const float *kd, ptrdiff_t row_stride,
-                      ptrdiff_t scale_stride, int n, float *const *s)
+                               const int8_t *k, const float *kd, ptrdiff_t row_stride,
+                               ptrdiff_t scale_stride, int n, float *const *s,
+                               const sa_prefetch *pf)
 {
     const int ng = D / gs;
     for (int t = 0; t < n; t++) {
+        sa_prefetch_part(pf, t, n);
         const int8_t *row = k + (ptrdiff_t)t * row_stride;
         const float *rd = kd + (ptrdiff_t)t * scale_stride;
         for (int g = 0; g < G; g++)
@@ -78,9 +82,11 @@ static float softmax_exp_portable(float *s, int n, float scale)
 }
 
 static void accumulate_v_f32_portable(float *const *out, const float *const *p, int G, int D,
-                             const float *v, ptrdiff_t row_stride, int n)
+                                      const float *v, ptrdiff_t row_stride, int n,
+                                      const sa_prefetch *pf)
 {
     for (int t = 0; t < n; t++) {
+        sa_prefetch_part(pf, t, n);
         const float *row = v + (ptrdiff_t)t * row_stride;
         for (int g = 0; g < G; g++) {
             const float w = p[g][t];
@@ -92,10 +98,12 @@ static void accumulate_v_f32_portable(float *const *out, const float *const *p, 
 }
 
 static void accumulate_v_q8_portable(float *const *out, const float *const *p, int G, int D,
-                            int gs, const int8_t *v, const float *vd,
-                            ptrdiff_t row_stride, ptrdiff_t scale_stride, int n)
+                                     int gs, const int8_t *v, const float *vd,
+                                     ptrdiff_t row_stride, ptrdiff_t scale_stride, int n,
+                                     const sa_prefetch *pf)
 {
     for (int t = 0; t < n; t++) {
+        sa_prefetch_part(pf, t, n);
         const int8_t *row = v + (ptrdiff_t)t * row_stride;
         const float *rd = vd + (ptrdiff_t)t * scale_stride;
         for (int g = 0; g < G; g++) {

@@ -29,8 +29,13 @@
 #include <stdint.h>
 
 #include "../kernels.h"
+#include "x86_helpers.h"
 
-#define SA_INLINE static inline __attribute__((always_inline))
+/* The steps x86_common.h's loops call (its header lists them). */
+#define SA_ISA_ID avx2
+#define SA_VT 8
+typedef __m256 sa_vres;
+#define SA_V_HEADS 2
 
 /* -------------------------------------------------------------------------
  * Small helpers
@@ -46,12 +51,12 @@ SA_INLINE __m256i tail_mask(int r)
 
 /* The first cnt of 8 results (vmaskmov stores are slow on AMD: only for a
  * short last block). */
-SA_INLINE void store_scores(float *dst, int cnt, __m256i sm, __m256 x)
+SA_INLINE void store_scores(float *dst, int cnt, __m256 x)
 {
     if (cnt == 8)
         _mm256_storeu_ps(dst, x);
     else
-        _mm256_maskstore_ps(dst, sm, x);
+        _mm256_maskstore_ps(dst, tail_mask(cnt), x);
 }
 
 /* Four per-token vectors of partial sums -> in each 128-bit half, lane i is
@@ -122,30 +127,6 @@ SA_INLINE void scores_f32_block(const float *q, int HB, int D, const float *cons
     }
     for (int h = 0; h < HB; h++)
         res[h] = reduce_halves_ps(half[h][0], half[h][1]);
-}
-
-static void scores_f32_avx2(const float *q, int G, int D, const float *k, ptrdiff_t row_stride,
-                       int n, float *const *s)
-{
-    for (int t = 0; t < n; t += 8) {
-        const int cnt = n - t < 8 ? n - t : 8;
-        const float *rows[8];
-        for (int i = 0; i < 8; i++)
-            rows[i] = k + (ptrdiff_t)(t + (i < cnt ? i : cnt - 1)) * row_stride;
-        const __m256i sm = tail_mask(cnt);
-        int g = 0;
-        for (; g + 2 <= G; g += 2) {
-            __m256 res[2];
-            scores_f32_block(q + (ptrdiff_t)g * D, 2, D, rows, res);
-            store_scores(s[g] + t, cnt, sm, res[0]);
-            store_scores(s[g + 1] + t, cnt, sm, res[1]);
-        }
-        if (g < G) {
-            __m256 res[1];
-            scores_f32_block(q + (ptrdiff_t)g * D, 1, D, rows, res);
-            store_scores(s[g] + t, cnt, sm, res[0]);
-        }
-    }
 }
 
 /* -------------------------------------------------------------------------
@@ -249,47 +230,20 @@ SA_INLINE void scores_q8_block(const int8_t *qq, const float *qd, int HB, int D,
     }
 }
 
-/* gs a multiple of 32, blocks of 8 tokens. */
-static void scores_q8_gs32(const int8_t *qq, const float *qd, int G, int D, int gs,
-                           const int8_t *k, const float *kd, ptrdiff_t row_stride,
-                           ptrdiff_t scale_stride, int n, float *const *s)
+/* gs a multiple of 32 (the dot works on 32-byte chunks of one group). */
+SA_INLINE int q8_takes(int gs, int D, ptrdiff_t scale_stride)
 {
-    const int ng = D / gs;
-    for (int t = 0; t < n; t += 8) {
-        const int cnt = n - t < 8 ? n - t : 8;
-        const int8_t *rows[8];
-        const float *srow[8];
-        for (int i = 0; i < 8; i++) {
-            const ptrdiff_t r = t + (i < cnt ? i : cnt - 1);
-            rows[i] = k + r * row_stride;
-            srow[i] = kd + r * scale_stride;
-        }
-        const __m256i sm = tail_mask(cnt);
-        int h = 0;
-        for (; h + 2 <= G; h += 2) {
-            __m256 res[2];
-            scores_q8_block(qq + (ptrdiff_t)h * D, qd + (ptrdiff_t)h * ng, 2, D, gs, rows, srow,
-                            res);
-            store_scores(s[h] + t, cnt, sm, res[0]);
-            store_scores(s[h + 1] + t, cnt, sm, res[1]);
-        }
-        if (h < G) {
-            __m256 res[1];
-            scores_q8_block(qq + (ptrdiff_t)h * D, qd + (ptrdiff_t)h * ng, 1, D, gs, rows, srow,
-                            res);
-            store_scores(s[h] + t, cnt, sm, res[0]);
-        }
-    }
+    (void)D, (void)scale_stride;
+    return gs % 32 == 0;
 }
 
-static void scores_q8_avx2(const int8_t *qq, const float *qd, int G, int D, int gs, const int8_t *k,
-                      const float *kd, ptrdiff_t row_stride, ptrdiff_t scale_stride, int n,
-                      float *const *s)
+SA_INLINE void scores_q8_tokens(const int8_t *qq, const float *qd, int HB, int D, int gs,
+                                const int8_t *const *rows, const float *const *srows,
+                                const float *kd_t, ptrdiff_t scale_stride, int cnt,
+                                __m256 *res)
 {
-    if (gs % 32 == 0)
-        scores_q8_gs32(qq, qd, G, D, gs, k, kd, row_stride, scale_stride, n, s);
-    else
-        sa_kernels_portable.scores_q8(qq, qd, G, D, gs, k, kd, row_stride, scale_stride, n, s);
+    (void)kd_t, (void)scale_stride, (void)cnt;
+    scores_q8_block(qq, qd, HB, D, gs, rows, srows, res);
 }
 
 /* -------------------------------------------------------------------------
@@ -374,10 +328,6 @@ static float softmax_exp_avx2(float *s, int n, float scale)
  * accumulate_v_f32
  * ---------------------------------------------------------------------- */
 
-/* Tokens per block: the block's rows stay in L1 while every slice of D and
- * every head block walks over them. */
-#define V_TOKENS 16
-
 /* out[h][d .. d + 8*NC) for HB heads over tokens [t0, t1): accumulators
  * stay in registers, one FMA per (head, 8 lanes, token) in token order.  The
  * last vector is masked when `masked`. */
@@ -425,28 +375,9 @@ SA_INLINE void accv_f32_heads(float *const *out, const float *const *p, int HB, 
         accv_f32_tile(out, p, HB, 1, 1, tail_mask(D - d), v, row_stride, t0, t1, d);
 }
 
-static void accumulate_v_f32_avx2(float *const *out, const float *const *p, int G, int D,
-                             const float *v, ptrdiff_t row_stride, int n)
-{
-    for (int t0 = 0; t0 < n; t0 += V_TOKENS) {
-        const int t1 = n - t0 < V_TOKENS ? n : t0 + V_TOKENS;
-        int g = 0;
-        for (; g + 2 <= G; g += 2)
-            accv_f32_heads(out + g, p + g, 2, D, v, row_stride, t0, t1);
-        if (g < G)
-            accv_f32_heads(out + g, p + g, 1, D, v, row_stride, t0, t1);
-    }
-}
-
 /* -------------------------------------------------------------------------
  * accumulate_v_q8
  * ---------------------------------------------------------------------- */
-
-/* 8 int8 -> 8 floats (exact). */
-SA_INLINE __m256 load8_s8_ps(const int8_t *x)
-{
-    return _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_loadl_epi64((const __m128i *)x)));
-}
 
 /* The weight of group g for head h at token t: p * vd, the portable
  * kernel's product (one rounding), broadcast. */
@@ -532,90 +463,8 @@ SA_INLINE void accv_q8_heads(float *const *out, const float *const *p, int HB, i
         accv_q8_tile8(out, p, HB, gs, v, vd, row_stride, scale_stride, t0, t1, d);
 }
 
-/* gs a multiple of 8 (else the scalar loop): blocks of V_TOKENS tokens, all
- * of D and all heads per block, tokens in order into each accumulator. */
-static void accumulate_v_q8_avx2(float *const *out, const float *const *p, int G, int D, int gs,
-                            const int8_t *v, const float *vd, ptrdiff_t row_stride,
-                            ptrdiff_t scale_stride, int n)
-{
-    if (gs % 8 != 0) {
-        sa_kernels_portable.accumulate_v_q8(out, p, G, D, gs, v, vd, row_stride, scale_stride, n);
-        return;
-    }
-    for (int t0 = 0; t0 < n; t0 += V_TOKENS) {
-        const int t1 = n - t0 < V_TOKENS ? n : t0 + V_TOKENS;
-        int g = 0;
-        for (; g + 2 <= G; g += 2)
-            accv_q8_heads(out + g, p + g, 2, D, gs, v, vd, row_stride, scale_stride, t0, t1);
-        if (g < G)
-            accv_q8_heads(out + g, p + g, 1, D, gs, v, vd, row_stride, scale_stride, t0, t1);
-    }
-}
-
-/* -------------------------------------------------------------------------
- * minmax_scores (Quest bounds): one call per decode step scores all
- * blocks of a KV head; at 32K tokens it is the largest cost of a minmax
- * selection, bound by widening the int8 bounds and by loads.
- * ---------------------------------------------------------------------- */
-
-/* Sum of 8 lanes in a fixed order. */
-SA_INLINE float hsum8_ps(__m256 v)
-{
-    __m128 x = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
-    x = _mm_add_ps(x, _mm_movehl_ps(x, x));
-    return _mm_cvtss_f32(_mm_add_ss(x, _mm_movehdup_ps(x)));
-}
-
-/* Up to 4 blocks for one head: q- * lo and q+ * hi are accumulated by FMA
- * in separate chains per block, so the 4 blocks' 8 chains hide the FMA
- * latency that a single chain per block was bound by; per group the two
- * chains are added, scaled and added in group order; one horizontal sum
- * per block.  A block's arithmetic does not depend on the blocks beside it. */
-SA_INLINE void minmax_tile4(const float *qp, const float *qn, int D, int gs, const int8_t *lo,
-                            const int8_t *hi, const float *sc, ptrdiff_t block_stride,
-                            ptrdiff_t sc_stride, int cnt, float *out)
-{
-    __m256 tot[4];
-    for (int j = 0; j < 4; j++)
-        tot[j] = _mm256_setzero_ps();
-    for (int i0 = 0, grp = 0; i0 < D; i0 += gs, grp++) {
-        __m256 pa[4], pb[4];
-        for (int j = 0; j < 4; j++)
-            pa[j] = pb[j] = _mm256_setzero_ps();
-        for (int i = i0; i < i0 + gs; i += 8) {
-            const __m256 m = _mm256_loadu_ps(qn + i), p = _mm256_loadu_ps(qp + i);
-            for (int j = 0; j < cnt; j++) {
-                pa[j] = _mm256_fmadd_ps(m, load8_s8_ps(lo + j * block_stride + i), pa[j]);
-                pb[j] = _mm256_fmadd_ps(p, load8_s8_ps(hi + j * block_stride + i), pb[j]);
-            }
-        }
-        for (int j = 0; j < cnt; j++)
-            tot[j] = _mm256_fmadd_ps(_mm256_add_ps(pa[j], pb[j]),
-                                     _mm256_set1_ps(sc[j * sc_stride + grp]), tot[j]);
-    }
-    for (int j = 0; j < cnt; j++)
-        out[j] = hsum8_ps(tot[j]);
-}
-
-/* gs a multiple of 8: tiles of 4 blocks, one head at a time (the bounds of
- * a tile stay in L1 for the next head). */
-static void minmax_scores_avx2(const float *qp, const float *qn, int G, int D, int gs,
-                          const int8_t *mn, const int8_t *mx, const float *sc,
-                          ptrdiff_t block_stride, int n, float *const *s)
-{
-    if (gs % 8 != 0) {
-        sa_kernels_portable.minmax_scores(qp, qn, G, D, gs, mn, mx, sc, block_stride, n, s);
-        return;
-    }
-    const ptrdiff_t sc_stride = block_stride / gs;
-    for (int b = 0; b < n; b += 4) {
-        const int cnt = n - b < 4 ? n - b : 4;
-        for (int h = 0; h < G; h++)
-            minmax_tile4(qp + (ptrdiff_t)h * D, qn + (ptrdiff_t)h * D, D, gs,
-                         mn + (ptrdiff_t)b * block_stride, mx + (ptrdiff_t)b * block_stride,
-                         sc + (ptrdiff_t)b * sc_stride, block_stride, sc_stride, cnt, s[h] + b);
-    }
-}
+/* gs a multiple of 8: each 8-lane slice lies in one group. */
+SA_INLINE int accv_q8_takes(int gs) { return gs % 8 == 0; }
 
 /* -------------------------------------------------------------------------
  * stream_sum: the bandwidth probe, 32-byte loads into four accumulators.
@@ -640,4 +489,4 @@ static uint64_t stream_sum_avx2(const uint64_t *buf, size_t n_words)
     return sum;
 }
 
-SA_DEFINE_KERNELS(avx2);
+#include "x86_common.h"

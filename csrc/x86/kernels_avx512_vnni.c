@@ -28,8 +28,13 @@
 #include <stdint.h>
 
 #include "../kernels.h"
+#include "x86_helpers.h"
 
-#define SA_INLINE static inline __attribute__((always_inline))
+/* The steps x86_common.h's loops call (its header lists them). */
+#define SA_ISA_ID avx512_vnni
+#define SA_VT 16
+typedef __m512 sa_vres;
+#define SA_V_HEADS 4
 
 /* -------------------------------------------------------------------------
  * Small helpers
@@ -46,12 +51,6 @@ SA_INLINE __mmask64 bytes64(int r)
 {
     return r >= 64 ? ~(__mmask64)0 : (((__mmask64)1 << r) - 1);
 }
-
-/* Row pointers of a block of 16 tokens from t: slots past the last valid row
- * repeat it. */
-#define SA_BLOCK_ROWS(rows, base, t, cnt, stride)                                   \
-    for (int i_ = 0; i_ < 16; i_++)                                                 \
-        (rows)[i_] = (base) + (ptrdiff_t)((t) + (i_ < (cnt) ? i_ : (cnt) - 1)) * (stride)
 
 /* Four per-token vectors -> in each 128-bit lane c, lane i holds token i's
  * (x0 + x2) + (x1 + x3) of that lane's four values.  Float: fixed order. */
@@ -152,28 +151,6 @@ SA_INLINE void scores_f32_block(const float *q, int HB, int D, const float *cons
                         _mm512_castps_si512(quad[h][2]), _mm512_castps_si512(quad[h][3]), c);
         res[h] = _mm512_add_ps(_mm512_add_ps(_mm512_castsi512_ps(c[0]), _mm512_castsi512_ps(c[1])),
                                _mm512_add_ps(_mm512_castsi512_ps(c[2]), _mm512_castsi512_ps(c[3])));
-    }
-}
-
-static void scores_f32_avx512_vnni(const float *q, int G, int D, const float *k, ptrdiff_t row_stride,
-                       int n, float *const *s)
-{
-    for (int t = 0; t < n; t += 16) {
-        const int cnt = n - t < 16 ? n - t : 16;
-        const float *rows[16];
-        SA_BLOCK_ROWS(rows, k, t, cnt, row_stride);
-        int g = 0;
-        for (; g + 2 <= G; g += 2) {
-            __m512 res[2];
-            scores_f32_block(q + (ptrdiff_t)g * D, 2, D, rows, res);
-            store_scores(s[g] + t, cnt, res[0]);
-            store_scores(s[g + 1] + t, cnt, res[1]);
-        }
-        if (g < G) {
-            __m512 res[1];
-            scores_f32_block(q + (ptrdiff_t)g * D, 1, D, rows, res);
-            store_scores(s[g] + t, cnt, res[0]);
-        }
     }
 }
 
@@ -344,50 +321,27 @@ SA_INLINE void scores_q8_block16(const int8_t *qq, const float *qd, int HB, int 
     }
 }
 
-static void scores_q8_avx512_vnni(const int8_t *qq, const float *qd, int G, int D, int gs, const int8_t *k,
-                      const float *kd, ptrdiff_t row_stride, ptrdiff_t scale_stride, int n,
-                      float *const *s)
+/* gs a multiple of 16; the gathers of the general path index 15 rows of
+ * scales with 32-bit offsets. */
+SA_INLINE int q8_takes(int gs, int D, ptrdiff_t scale_stride)
 {
-    /* The gathers index 15 rows of scales with 32-bit offsets. */
-    if (gs % 16 != 0 || scale_stride < 0 || scale_stride > INT32_MAX / 16) {
-        sa_kernels_portable.scores_q8(qq, qd, G, D, gs, k, kd, row_stride, scale_stride, n, s);
+    (void)D;
+    return gs % 16 == 0 && scale_stride >= 0 && scale_stride <= INT32_MAX / 16;
+}
+
+SA_INLINE void scores_q8_tokens(const int8_t *qq, const float *qd, int HB, int D, int gs,
+                                const int8_t *const *rows, const float *const *srows,
+                                const float *kd_t, ptrdiff_t scale_stride, int cnt,
+                                __m512 *res)
+{
+    if (gs == 32 && D % 128 == 0) {
+        scores_q8_block32(qq, qd, HB, D, rows, srows, res);
         return;
     }
-    const int ng = D / gs;
-    const int fast = gs == 32 && D % 128 == 0;
     const __m512i lane = _mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15);
-    for (int t = 0; t < n; t += 16) {
-        const int cnt = n - t < 16 ? n - t : 16;
-        const int8_t *rows[16];
-        SA_BLOCK_ROWS(rows, k, t, cnt, row_stride);
-        const __m512i idx = _mm512_mullo_epi32(_mm512_min_epi32(lane, _mm512_set1_epi32(cnt - 1)),
-                                               _mm512_set1_epi32((int)scale_stride));
-        const float *kd_t = kd + (ptrdiff_t)t * scale_stride;
-        const float *srows[16];
-        SA_BLOCK_ROWS(srows, kd, t, cnt, scale_stride);
-        int h = 0;
-        for (; h + 2 <= G; h += 2) {
-            __m512 res[2];
-            if (fast)
-                scores_q8_block32(qq + (ptrdiff_t)h * D, qd + (ptrdiff_t)h * ng, 2, D, rows, srows,
-                                  res);
-            else
-                scores_q8_block16(qq + (ptrdiff_t)h * D, qd + (ptrdiff_t)h * ng, 2, D, gs, rows,
-                                  kd_t, idx, res);
-            store_scores(s[h] + t, cnt, res[0]);
-            store_scores(s[h + 1] + t, cnt, res[1]);
-        }
-        if (h < G) {
-            __m512 res[1];
-            if (fast)
-                scores_q8_block32(qq + (ptrdiff_t)h * D, qd + (ptrdiff_t)h * ng, 1, D, rows, srows,
-                                  res);
-            else
-                scores_q8_block16(qq + (ptrdiff_t)h * D, qd + (ptrdiff_t)h * ng, 1, D, gs, rows,
-                                  kd_t, idx, res);
-            store_scores(s[h] + t, cnt, res[0]);
-        }
-    }
+    const __m512i idx = _mm512_mullo_epi32(_mm512_min_epi32(lane, _mm512_set1_epi32(cnt - 1)),
+                                           _mm512_set1_epi32((int)scale_stride));
+    scores_q8_block16(qq, qd, HB, D, gs, rows, kd_t, idx, res);
 }
 
 /* -------------------------------------------------------------------------
@@ -472,10 +426,6 @@ static float softmax_exp_avx512_vnni(float *s, int n, float scale)
  * accumulate_v_f32
  * ---------------------------------------------------------------------- */
 
-/* Tokens per block: the block's rows stay in L1 while every slice of D and
- * every head block walks over them. */
-#define V_TOKENS 16
-
 /* out[h][d .. d + 16*NC) for HB heads over tokens [t0, t1): accumulators
  * stay in registers, one FMA per (head, 16 lanes, token) in token order.
  * The last vector is masked by m (all ones when D allows). */
@@ -521,21 +471,6 @@ SA_INLINE void accv_f32_heads(float *const *out, const float *const *p, int HB, 
         accv_f32_tile(out, p, HB, 1, 0xFFFF, v, row_stride, t0, t1, d);
     if (d < D)
         accv_f32_tile(out, p, HB, 1, lanes16(D - d), v, row_stride, t0, t1, d);
-}
-
-static void accumulate_v_f32_avx512_vnni(float *const *out, const float *const *p, int G, int D,
-                             const float *v, ptrdiff_t row_stride, int n)
-{
-    for (int t0 = 0; t0 < n; t0 += V_TOKENS) {
-        const int t1 = n - t0 < V_TOKENS ? n : t0 + V_TOKENS;
-        int g = 0;
-        for (; g + 4 <= G; g += 4)
-            accv_f32_heads(out + g, p + g, 4, D, v, row_stride, t0, t1);
-        for (; g + 2 <= G; g += 2)
-            accv_f32_heads(out + g, p + g, 2, D, v, row_stride, t0, t1);
-        if (g < G)
-            accv_f32_heads(out + g, p + g, 1, D, v, row_stride, t0, t1);
-    }
 }
 
 /* -------------------------------------------------------------------------
@@ -624,80 +559,8 @@ SA_INLINE void accv_q8_heads(float *const *out, const float *const *p, int HB, i
         accv_q8_tile16(out, p, HB, gs, v, vd, row_stride, scale_stride, t0, t1, d);
 }
 
-/* gs a multiple of 16 (else the scalar loop): blocks of V_TOKENS tokens, all
- * of D and all heads per block, tokens in order into each accumulator. */
-static void accumulate_v_q8_avx512_vnni(float *const *out, const float *const *p, int G, int D, int gs,
-                            const int8_t *v, const float *vd, ptrdiff_t row_stride,
-                            ptrdiff_t scale_stride, int n)
-{
-    if (gs % 16 != 0) {
-        sa_kernels_portable.accumulate_v_q8(out, p, G, D, gs, v, vd, row_stride, scale_stride, n);
-        return;
-    }
-    for (int t0 = 0; t0 < n; t0 += V_TOKENS) {
-        const int t1 = n - t0 < V_TOKENS ? n : t0 + V_TOKENS;
-        int g = 0;
-        for (; g + 4 <= G; g += 4)
-            accv_q8_heads(out + g, p + g, 4, D, gs, v, vd, row_stride, scale_stride, t0, t1);
-        for (; g + 2 <= G; g += 2)
-            accv_q8_heads(out + g, p + g, 2, D, gs, v, vd, row_stride, scale_stride, t0, t1);
-        if (g < G)
-            accv_q8_heads(out + g, p + g, 1, D, gs, v, vd, row_stride, scale_stride, t0, t1);
-    }
-}
-
-/* -------------------------------------------------------------------------
- * minmax_scores (Quest bounds).  Not on the per-token path (one call per
- * decode step scores n blocks), so it stays simple: 8 lanes per step, one
- * head at a time.
- * ---------------------------------------------------------------------- */
-
-/* 8 int8 -> 8 floats (exact). */
-SA_INLINE __m256 load8_s8_ps(const int8_t *x)
-{
-    return _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_loadl_epi64((const __m128i *)x)));
-}
-
-/* Sum of 8 lanes in a fixed order. */
-SA_INLINE float hsum8_ps(__m256 v)
-{
-    __m128 x = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
-    x = _mm_add_ps(x, _mm_movehl_ps(x, x));
-    return _mm_cvtss_f32(_mm_add_ss(x, _mm_movehdup_ps(x)));
-}
-
-/* gs a multiple of 8: each group's channel terms q- * lo + q+ * hi summed in
- * 8 lanes, reduced in a fixed order, then scaled and added in group order
- * (the portable kernel's acc += scale * part). */
-static void minmax_scores_avx512_vnni(const float *qp, const float *qn, int G, int D, int gs,
-                          const int8_t *mn, const int8_t *mx, const float *sc,
-                          ptrdiff_t block_stride, int n, float *const *s)
-{
-    if (gs % 8 != 0) {
-        sa_kernels_portable.minmax_scores(qp, qn, G, D, gs, mn, mx, sc, block_stride, n, s);
-        return;
-    }
-    const ptrdiff_t sc_stride = block_stride / gs;
-    for (int b = 0; b < n; b++) {
-        const int8_t *lo = mn + (ptrdiff_t)b * block_stride;
-        const int8_t *hi = mx + (ptrdiff_t)b * block_stride;
-        const float *scale = sc + (ptrdiff_t)b * sc_stride;
-        for (int h = 0; h < G; h++) {
-            const float *p = qp + (ptrdiff_t)h * D, *m = qn + (ptrdiff_t)h * D;
-            float acc = 0.0f;
-            for (int i0 = 0, grp = 0; i0 < D; i0 += gs, grp++) {
-                __m256 part = _mm256_setzero_ps();
-                for (int i = i0; i < i0 + gs; i += 8) {
-                    const __m256 a = _mm256_mul_ps(_mm256_loadu_ps(m + i), load8_s8_ps(lo + i));
-                    const __m256 c = _mm256_mul_ps(_mm256_loadu_ps(p + i), load8_s8_ps(hi + i));
-                    part = _mm256_add_ps(part, _mm256_add_ps(a, c));
-                }
-                acc += scale[grp] * hsum8_ps(part);
-            }
-            s[h][b] = acc;
-        }
-    }
-}
+/* gs a multiple of 16: each 16-lane slice lies in one group. */
+SA_INLINE int accv_q8_takes(int gs) { return gs % 16 == 0; }
 
 /* -------------------------------------------------------------------------
  * stream_sum: the bandwidth probe, 64-byte loads into four accumulators.
@@ -724,4 +587,4 @@ static uint64_t stream_sum_avx512_vnni(const uint64_t *buf, size_t n_words)
     return sum;
 }
 
-SA_DEFINE_KERNELS(avx512_vnni);
+#include "x86_common.h"

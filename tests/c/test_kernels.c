@@ -334,8 +334,10 @@ static void test_scores_f32(const sa_kernels *kern)
         strided_poison(&k);
         const float *kf = (const float *)k.base;
         float **ref = rows_new(G, n), **got = rows_new(G, n);
-        REF->scores_f32(q, G, D, kf, rs, n, ref);
-        kern->scores_f32(q, G, D, kf, rs, n, got);
+        /* the hint names the operand's own rows: prefetching changes nothing */
+        const sa_prefetch hint = {{(const char *)kf}, {(size_t)n * rs * sizeof(float)}};
+        REF->scores_f32(q, G, D, kf, rs, n, ref, NULL);
+        kern->scores_f32(q, G, D, kf, rs, n, got, &hint);
 
         double worst = 0.0;
         int same = 1;
@@ -348,7 +350,7 @@ static void test_scores_f32(const sa_kernels *kern)
                 worst = fmax(worst, err / fmax(mag, DBL_MIN));
                 /* The same pair alone: one head, one token. */
                 float one, *op = &one;
-                kern->scores_f32(q + g * D, 1, D, kf + t * rs, rs, 1, &op);
+                kern->scores_f32(q + g * D, 1, D, kf + t * rs, rs, 1, &op, NULL);
                 same &= memcmp(&one, &got[g][t], sizeof one) == 0;
             }
         check(worst <= TOL_DOT_F32, "scores_f32 D=%d G=%d n=%d stride=%tdD: error %.3g of "
@@ -385,8 +387,10 @@ static void test_scores_q8(const sa_kernels *kern)
         const int8_t *kq = (const int8_t *)k.base;
         const float *ks = (const float *)kd.base;
         float **ref = rows_new(G, n), **got = rows_new(G, n);
-        REF->scores_q8(qq, qd, G, D, gs, kq, ks, rs, ss, n, ref);
-        kern->scores_q8(qq, qd, G, D, gs, kq, ks, rs, ss, n, got);
+        const sa_prefetch hint = {{(const char *)kq, (const char *)ks},
+                                  {(size_t)n * rs, (size_t)n * ss * sizeof(float)}};
+        REF->scores_q8(qq, qd, G, D, gs, kq, ks, rs, ss, n, ref, NULL);
+        kern->scores_q8(qq, qd, G, D, gs, kq, ks, rs, ss, n, got, &hint);
 
         double worst = 0.0;
         int same = 1;
@@ -403,7 +407,7 @@ static void test_scores_q8(const sa_kernels *kern)
                 worst = fmax(worst, err / fmax(mag, DBL_MIN));
                 float one, *op = &one;
                 kern->scores_q8(qq + g * D, qd + g * ng, 1, D, gs, kq + t * rs, ks + t * ss,
-                                rs, ss, 1, &op);
+                                rs, ss, 1, &op, NULL);
                 same &= memcmp(&one, &got[g][t], sizeof one) == 0;
             }
         check(worst <= TOL_DOT_Q8, "scores_q8 D=%d gs=%d G=%d n=%d stride=%tdD %s: error "
@@ -573,13 +577,14 @@ static void test_accumulate_f32(const sa_kernels *kern)
             memcpy(got[g], o0[g], (size_t)D * sizeof(float));
             memcpy(one[g], o0[g], (size_t)D * sizeof(float));
         }
-        REF->accumulate_v_f32(ref, (const float *const *)p, G, D, vf, rs, n);
-        kern->accumulate_v_f32(got, (const float *const *)p, G, D, vf, rs, n);
+        const sa_prefetch hint = {{(const char *)vf}, {(size_t)n * rs * sizeof(float)}};
+        REF->accumulate_v_f32(ref, (const float *const *)p, G, D, vf, rs, n, NULL);
+        kern->accumulate_v_f32(got, (const float *const *)p, G, D, vf, rs, n, &hint);
         /* The same sums one head and one token per call. */
         for (int g = 0; g < G; g++)
             for (int t = 0; t < n; t++) {
                 const float *pp = p[g] + t;
-                kern->accumulate_v_f32(&one[g], &pp, 1, D, vf + t * rs, rs, 1);
+                kern->accumulate_v_f32(&one[g], &pp, 1, D, vf + t * rs, rs, 1, NULL);
             }
         double worst = 0.0;
         int same = 1;
@@ -631,12 +636,15 @@ static void test_accumulate_q8(const sa_kernels *kern)
             memcpy(got[g], o0[g], (size_t)D * sizeof(float));
             memcpy(one[g], o0[g], (size_t)D * sizeof(float));
         }
-        REF->accumulate_v_q8(ref, (const float *const *)p, G, D, gs, vq, vs, rs, ss, n);
-        kern->accumulate_v_q8(got, (const float *const *)p, G, D, gs, vq, vs, rs, ss, n);
+        const sa_prefetch hint = {{(const char *)vq, (const char *)vs},
+                                  {(size_t)n * rs, (size_t)n * ss * sizeof(float)}};
+        REF->accumulate_v_q8(ref, (const float *const *)p, G, D, gs, vq, vs, rs, ss, n, NULL);
+        kern->accumulate_v_q8(got, (const float *const *)p, G, D, gs, vq, vs, rs, ss, n, &hint);
         for (int g = 0; g < G; g++)
             for (int t = 0; t < n; t++) {
                 const float *pp = p[g] + t;
-                kern->accumulate_v_q8(&one[g], &pp, 1, D, gs, vq + t * rs, vs + t * ss, rs, ss, 1);
+                kern->accumulate_v_q8(&one[g], &pp, 1, D, gs, vq + t * rs, vs + t * ss, rs, ss, 1,
+                                      NULL);
             }
         double worst = 0.0;
         int same = 1;

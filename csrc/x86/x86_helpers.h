@@ -1,0 +1,26 @@
+/*
+ * Small AVX2 helpers both x86 kernel files use (the AVX-512 file's target
+ * includes AVX2).  Included after <immintrin.h> and the file's pragmas.
+ */
+#ifndef SA_X86_HELPERS_H
+#define SA_X86_HELPERS_H
+
+#include <stdint.h>
+
+#define SA_INLINE static inline __attribute__((always_inline))
+
+/* 8 int8 -> 8 floats (exact). */
+SA_INLINE __m256 load8_s8_ps(const int8_t *x)
+{
+    return _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_loadl_epi64((const __m128i *)x)));
+}
+
+/* Sum of 8 lanes in a fixed order. */
+SA_INLINE float hsum8_ps(__m256 v)
+{
+    __m128 x = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+    x = _mm_add_ps(x, _mm_movehl_ps(x, x));
+    return _mm_cvtss_f32(_mm_add_ss(x, _mm_movehdup_ps(x)));
+}
+
+#endif
