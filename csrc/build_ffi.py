@@ -57,7 +57,8 @@ def compile_args():
     extra = os.environ.get("SPARSE_ATTN_CFLAGS")  # e.g. sanitizers for the memory-safety run
     if extra:
         args += extra.split()
-    return args
+    # recorded in the core, for `sparse-attn info` (sa_build_info)
+    return args + ['-DSA_BUILD_FLAGS="%s"' % " ".join(args).replace('"', "'")]
 
 
 def link_args():

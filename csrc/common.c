@@ -33,6 +33,28 @@ const char *sa_strerror(int status)
     }
 }
 
+#ifndef SA_BUILD_FLAGS
+#define SA_BUILD_FLAGS "(not recorded)"
+#endif
+#if defined(__x86_64__) || defined(_M_X64)
+#define SA_TARGET "x86_64"
+#elif defined(__aarch64__)
+#define SA_TARGET "aarch64"
+#else
+#define SA_TARGET "other (portable kernels only)"
+#endif
+
+const char *sa_build_info(void)
+{
+#if defined(__clang__)
+    return "clang " __clang_version__ ", target " SA_TARGET ", flags " SA_BUILD_FLAGS;
+#elif defined(__GNUC__)
+    return "gcc " __VERSION__ ", target " SA_TARGET ", flags " SA_BUILD_FLAGS;
+#else
+    return "unknown compiler, target " SA_TARGET ", flags " SA_BUILD_FLAGS;
+#endif
+}
+
 int sa_check_kv(const sa_kv *kv)
 {
     if (!kv)

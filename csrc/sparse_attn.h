@@ -146,6 +146,9 @@ typedef struct sa_select_params {
 
 const char *sa_strerror(int status);
 
+/* How this core was built: compiler, flags, target architecture. */
+const char *sa_build_info(void);
+
 /* ISA dispatch.  sa_isa_name() names the kernels in use; sa_set_isa() picks a
  * path by name ("portable", "avx2", "avx512-vnni", "neon", "neon-dotprod");
  * sa_isa_available() says whether this CPU can run it (1) or not (0). */

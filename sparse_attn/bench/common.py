@@ -1,0 +1,104 @@
+"""What every benchmark of the package shares: timing, the memory floor it
+compares kernels with, and the cycling of KV buffers that keeps the KV out
+of the last-level cache."""
+import math
+import sys
+import time
+
+import numpy as np
+
+import sparse_attn as sa
+from sparse_attn._ffi import ffi, lib
+from sparse_attn.machine import fmt_bytes, llc_bytes
+
+# When sysfs does not give the last-level cache: larger than any LLC seen
+# on this project's machines (260 MB), so the floor and the cycling stay
+# conservative.
+LLC_FALLBACK = 512 << 20
+# Bytes of distinct KV touched between two visits of one layer's buffers,
+# as a multiple of the last-level cache.
+COLD_FACTOR = 2.5
+
+
+def log(msg):
+    print(msg, file=sys.stderr, flush=True)
+
+
+def timed(fn, repeats):
+    """Run fn `repeats` times (after one warm-up); seconds as (median, min, max)."""
+    fn()
+    times = []
+    for _ in range(repeats):
+        t0 = time.perf_counter()
+        fn()
+        times.append(time.perf_counter() - t0)
+    return float(np.median(times)), float(min(times)), float(max(times))
+
+
+def last_level_cache():
+    """(bytes, how it was found) of the last-level cache."""
+    llc = llc_bytes()
+    if llc:
+        return llc, f"{fmt_bytes(llc)} (sysfs)"
+    return LLC_FALLBACK, f"unknown (sysfs silent), assumed {fmt_bytes(LLC_FALLBACK)}"
+
+
+class Floor:
+    """The memory floor: the best of several streaming reads of a buffer of
+    4x the last-level cache (at least 256 MiB), with the widest loads of the
+    ISA in use, split over the threads the kernels use."""
+
+    def __init__(self, threads, passes=7):
+        llc, llc_text = last_level_cache()
+        n_bytes = max(4 * llc, 256 << 20)
+        buf = np.ones(n_bytes // 8, np.uint64)        # written: every page is real
+        out = ffi.new("uint64_t *")
+        ptr = ffi.from_buffer("uint64_t[]", buf)
+        lib.sa_stream_read(ptr, n_bytes, threads, out)        # warm-up
+        times = []
+        for _ in range(passes):
+            t0 = time.perf_counter()
+            lib.sa_stream_read(ptr, n_bytes, threads, out)
+            times.append(time.perf_counter() - t0)
+        self.bandwidth = n_bytes / min(times)
+        self.median = n_bytes / float(np.median(times))
+        self.n_bytes, self.threads, self.passes, self.isa = n_bytes, threads, passes, sa.isa()
+        self.llc, self.llc_text = llc, llc_text
+
+    def describe(self):
+        return (f"streaming read {self.bandwidth / 1e9:.1f} GB/s: best of {self.passes} passes "
+                f"over {fmt_bytes(self.n_bytes)} (4x the LLC of {self.llc_text}, at least 256 "
+                f"MiB), {self.isa} loads, {self.threads} thread(s); median pass "
+                f"{self.median / 1e9:.1f} GB/s")
+
+    def as_dict(self):
+        return dict(bandwidth_gbs=self.bandwidth / 1e9, median_gbs=self.median / 1e9,
+                    buffer_bytes=self.n_bytes, threads=self.threads, passes=self.passes,
+                    isa=self.isa, llc_bytes=self.llc, llc=self.llc_text)
+
+
+def distinct_buffers(per_layer_bytes, n_layers, llc, memory_cap):
+    """How many distinct layers' buffers to cycle so that between two visits
+    of one, at least COLD_FACTOR x the LLC of other KV is touched; capped
+    by memory.  Returns (count, note or None)."""
+    want = max(1, math.ceil(COLD_FACTOR * llc / per_layer_bytes) + 1)
+    count = want
+    note = None
+    if count * per_layer_bytes > memory_cap:
+        count = max(1, int(memory_cap // per_layer_bytes))
+        note = (f"cycled {count} distinct layers ({fmt_bytes(count * per_layer_bytes)}), not "
+                f"the {want} that {COLD_FACTOR}x the LLC needs: memory is short, so part of "
+                "the KV may be read from cache")
+    return count, note
+
+
+def available_memory():
+    """Bytes the benchmark may fill: half of MemAvailable (or 4 GiB)."""
+    try:
+        with open("/proc/meminfo") as f:
+            for line in f:
+                if line.startswith("MemAvailable:"):
+                    return int(line.split()[1]) * 1024 // 2
+    except OSError:
+        pass
+    return 4 << 30

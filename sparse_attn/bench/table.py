@@ -1,0 +1,336 @@
+"""The article's board table on any machine (``sparse-attn bench``).
+
+One decode step of a Qwen3-VL-2B-shaped model (28 layers, 16 query heads,
+8 KV heads, head_dim 128) over a synthetic needle-in-a-haystack context
+(:mod:`sparse_attn.synthetic`), for several context lengths, dense and
+sparse configurations, q8 and float32 KV, side by side with numpy and (when
+installed) torch's scaled_dot_product_attention, and against the memory
+floor measured in the same run (:class:`~sparse_attn.bench.common.Floor`).
+
+Each layer has its own KV and what a KVCache keeps beside it (probe-row
+copies, key bounds); enough distinct copies are cycled that between two
+visits of one layer's buffers 2.5x the last-level cache of other KV is read,
+so the KV streams from DRAM on any machine (the output says when memory is
+too short for that).
+"""
+import math
+
+import numpy as np
+
+import sparse_attn as sa
+from sparse_attn.machine import fmt_bytes
+from sparse_attn.metadata import default_scale_group, probe_geometry
+from sparse_attn.q8 import Q8
+from sparse_attn.selection import selection
+from sparse_attn.synthetic import needle_context
+
+from .common import available_memory, distinct_buffers, log, timed
+
+QWEN3_VL_2B = dict(n_layers=28, n_heads=16, n_kv_heads=8, head_dim=128)
+DEFAULT_LENGTHS = (2061, 4096, 8192, 32768)
+DEFAULT_CONFIGS = ("dense", "32", "16", "8", "4", "1")
+# Distinct synthetic contexts per length; the rest of the cycled layers are
+# copies of them (same values, distinct memory: caches work by address).
+BASE_CONTEXTS = 4
+WHY_K1 = ("k=1: the importance reserve is (k+1)//2 = 1 block, so the single slot goes to the "
+          "block prefill attended to most and the probe never gets a say (spec §2.5): the "
+          "needle is lost, as on the board.")
+
+
+def numpy_decode(q, k, v, scale):
+    """What a numpy user writes: float32 matmul + softmax, GQA by reshaping."""
+    hkv, _, d = k.shape
+    qg = q.reshape(hkv, -1, d)
+    s = np.matmul(qg, k.transpose(0, 2, 1))
+    s *= scale
+    s -= s.max(axis=-1, keepdims=True)
+    np.exp(s, out=s)
+    s /= s.sum(axis=-1, keepdims=True)
+    return np.matmul(s, v).reshape(q.shape)
+
+
+class Layer:
+    """One layer's buffers at one KV dtype: K, V, the key bounds and the
+    probe-row copies a KVCache keeps, the importance its prompt recorded,
+    and the question query."""
+
+    def __init__(self, ctx, importance, k, v, bounds, probe_rows):
+        self.ctx, self.importance = ctx, importance
+        self.k, self.v, self.bounds, self.probe_rows = k, v, bounds, probe_rows
+
+    @classmethod
+    def build(cls, ctx, importance, dtype, args):
+        if dtype == "q8":
+            k, v = sa.quantize_q8(ctx.k, args.group_size), sa.quantize_q8(ctx.v, args.group_size)
+        else:
+            k, v = ctx.k, ctx.v
+        return cls(ctx, importance, k, v, sa.block_bounds(k, block_size=args.block_size),
+                   sa.probe_rows(k, block_size=args.block_size, n_probe=args.n_probe or 8))
+
+    def copy(self):
+        def dup(t):
+            return Q8._wrap(t.data.copy(), t.scales.copy(), t.group_size) \
+                if isinstance(t, Q8) else t.copy()
+        b, p = self.bounds, self.probe_rows
+        bounds = sa.BlockBounds(b.mn.copy(), b.mx.copy(), b.scales.copy(), b.block_size,
+                                b.scale_group, b.k_rows)
+        rows = sa.ProbeRows(dup(p.rows), p.block_size, p.n_probe, p.k_rows)
+        return Layer(self.ctx, self.importance.copy(), dup(self.k), dup(self.v), bounds, rows)
+
+    @property
+    def nbytes(self):
+        return (self.k.nbytes + self.v.nbytes + self.bounds.nbytes + self.probe_rows.nbytes
+                + self.importance.nbytes)
+
+    def metadata(self, sel):
+        """What a KVCache.decode with this selection passes beside K."""
+        if sel.reads == "bounds":
+            return {"bounds": self.bounds}
+        if sel.reads == "probe_rows" and sel.n_probe == self.probe_rows.n_probe:
+            return {"probe_rows": self.probe_rows}
+        return {}
+
+
+class Cycle:
+    """The distinct layers of one dtype, visited args.layers at a time from
+    a cursor that moves on after every step."""
+
+    def __init__(self, layers):
+        self.layers, self.cursor = layers, 0
+
+    def step(self, n):
+        start = self.cursor
+        self.cursor = (self.cursor + n) % len(self.layers)
+        return [self.layers[(start + i) % len(self.layers)] for i in range(n)]
+
+
+def base_contexts(length, args):
+    out = []
+    for i in range(min(args.layers, BASE_CONTEXTS)):
+        log(f"  [{length}] context {i + 1}: generating, prefilling the last "
+            f"{min(args.prefill_tokens, length)} tokens for importance")
+        ctx = needle_context(length, n_heads=args.heads, n_kv_heads=args.kv_heads,
+                             head_dim=args.head_dim, seed=args.seed * 1000 + i,
+                             block_size=args.block_size, prompt_tokens=args.prefill_tokens)
+        t = ctx.prompt_q.shape[1]
+        _, imp = sa.prefill(ctx.prompt_q, ctx.k, ctx.v, start=length - t, threads=args.threads)
+        out.append((ctx, imp))
+    return out
+
+
+def kv_row_bytes(dtype, head_dim, group_size):
+    return head_dim * 4 if dtype == "float32" else head_dim + 4 * (head_dim // group_size)
+
+
+def step_bytes(blocks, length, dtype, args, sel):
+    """Bytes one layer's decode step must read: for sparse, the probed K rows
+    (or, for scoring="minmax", the blocks' key bounds) and the K and V rows of
+    the blocks chosen by any head of each KV head (each row once per KV
+    head); for dense, all of K and V."""
+    row = kv_row_bytes(dtype, args.head_dim, args.group_size)
+    if blocks is None:
+        return 2 * args.kv_heads * length * row
+    bs, nb = args.block_size, -(-length // args.block_size)
+    if sel.scoring == "minmax":
+        sg = default_scale_group(args.group_size if dtype == "q8" else None, args.head_dim)
+        select_cost = nb * (2 * args.head_dim + 4 * (args.head_dim // sg))
+    else:
+        cnt, _ = probe_geometry(bs, sel.n_probe)
+        last = length - (nb - 1) * bs
+        last_cnt = -(-last // max(1, last // sel.n_probe))
+        select_cost = ((nb - 1) * cnt + last_cnt) * row
+    total = 0
+    for chosen in blocks.reshape(args.kv_heads, -1):
+        picked = np.unique(chosen)
+        rows = sum(min((b + 1) * bs, length) - b * bs for b in picked)
+        if len(picked) < nb:
+            total += select_cost
+        total += 2 * rows * row
+    return int(total)  # not a numpy integer: json.dump takes only Python ints
+
+
+def run_length(length, args, floor, torch):
+    bases = base_contexts(length, args)
+    scale = 1.0 / math.sqrt(args.head_dim)
+    bandwidth = floor.bandwidth
+    rows, notes = [], []
+    budget = available_memory()
+    cycles = {}
+    for dtype in args.dtypes + (["float32"] if args.baselines and "float32" not in args.dtypes
+                                else []):
+        base = [Layer.build(ctx, imp, dtype, args) for ctx, imp in bases]
+        count, note = distinct_buffers(base[0].nbytes, args.layers, floor.llc,
+                                       budget // max(1, len(args.dtypes)))
+        layers = [base[i] if i < len(base) else base[i % len(base)].copy()
+                  for i in range(count)]
+        log(f"  [{length}] {dtype}: {count} distinct layers of {fmt_bytes(base[0].nbytes)} "
+            f"cycled ({fmt_bytes(count * base[0].nbytes)})")
+        if note:
+            notes.append(f"{length} {dtype}: {note}")
+        cycles[dtype] = (base, Cycle(layers))
+
+    for dtype in args.dtypes:
+        base, cycle = cycles[dtype]
+        exact = [sa.dense_decode(l.ctx.question_q, l.k, l.v, threads=args.threads) for l in base]
+        dense_time = None
+        cells = [("dense", None, None)] if "dense" in args.configs else []
+        cells += [(c, name, knobs) for name, knobs in args.policies
+                  for c in args.configs if c != "dense"]
+        for config, policy, knobs in cells:
+            log(f"  [{length}] {dtype} {config} {policy or ''}")
+            if config == "dense":
+                sel = None
+
+                def step():
+                    for l in cycle.step(args.layers):
+                        sa.dense_decode(l.ctx.question_q, l.k, l.v, threads=args.threads)
+                outs, blocks = exact, [None] * len(base)
+            else:
+                kw = {k: v for k, v in knobs.items() if k != "dense_layers"}
+                if args.n_probe is not None:
+                    kw["n_probe"] = args.n_probe
+                kw.update(k_blocks=int(config), block_size=args.block_size)
+                sel = selection(**kw)
+                kw["threads"] = args.threads
+
+                def step(kw=kw, sel=sel):
+                    for l in cycle.step(args.layers):
+                        sa.sparse_decode(l.ctx.question_q, l.k, l.v, importance=l.importance,
+                                         **l.metadata(sel), **kw)
+                res = [sa.sparse_decode(l.ctx.question_q, l.k, l.v, importance=l.importance,
+                                        return_blocks=True, **l.metadata(sel), **kw)
+                       for l in base]
+                outs, blocks = [r[0] for r in res], [r[1] for r in res]
+            med, lo, hi = timed(step, args.repeats)
+            if config == "dense":
+                dense_time = med
+            needle_hits, needle_heads = 0, 0
+            for l, b in zip(base, blocks):
+                heads = l.ctx.retrieval_heads
+                needle_heads += int(heads.sum())
+                needle_hits += int(heads.sum()) if b is None else int(
+                    (b[heads] == l.ctx.needle_block).any(axis=1).sum())
+            err = max(float(np.abs(o - e).max() / np.abs(e).max()) for o, e in zip(outs, exact))
+            nbytes = sum(step_bytes(blocks[i % len(base)], length, dtype, args, sel)
+                         for i in range(args.layers))
+            floor_s = nbytes / bandwidth
+            rows.append(dict(length=length, impl="sparse_attn", dtype=dtype, config=config,
+                             policy=policy, knobs=knobs,
+                             recall=needle_hits / needle_heads, rel_err=err,
+                             ms=med * 1e3, ms_min=lo * 1e3, ms_max=hi * 1e3,
+                             speedup_vs_dense=(dense_time / med) if dense_time else None,
+                             bytes=nbytes, floor_ms=floor_s * 1e3, x_floor=med / floor_s))
+
+    if args.baselines:
+        base, cycle = cycles["float32"]
+        dense_bytes = args.layers * step_bytes(None, length, "float32", args, None)
+
+        def baseline(impl, dtype, fn, nbytes):
+            log(f"  [{length}] {impl} {dtype}")
+            med, lo, hi = timed(fn, max(1, args.repeats // 2))
+            ref_dense = next((r["ms"] for r in rows if r["dtype"] == "float32"
+                              and r["config"] == "dense"), None)
+            rows.append(dict(length=length, impl=impl, dtype=dtype, config="dense", policy=None,
+                             knobs=None, recall=1.0, rel_err=None, ms=med * 1e3, ms_min=lo * 1e3,
+                             ms_max=hi * 1e3,
+                             speedup_vs_dense=(ref_dense / (med * 1e3)) if ref_dense else None,
+                             bytes=nbytes, floor_ms=nbytes / bandwidth * 1e3,
+                             x_floor=med / (nbytes / bandwidth)))
+
+        def numpy_step():
+            for l in cycle.step(args.layers):
+                numpy_decode(l.ctx.question_q, l.k, l.v, scale)
+        baseline("numpy", "float32", numpy_step, dense_bytes)
+        if torch is not None:
+            torch.set_num_threads(args.threads)
+            sdpa = torch.nn.functional.scaled_dot_product_attention
+            for tdtype, name in ((torch.float32, "float32"), (torch.bfloat16, "bfloat16")):
+                tl = [(torch.from_numpy(l.ctx.question_q)[None, :, None].to(tdtype),
+                       torch.from_numpy(l.k)[None].to(tdtype),
+                       torch.from_numpy(l.v)[None].to(tdtype)) for l in cycle.layers]
+                tcycle = Cycle(tl)
+
+                def torch_step(tcycle=tcycle):
+                    with torch.inference_mode():
+                        for q, k, v in tcycle.step(args.layers):
+                            sdpa(q, k, v, scale=scale, enable_gqa=True)
+                baseline("torch-sdpa", name, torch_step,
+                         dense_bytes if name == "float32" else dense_bytes // 2)
+                del tl, tcycle
+    return rows, notes
+
+
+def fmt_ms(r):
+    return f"{r['ms']:8.2f} [{r['ms_min']:.2f}–{r['ms_max']:.2f}]"
+
+
+def below_floor(rows, limit=0.95):
+    """Rows that ran faster than the floor allows: the floor is then not an
+    upper bound of the bandwidth (or the KV was read from cache)."""
+    return [r for r in rows if r["impl"] == "sparse_attn" and r["x_floor"] < limit]
+
+
+def print_table(rows, args, floor, notes):
+    print(f"\nDecode attention, {args.layers} layers x ({args.heads} q heads, {args.kv_heads} KV "
+          f"heads, head_dim {args.head_dim}); block {args.block_size}, n_probe "
+          f"{args.n_probe or 'per policy'}; ISA {sa.isa()}, {args.threads} thread(s)")
+    print(f"floor: {floor.describe()}")
+    print("ms = time per token for all layers, median [min–max] of "
+          f"{args.repeats}; err = max relative error vs dense at the same dtype;")
+    print("floor ms = bytes the step must read / the floor's bandwidth; x floor = ms / floor ms."
+          "\n")
+    head = (f"{'ctx':>6} {'impl':<12} {'KV':<8} {'config':<6} {'policy':<8} {'needle':>6} "
+            f"{'err':>8} {'ms/token [min–max]':>24} {'vs dense':>8} {'MB read':>8} "
+            f"{'floor ms':>8} {'x floor':>7}")
+    print(head)
+    print("-" * len(head))
+    last = None
+    for r in rows:
+        if last is not None and r["length"] != last:
+            print()
+        last = r["length"]
+        cfg = r["config"] if r["config"] == "dense" else f"k={r['config']}"
+        needle = "YES" if r["recall"] == 1 else ("NO" if r["recall"] == 0 else f"{r['recall']:.0%}")
+        err = "-" if r["rel_err"] is None else f"{r['rel_err']:.1e}"
+        vs = "-" if r["speedup_vs_dense"] is None else f"{r['speedup_vs_dense']:.2f}x"
+        print(f"{r['length']:>6} {r['impl']:<12} {r['dtype']:<8} {cfg:<6} {r['policy'] or '-':<8} "
+              f"{needle:>6} {err:>8} "
+              f"{fmt_ms(r):>24} {vs:>8} {r['bytes'] / 1e6:8.1f} {r['floor_ms']:8.2f} "
+              f"{r['x_floor']:7.2f}")
+    if any(r["config"] == "1" and r["recall"] == 0 and r["policy"] == "seed" for r in rows):
+        print("\n" + WHY_K1)
+    print("baseline rows: 'vs dense' is sparse_attn dense float32 time / baseline time "
+          "(> 1 means the baseline is faster).")
+    for note in notes:
+        print(f"note: {note}")
+    for r in below_floor(rows):
+        print(f"WARNING: {r['length']} {r['dtype']} {r['config']} {r['policy'] or ''} ran at "
+              f"{r['x_floor']:.2f}x the floor, faster than the memory floor allows: the floor "
+              "underestimates this machine's bandwidth, or the KV came from cache.")
+
+
+def plot(rows, path):
+    try:
+        import matplotlib
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        log("--plot: matplotlib is not installed; skipping the plot")
+        return
+    fig, ax = plt.subplots(figsize=(8, 5))
+    keys = sorted({(r["impl"], r["dtype"], r["config"], r["policy"] or "") for r in rows})
+    for impl, dtype, config, policy in keys:
+        pts = sorted((r["length"], r["ms"]) for r in rows
+                     if (r["impl"], r["dtype"], r["config"], r["policy"] or "") ==
+                     (impl, dtype, config, policy))
+        label = f"{impl} {dtype} {config if config == 'dense' else 'k=' + config} {policy}"
+        ax.plot(*zip(*pts), marker="o", label=label.strip())
+    ax.set_xscale("log", base=2)
+    ax.set_yscale("log")
+    ax.set_xlabel("context length (tokens)")
+    ax.set_ylabel("decode attention ms / token (all layers)")
+    ax.legend(fontsize=7, ncol=2)
+    ax.grid(True, which="both", alpha=0.3)
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    log(f"plot written to {path}")

@@ -1,0 +1,100 @@
+"""Facts about the machine and the build, for `sparse-attn info` and the
+benchmarks' headers: the CPU, its caches (from sysfs), the ISAs, threads,
+versions and how the C core was built."""
+import glob
+import os
+import platform
+import sys
+
+from ._ffi import ffi, lib
+from .isa import available_isas, built_isas, default_threads, isa
+
+
+def cpu_model():
+    """The CPU's model name (or part number on Arm), else the machine type."""
+    try:
+        with open("/proc/cpuinfo") as f:
+            for line in f:
+                if line.lower().startswith(("model name", "cpu part", "hardware")):
+                    return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or platform.machine()
+
+
+def _size(text):
+    text = text.strip()
+    mult = {"K": 1 << 10, "M": 1 << 20, "G": 1 << 30}.get(text[-1:].upper(), 1)
+    return int(text.rstrip("KMGkmg")) * mult
+
+
+def cpu_caches():
+    """The caches cpu0 sees, per sysfs: [{level, type, bytes, shared_by}],
+    lowest level first; [] where sysfs does not tell."""
+    caches = []
+    for d in sorted(glob.glob("/sys/devices/system/cpu/cpu0/cache/index*")):
+        try:
+            with open(os.path.join(d, "level")) as f:
+                level = int(f.read())
+            with open(os.path.join(d, "type")) as f:
+                kind = f.read().strip()
+            with open(os.path.join(d, "size")) as f:
+                size = _size(f.read())
+            shared = ""
+            if os.path.exists(os.path.join(d, "shared_cpu_list")):
+                with open(os.path.join(d, "shared_cpu_list")) as f:
+                    shared = f.read().strip()
+        except (OSError, ValueError):
+            continue
+        caches.append(dict(level=level, type=kind, bytes=size, shared_by=shared))
+    return sorted(caches, key=lambda c: (c["level"], c["type"]))
+
+
+def llc_bytes():
+    """The last-level cache's size in bytes, or None when sysfs does not say."""
+    data = [c for c in cpu_caches() if c["type"] in ("Unified", "Data")]
+    return max(data, key=lambda c: c["level"])["bytes"] if data else None
+
+
+def fmt_bytes(n):
+    for unit, size in (("GiB", 1 << 30), ("MiB", 1 << 20), ("KiB", 1 << 10)):
+        if n >= size:
+            return f"{n / size:.3g} {unit}"
+    return f"{n} B"
+
+
+def build_info():
+    return ffi.string(lib.sa_build_info()).decode()
+
+
+def versions():
+    import numpy
+    import cffi
+    from . import __version__
+    out = dict(sparse_attn=__version__, python=platform.python_version(),
+               numpy=numpy.__version__, cffi=cffi.__version__)
+    for name in ("torch", "transformers"):
+        mod = sys.modules.get(name)
+        if mod is None:
+            try:
+                import importlib.metadata as md
+                out[name] = md.version(name)
+            except Exception:       # noqa: BLE001 - not installed
+                out[name] = None
+        else:
+            out[name] = getattr(mod, "__version__", None)
+    return out
+
+
+def info():
+    """Everything `sparse-attn info` prints, as a dict."""
+    from . import __file__ as package_file
+    return dict(
+        package=os.path.dirname(package_file), versions=versions(), isa=isa(),
+        isa_env=os.environ.get("SPARSE_ATTN_ISA"), built_isas=built_isas(),
+        available_isas=available_isas(), threads=default_threads(),
+        threads_env=os.environ.get("SPARSE_ATTN_NUM_THREADS"),
+        usable_cores=len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity")
+        else os.cpu_count(),
+        machine=platform.machine(), cpu=cpu_model(), caches=cpu_caches(), build=build_info(),
+        platform=platform.platform())
