@@ -1,5 +1,5 @@
 /*
- * Exact causal prefill (SPEC §3).
+ * Exact causal prefill (spec §3).
  *
  * Query rows are taken in tiles of PREFILL_TILE positions: the G heads of a
  * KV head times the tile's rows are scored against the keys the last row of

@@ -1,4 +1,4 @@
-/* SPEC §4: symmetric int8 per group, the ggml q8_0 recipe with a float32 scale. */
+/* spec §4: symmetric int8 per group, the ggml q8_0 recipe with a float32 scale. */
 #include <math.h>
 #include <string.h>
 

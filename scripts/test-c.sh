@@ -10,6 +10,10 @@
 #                              neon-dotprod) and as a Cortex-A53 (must default
 #                              to neon); then the same with UBSan if a static
 #                              UBSan build links
+#   scripts/test-c.sh --tsan   native build with ThreadSanitizer, the
+#                              threaded parts only (--threads-only: the worker
+#                              pool under 1-3 threads and four concurrent
+#                              callers, each result checked bitwise)
 #   scripts/test-c.sh --avx512-emulated
 #                              x86-64 only: the native ASan + UBSan build, but
 #                              with csrc/x86/kernels_avx512_vnni.c compiled
@@ -36,8 +40,9 @@ case "${1:-}" in
     "") ;;
     --arm) mode=arm ;;
     --avx512-emulated) mode=avx512-emulated ;;
-    -h|--help) sed -n '2,29p' "$0"; exit 0 ;;
-    *) echo "test-c.sh: unknown argument '$1' (use --arm, --avx512-emulated or nothing)" >&2
+    --tsan) mode=tsan ;;
+    -h|--help) sed -n '2,33p' "$0"; exit 0 ;;
+    *) echo "test-c.sh: unknown argument '$1' (use --arm, --avx512-emulated, --tsan or nothing)" >&2
        exit 2 ;;
 esac
 mkdir -p "$build"
@@ -114,6 +119,20 @@ if [[ $mode == native ]]; then
             status=1
     fi
     exit "$status"
+fi
+
+if [[ $mode == tsan ]]; then
+    cc="${CC:-gcc}"
+    isa_list="$(isa_sources "$(uname -m)")"
+    isa=()
+    [[ -z $isa_list ]] || mapfile -t isa <<<"$isa_list"
+    exe="$build/test_kernels_tsan"
+    echo "== building $exe ($cc, ThreadSanitizer)"
+    "$cc" "${common[@]}" -O1 -g -fsanitize=thread "${core[@]}" "${isa[@]}" "$harness" \
+        -o "$exe" -lm
+    TSAN_OPTIONS="${TSAN_OPTIONS:-halt_on_error=1:second_deadlock_stack=1}" \
+        run "native $(uname -m), ThreadSanitizer" "$exe" --threads-only
+    exit $?
 fi
 
 if [[ $mode == avx512-emulated ]]; then

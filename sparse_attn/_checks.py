@@ -129,7 +129,9 @@ def as_array(name, a, *, dtype, ndim=None, allow_empty=False):
     _check_ndarray(name, a, dtype, ndim, allow_empty)
     if a.flags.c_contiguous and a.flags.aligned:
         return a
-    return np.ascontiguousarray(a)
+    # a fresh array: ascontiguousarray would hand back a contiguous but
+    # misaligned one unchanged
+    return np.array(a, dtype=dtype, order="C", copy=True)
 
 
 def check_output(name, a, *, dtype, shape):

@@ -1,10 +1,10 @@
-"""The numpy reference: SPEC.md written as plain numpy, float64 inside.
+"""The numpy reference: docs/spec.md written as plain numpy, float64 inside.
 
 This is what the tests trust.  It is written to be read next to the spec,
 not to be fast; every function takes the same arguments as its C-backed
 twin in ``sparse_attn`` (without ``threads``).  q8 quantisation is done in
 float32 exactly as the C core does it, so that q8 results can be compared
-against "a reference that quantizes the same way" (SPEC §5).
+against "a reference that quantizes the same way" (spec §5).
 """
 import math
 
@@ -36,7 +36,7 @@ def quantize_q8(x, group_size=32):
 
 
 def q8_dot(q, rows):
-    """SPEC §4 dot of a Q8 [D] with Q8 rows [N, D], float64."""
+    """spec §4 dot of a Q8 [D] with Q8 rows [N, D], float64."""
     g = q.group_size
     qi = q.data.astype(np.int64).reshape(-1, g)
     ri = rows.data.astype(np.int64).reshape(rows.shape[0], -1, g)
@@ -115,7 +115,7 @@ def _greedy(values, used, count):
 
 
 def _choose(score, nb, k_blocks, imp_sum, recency, reserve, sink_blocks):
-    """SPEC §2 steps 3-5 with §6's sinks and reserve size, for one score row."""
+    """spec §2 steps 3-5 with §6's sinks and reserve size, for one score row."""
     total = min(k_blocks, nb)
     used = [False] * nb
     chosen = []

@@ -1,4 +1,4 @@
-"""The C core against the numpy reference, on every kernel path (SPEC §5)."""
+"""The C core against the numpy reference, on every kernel path (spec §5)."""
 import numpy as np
 import pytest
 
@@ -48,7 +48,7 @@ def test_dense_decode_matches_reference(isa, rng, H, Hkv, D, S, dtype, gs):
 @pytest.mark.parametrize("H,Hkv,D,S,dtype,gs", SHAPES)
 @pytest.mark.parametrize("block_size", [32, 7, 1000])
 def test_all_blocks_is_bitwise_dense(isa, rng, H, Hkv, D, S, dtype, gs, block_size):
-    """SPEC §2: with k_blocks >= n_blocks sparse decode == dense decode, bit for bit."""
+    """spec §2: with k_blocks >= n_blocks sparse decode == dense decode, bit for bit."""
     k, v = make_kv(rng, Hkv, S, D, dtype, gs)
     q = rng.standard_normal((H, D), dtype=np.float32)
     imp = rng.random(S, dtype=np.float32)
@@ -113,7 +113,7 @@ def test_chunked_prefill_adds_up(isa, rng):
 @pytest.mark.parametrize("share", ["head", "group"])
 @pytest.mark.parametrize("frac,sinks", [(0.5, 0), (0.0, 0), (0.25, 2), (1.0, 1), (0.5, 10)])
 def test_selection_knobs_match_reference(isa, rng, dtype, share, frac, sinks):
-    """SPEC §6 knobs: importance_fraction, sink_blocks and share."""
+    """spec §6 knobs: importance_fraction, sink_blocks and share."""
     H, Hkv, D, S = 8, 2, 64, 700
     k, v = make_kv(rng, Hkv, S, D, dtype)
     q = rng.standard_normal((H, D), dtype=np.float32)

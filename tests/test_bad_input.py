@@ -1,4 +1,4 @@
-"""SPEC §5: every bad input raises ValueError/TypeError naming the argument,
+"""spec §5: every bad input raises ValueError/TypeError naming the argument,
 before any C code runs; nothing crashes."""
 import numpy as np
 import pytest
@@ -149,7 +149,7 @@ def test_q8_rejects(ok, rng):
     with pytest.raises(ValueError, match="group_size"):
         sa.Q8(ok["kq"].data, ok["kq"].scales, 48)
     bad_data = ok["kq"].data.copy()
-    bad_data[1, 5, 7] = -128                    # outside SPEC §4's [-127, 127]
+    bad_data[1, 5, 7] = -128                    # outside spec §4's [-127, 127]
     with pytest.raises(ValueError, match="-128"):
         sa.Q8(bad_data, ok["kq"].scales, 32)
     bad_scales = ok["kq"].scales.copy()

@@ -1,4 +1,4 @@
-"""SPEC §5, the red line: same inputs, same build, same machine -> identical
+"""spec §5, the red line: same inputs, same build, same machine -> identical
 bytes, whatever the thread count and whatever ran before."""
 import numpy as np
 import pytest

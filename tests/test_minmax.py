@@ -1,4 +1,4 @@
-"""scoring="minmax" (SPEC §6): per-block key bounds and Quest's score."""
+"""scoring="minmax" (spec §6): per-block key bounds and Quest's score."""
 import numpy as np
 import pytest
 

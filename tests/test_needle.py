@@ -38,7 +38,7 @@ def test_k32_finds_needle_and_matches_exact(isa, article, dtype):
 def test_k1_with_importance_collapses(isa, article, dtype):
     """k=1: the reserve is (1+1)//2 = 1 block, so the single slot goes to the
     block prefill attended to most (the sinks), the probe never gets a say,
-    and the needle is lost (SPEC §2.5)."""
+    and the needle is lost (spec §2.5)."""
     ctx, importance = article
     k, v = ctx.k, ctx.v
     if dtype == "q8":

@@ -1,4 +1,4 @@
-"""q8 quantisation (SPEC §4) and the KV cache."""
+"""q8 quantisation (spec §4) and the KV cache."""
 import numpy as np
 import pytest
 

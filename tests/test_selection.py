@@ -1,4 +1,4 @@
-"""The block-selection rules of SPEC §2 on inputs built to exercise each rule:
+"""The block-selection rules of spec §2 on inputs built to exercise each rule:
 ties from identical blocks, recency insurance, the importance reserve, k=1."""
 import numpy as np
 import pytest
@@ -95,7 +95,7 @@ def test_partial_last_block_and_k_beyond_blocks(isa):
 
 def test_probe_takes_max_over_samples_not_the_first_key(isa):
     """A needle in the middle of a block is found because the probe takes the
-    max over its sampled positions (SPEC §2.2)."""
+    max over its sampled positions (spec §2.2)."""
     q, k = blocks_of([1, 1, 1, 1])
     k[0, 2 * BS + 4, 0] = 50.0        # block 2, sampled position p0 + 4 (step 1)
     assert select(q, k, k_blocks=1, recency=False, n_probe=8) == [2]

@@ -1,4 +1,4 @@
-"""The article's needle experiment on a real model (SPEC §2.5): SmolLM2-135M-
+"""The article's needle experiment on a real model (spec §2.5): SmolLM2-135M-
 Instruct through transformers, a ~2000-token chat prompt of filler facts with
 "Zara's favorite food is ramen." in the middle and the question at the end,
 greedy decoding with exact attention, sparse k=32 and sparse k=1.
@@ -57,7 +57,7 @@ def test_k32_recalls_the_needle_with_the_exact_text(results):
 
 def test_k1_loses_the_needle(results):
     """k=1: the single slot is importance's (the attention sinks), the probe
-    never gets a say and the needle's block is never read (SPEC §2.5)."""
+    never gets a say and the needle's block is never read (spec §2.5)."""
     assert not results["sparse k=1"]["recall"], results["sparse k=1"]["text"]
 
 

@@ -526,7 +526,7 @@ static void SA_FN(accumulate_v_q8)(float *const *out, const float *const *p, int
 }
 
 /* ------------------------------------------------------------------ */
-/* minmax_scores (Quest's bound, SPEC §6)                               */
+/* minmax_scores (Quest's bound, spec §6)                               */
 /* ------------------------------------------------------------------ */
 
 /* Any group size: the portable order, with the same fma per group as the

@@ -11,7 +11,7 @@ What runs (per attention layer, shape legend of :mod:`sparse_attn`):
 
 * **prefill** (``T > 1`` query tokens, or the first token of a sequence):
   :func:`sparse_attn.prefill`, exact causal attention of the queries at
-  ``[S - T, S)``; the importance it returns (SPEC §3) is added to the layer's
+  ``[S - T, S)``; the importance it returns (spec §3) is added to the layer's
   record, so a prompt fed in chunks accumulates it;
 * **decode** (one query token after a prefill): :func:`sparse_attn.sparse_decode`
   with the layer's importance, the model's GQA layout and the model's own
@@ -20,7 +20,7 @@ What runs (per attention layer, shape legend of :mod:`sparse_attn`):
 Settings are per model (:func:`enable`; ``model.sparse_attn``, mirrored as a
 plain dict in ``model.config.sparse_attn``); a model loaded with
 ``attn_implementation="sparse_topk"`` and never passed to :func:`enable`
-runs with the SPEC defaults (or with the dict saved in its config).
+runs with the spec's defaults (or with the dict saved in its config).
 
 KV caches
 ---------
@@ -91,7 +91,7 @@ class SparseAttnSettings:
     k_blocks, block_size, n_probe, recency, policy, importance_fraction, sink_blocks, share, scoring
         As :func:`sparse_attn.sparse_decode` (defaults 32, 32, None, True,
         ``"seed"``; n_probe and the knobs left None come from the policy: the
-        seed's rules, SPEC §2 and §6, unless another preset is named).  With
+        seed's rules, spec §2 and §6, unless another preset is named).  With
         ``scoring="minmax"`` a :class:`SparseKVCache` supplies the key bounds
         it keeps up to date; with transformers' own cache they are computed
         at every step from all of K (correct, but reads the whole K).

@@ -13,12 +13,13 @@
  *  - bitwise, wherever the project promises it: a kernel's result for one
  *    (head, token) pair must not depend on the batch it came in (kernels.h),
  *    threads 1/2/3 agree, sparse decode with every block chosen equals dense
- *    decode, a prefill row equals dense decode at that position (SPEC §5);
- *  - within float rounding against the portable path (SPEC §5 agreement),
+ *    decode, a prefill row equals dense decode at that position (spec §5);
+ *  - within float rounding against the portable path (spec §5 agreement),
  *    with the tolerances below.  Selections must be identical.
  */
 #include <float.h>
 #include <math.h>
+#include <pthread.h>
 #include <stdarg.h>
 #include <stdint.h>
 #include <stdio.h>
@@ -72,7 +73,7 @@
 #ifndef EXP_MAX_ULP
 #define EXP_MAX_ULP 2.0
 #endif
-/* End to end, normwise relative (SPEC §5: 1e-5 for float32 KV; q8 KV is
+/* End to end, normwise relative (spec §5: 1e-5 for float32 KV; q8 KV is
  * quantised identically on every path, so the same holds). */
 #ifndef TOL_E2E
 #define TOL_E2E 1e-5
@@ -272,7 +273,7 @@ static const int TOKENS[] = {1, 2, 7, 8, 9, 31, 32, 33, 100};
 static const int STRIDE_ROWS[] = {1, 5}; /* row_stride = D or 5*D */
 #define LEN(a) ((int)(sizeof(a) / sizeof((a)[0])))
 
-/* q8 value patterns, all within SPEC §4's [-127, 127] (the x86 kernels rely
+/* q8 value patterns, all within spec §4's [-127, 127] (the x86 kernels rely
  * on it: they take |k| and sign(q, k), which -128 breaks): random, then the
  * extremes: every value +-127 with random signs, and every value 127 in q
  * against +-127 rows. */
@@ -799,7 +800,7 @@ static void test_quantize(void)
                     same &= q[(ptrdiff_t)r * D + g * gs + i] == (int8_t)v;
                 }
             }
-        check(same, "sa_quantize_q8 D=%d gs=%d differs from SPEC 4 with roundf", D, gs);
+        check(same, "sa_quantize_q8 D=%d gs=%d differs from spec §4 with roundf", D, gs);
         x[5 * D + 1] = NAN;
         sa_quantize_row(x + 5 * D, D, gs, q, sc);
         if (gs > 1)   /* the group's scale is then NaN-free only if 1 is not its max */
@@ -1200,6 +1201,79 @@ static void test_e2e(const char *const *isas, int n_isas)
             e2e_results_free(&got);
         }
         e2e_results_free(&ref);
+        e2e_data_free(&d);
+    }
+}
+
+/* ====================================================================== */
+/* Concurrent callers                                                     */
+/* ====================================================================== */
+
+/* Several threads calling the entry points at once on shared read-only
+ * operands (one of them owns the worker pool, the others run their items on
+ * their own thread): every result must be bitwise the single-threaded one.
+ * Under ThreadSanitizer (scripts/test-c.sh --tsan) this is the check that
+ * the pool and the calls share nothing they do not synchronise. */
+enum { CC_THREADS = 4, CC_ROUNDS = 6 };
+
+typedef struct {
+    const e2e_data *d;
+    const sa_select_params *p;
+    const float *want_sparse, *want_dense, *want_pre;
+    int ok;
+} cc_arg;
+
+static void *cc_worker(void *arg)
+{
+    cc_arg *a = arg;
+    const e2e_data *d = a->d;
+    const size_t out_n = (size_t)d->H * d->D, pre_n = (size_t)d->H * d->T * d->D;
+    float *out = malloc(out_n * sizeof(float)), *pre = malloc(pre_n * sizeof(float));
+    float *imp = malloc((size_t)d->seq_len * sizeof(float));
+    a->ok = out && pre && imp;
+    for (int r = 0; r < CC_ROUNDS && a->ok; r++) {
+        const float sc = 1.0f / sqrtf((float)d->D);
+        a->ok &= sa_sparse_decode(d->q, d->H, &d->k, &d->v, d->seq_len, a->p, d->importance,
+                                  d->seq_len, sc, out, NULL, 1 + r % 3) == SA_OK;
+        a->ok &= !memcmp(out, a->want_sparse, out_n * sizeof(float));
+        a->ok &= sa_dense_decode(d->q, d->H, &d->k, &d->v, d->seq_len, sc, out, 2) == SA_OK;
+        a->ok &= !memcmp(out, a->want_dense, out_n * sizeof(float));
+        a->ok &= sa_prefill(d->qp, d->H, d->T, &d->k, &d->v, d->seq_len - d->T, sc, pre, imp,
+                            1 + r % 2) == SA_OK;
+        a->ok &= !memcmp(pre, a->want_pre, pre_n * sizeof(float));
+    }
+    free(out), free(pre), free(imp);
+    return NULL;
+}
+
+static void test_concurrent_callers(void)
+{
+    for (int dt = 0; dt < 2; dt++) {
+        e2e_data d;
+        e2e_data_new(&d, dt ? SA_DTYPE_Q8 : SA_DTYPE_F32, 64, 32, 3, 2, 32 * 9 + 5, 32);
+        set_where("concurrent callers, %s", dt ? "q8" : "f32");
+        int with_imp;
+        const sa_select_params p = pset(&d, 0, &with_imp);
+        const size_t out_n = (size_t)d.H * d.D, pre_n = (size_t)d.H * d.T * d.D;
+        float *ws = xmalloc(out_n * 4), *wd = xmalloc(out_n * 4), *wp = xmalloc(pre_n * 4);
+        float *wi = xmalloc((size_t)d.seq_len * 4);
+        const float sc = 1.0f / sqrtf((float)d.D);
+        check(sa_sparse_decode(d.q, d.H, &d.k, &d.v, d.seq_len, &p, d.importance, d.seq_len, sc,
+                               ws, NULL, 1) == SA_OK &&
+              sa_dense_decode(d.q, d.H, &d.k, &d.v, d.seq_len, sc, wd, 1) == SA_OK &&
+              sa_prefill(d.qp, d.H, d.T, &d.k, &d.v, d.seq_len - d.T, sc, wp, wi, 1) == SA_OK,
+              "single-threaded baseline");
+        pthread_t th[CC_THREADS];
+        cc_arg args[CC_THREADS];
+        for (int i = 0; i < CC_THREADS; i++) {
+            args[i] = (cc_arg){&d, &p, ws, wd, wp, 0};
+            check(pthread_create(&th[i], NULL, cc_worker, &args[i]) == 0, "pthread_create");
+        }
+        for (int i = 0; i < CC_THREADS; i++) {
+            pthread_join(th[i], NULL);
+            check(args[i].ok, "caller %d got other bytes than the single-threaded run", i);
+        }
+        free(ws), free(wd), free(wp), free(wi);
         e2e_data_free(&d);
     }
 }
@@ -1692,15 +1766,25 @@ static const sa_kernels *table_named(const char *name)
 int main(int argc, char **argv)
 {
     const char *expect = NULL;
+    int threads_only = 0;
     for (int i = 1; i < argc; i++) {
         if (strcmp(argv[i], "--expect-isa") == 0 && i + 1 < argc) {
             expect = argv[++i];
+        } else if (strcmp(argv[i], "--threads-only") == 0) {
+            threads_only = 1;
         } else {
-            fprintf(stderr, "usage: %s [--expect-isa NAME]\n", argv[0]);
+            fprintf(stderr, "usage: %s [--expect-isa NAME] [--threads-only]\n", argv[0]);
             return 2;
         }
     }
     setvbuf(stdout, NULL, _IOLBF, 0);
+    if (threads_only) {
+        /* What ThreadSanitizer needs to see: the worker pool under 1-3
+         * threads per call, and concurrent callers; on the best ISA. */
+        test_concurrent_callers();
+        printf("%ld passed, %ld failed\n", n_passed, n_failed);
+        return n_failed ? 1 : 0;
+    }
 
     /* The default, before anything sets an ISA. */
     const char *def = sa_isa_name();
@@ -1767,6 +1851,7 @@ int main(int argc, char **argv)
     set_where("quantize");
     test_quantize();
     test_e2e(isas, n_isas);
+    test_concurrent_callers();
     /* Argument checks do not depend on the ISA; portable always has every
      * kernel, so an incomplete table elsewhere cannot crash them. */
     sa_set_isa("portable");
