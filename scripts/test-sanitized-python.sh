@@ -22,10 +22,8 @@ tests=(tests/test_bad_input.py tests/test_hardening.py tests/test_agreement.py
        tests/test_selection.py tests/test_determinism.py)
 
 rm -rf "$build"
-mkdir -p "$build/src"
-# the tracked and untracked-not-ignored files, without .git or builds
-(cd "$repo" && git ls-files -co --exclude-standard -z 2>/dev/null || find . -type f -print0) |
-    (cd "$repo" && xargs -0 cp --parents -t "$build/src")
+. "$repo/scripts/lib/copy-source.sh"
+copy_source "$repo" "$build/src"
 "$py" -m venv --system-site-packages "$build/venv"
 san="-fsanitize=address,undefined -fno-omit-frame-pointer -fno-sanitize-recover=undefined"
 echo "== building the extension with $san"
