@@ -69,6 +69,8 @@ def check_float(name, value, *, minimum=None, maximum=None, positive=False):
 def check_float32(name, value):
     """A real number > 0 that stays finite and > 0 as the float32 the kernels
     compute with (1e300 would be Inf, 1e-300 zero)."""
+    if type(value) is float and 1e-37 < value < 1e37:    # the common case, cheaply
+        return value
     value = check_float(name, value, positive=True)
     with np.errstate(over="ignore"):
         as32 = np.float32(value) if value <= 3.5e38 else np.float32(np.inf)

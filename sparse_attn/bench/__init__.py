@@ -6,6 +6,9 @@
                                            dense vs numpy / torch SDPA, against
                                            the memory floor (sparse_attn.bench.table)
     sparse-attn bench kernels [options]    each kernel on every ISA this CPU runs
+    sparse-attn bench model [options]      a real model through transformers: time to
+                                           first token and decode ms/token, sdpa vs
+                                           sparse_topk configurations (sparse_attn.bench.model)
 
 Nothing is downloaded; torch and matplotlib are used only if installed.
 """
@@ -23,7 +26,7 @@ from .kernels import run_kernels
 from .table import (DEFAULT_CONFIGS, DEFAULT_LENGTHS, QWEN3_VL_2B, below_floor, plot,
                     print_table, run_length)
 
-MODES = ("decode", "kernels")
+MODES = ("decode", "kernels", "model")
 
 
 def torch_or_none():
@@ -34,11 +37,39 @@ def torch_or_none():
     return torch
 
 
+def parse_model_args(argv, prog):
+    from . import model
+    ap = argparse.ArgumentParser(prog=f"{prog} model", description=model.__doc__,
+                                 formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--lengths", default="2048,7000",
+                    help="prompt tokens, comma-separated (default %(default)s)")
+    model.add_arguments(ap)
+    ap.add_argument("--threads", type=int, default=None,
+                    help="kernel threads (default: SPARSE_ATTN_NUM_THREADS or the cores)")
+    ap.add_argument("--seed", type=int, default=0, help="filler seed")
+    ap.add_argument("--json", metavar="PATH", help="write every figure and the machine info")
+    ap.add_argument("--plot", metavar="PATH", help="draw decode ms and TTFT vs prompt tokens")
+    args = ap.parse_args(argv)
+    try:
+        args.lengths = [int(x) for x in args.lengths.split(",")]
+        args.configs = [model.parse_config(c) for c in args.configs.split(";") if c.strip()]
+    except ValueError as exc:
+        ap.error(str(exc))
+    if args.new_tokens < 2 or not 0 <= args.needle < len(model.NEEDLES) or \
+            not 0 <= args.depth <= 1 or (args.threads is not None and args.threads < 1):
+        ap.error("--new-tokens >= 2, --needle in range, --depth in [0, 1], --threads >= 1")
+    args.mode = "model"
+    return args
+
+
 def parse_args(argv, prog="python -m sparse_attn.bench"):
+    if argv and argv[0] == "model":
+        return parse_model_args(argv[1:], prog)
     ap = argparse.ArgumentParser(prog=prog, description=__doc__,
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("mode", nargs="?", choices=MODES, default="decode",
-                    help="decode: the article's table (default); kernels: per-kernel timings")
+                    help="decode: the article's table (default); kernels: per-kernel timings; "
+                         "model: a real model (its own options: bench model --help)")
     ap.add_argument("--lengths", default=",".join(map(str, DEFAULT_LENGTHS)),
                     help="context lengths, comma-separated (default %(default)s)")
     ap.add_argument("--configs", default=",".join(DEFAULT_CONFIGS),
@@ -107,6 +138,18 @@ def parse_args(argv, prog="python -m sparse_attn.bench"):
 
 def main(argv=None, prog="python -m sparse_attn.bench"):
     args = parse_args(sys.argv[1:] if argv is None else argv, prog)
+    if args.mode == "model":
+        from .model import main_model, plot_model
+        rows = main_model(args)
+        if args.json:
+            with open(args.json, "w") as f:
+                json.dump(dict(machine=machine.info(), args={k: v for k, v in vars(args).items()
+                                                             if k != "configs"},
+                               configs=[c["label"] for c in args.configs], rows=rows), f,
+                          indent=1)
+        if args.plot:
+            plot_model(rows, args.plot)
+        return 0
     torch = torch_or_none() if args.baselines else None
     log(f"sparse_attn {sa.__version__}, ISA {sa.isa()}, {args.threads} thread(s)")
     floor = Floor(args.threads)

@@ -52,6 +52,7 @@ autograd (``sparse_topk`` has no backward: run under ``torch.no_grad()``),
 attention dropout, ``output_attentions``, softcapping and attention sinks.
 """
 import math
+import time
 import types
 import warnings
 from dataclasses import asdict, dataclass, field
@@ -71,8 +72,9 @@ from sparse_attn.cache import DTYPES as CACHE_DTYPES
 NAME = "sparse_topk"
 KV_DTYPES = (None, "float32", "q8")
 
-__all__ = ["NAME", "register", "enable", "get_settings", "SparseAttnSettings", "SparseKVCache",
-           "SparseKVLayer", "UnsupportedError", "sparse_topk_attention", "sparse_topk_mask"]
+__all__ = ["NAME", "register", "enable", "get_settings", "attention_modules",
+           "SparseAttnSettings", "SparseKVCache", "SparseKVLayer", "UnsupportedError",
+           "sparse_topk_attention", "sparse_topk_mask"]
 
 
 class UnsupportedError(SparseAttnError, NotImplementedError):
@@ -107,8 +109,12 @@ class SparseAttnSettings:
     compare_exact : bool, default False
         Diagnostics: every sparse decode step also runs exact attention and
         appends the relative error ``max|sparse - exact| / max|exact|`` to the
-        module's ``sparse_attn_errors`` list (what ``python -m
-        sparse_attn.eval`` reports).  Costs a dense decode per layer and step.
+        module's ``sparse_attn_errors`` list (what ``sparse-attn eval``
+        reports).  Costs a dense decode per layer and step.
+    profile : bool, default False
+        Diagnostics: each attention call adds its time, and the time inside
+        the C core, to the module's ``sparse_attn_stats`` (what
+        ``sparse-attn bench model`` reports as attention time and glue).
     """
 
     k_blocks: int = 32
@@ -125,6 +131,7 @@ class SparseAttnSettings:
     group_size: int = 32
     threads: int = None
     compare_exact: bool = False
+    profile: bool = False
 
     def __post_init__(self):
         # The policy fills the knobs left None; selection() checks every knob
@@ -140,6 +147,7 @@ class SparseAttnSettings:
             object.__setattr__(self, "n_probe", POLICIES[self.policy]["n_probe"])
         object.__setattr__(self, "_selection", sel)
         ck.check_bool("compare_exact", self.compare_exact)
+        ck.check_bool("profile", self.profile)
         try:
             layers = list(self.dense_layers)
         except TypeError:
@@ -166,7 +174,7 @@ class SparseAttnSettings:
                     sink_blocks=self.sink_blocks, share=self.share, scoring=self.scoring)
 
 
-def _attention_modules(model):
+def attention_modules(model):
     """The attention modules of a transformers model: the ones the
     AttentionInterface is called with (they know their layer and scaling)."""
     return [m for m in model.modules()
@@ -189,7 +197,7 @@ def get_settings(model):
     settings = getattr(model, "sparse_attn", None)
     if isinstance(settings, SparseAttnSettings):
         return settings
-    modules = _attention_modules(model)
+    modules = attention_modules(model)
     if not modules:
         raise UnsupportedError(f"{type(model).__name__} has no attention module with a layer_idx")
     return _settings_of(modules[0])
@@ -208,7 +216,8 @@ def register():
 
 def enable(model, *, k_blocks=32, block_size=32, n_probe=None, recency=True, policy="seed",
            importance_fraction=None, sink_blocks=None, share=None, scoring=None,
-           dense_layers=(), kv_dtype=None, group_size=32, threads=None, compare_exact=False):
+           dense_layers=(), kv_dtype=None, group_size=32, threads=None, compare_exact=False,
+           profile=False):
     """Switch ``model`` to ``sparse_topk`` with these settings (this model only).
 
     Registers the backend, checks the model (CPU, full causal attention in
@@ -239,8 +248,8 @@ def enable(model, *, k_blocks=32, block_size=32, n_probe=None, recency=True, pol
         k_blocks=k_blocks, block_size=block_size, n_probe=n_probe, recency=recency,
         policy=policy, importance_fraction=importance_fraction, sink_blocks=sink_blocks, share=share,
         scoring=scoring, dense_layers=dense_layers, kv_dtype=kv_dtype, group_size=group_size,
-        threads=threads, compare_exact=compare_exact)
-    modules = _attention_modules(model)
+        threads=threads, compare_exact=compare_exact, profile=profile)
+    modules = attention_modules(model)
     if not modules:
         raise UnsupportedError(
             f"{type(model).__name__} has no attention module with a layer_idx and scaling: it does "
@@ -382,6 +391,7 @@ class SparseKVLayer(CacheLayerMixin):
         self.kv = sa.KVCache(hkv, d, capacity=self.capacity, dtype=self.dtype,
                              group_size=self.group_size, block_size=self.block_size,
                              n_probe=self.n_probe, copy_probe_rows=self.copy_probe_rows)
+        self.state = _CacheState(self.kv)
         self.model_dtype = key_states.dtype
         self.device = key_states.device
         self.is_initialized = True
@@ -628,6 +638,89 @@ def _float32_kv(name, t):
     return t.numpy()
 
 
+class _CacheState:
+    """What the backend reads and records for one layer of a
+    :class:`SparseKVCache`: its :class:`sparse_attn.KVCache` (which keeps the
+    importance, the key bounds and the probe-row copies), and the decode
+    calls prepared on it for each settings the model ran with."""
+
+    def __init__(self, kv):
+        self.kv = kv
+        self._decoders = {}
+
+    def bind(self, layer_idx, key, value, T):
+        return self.kv.seq_len
+
+    def prefill(self, q, scale, threads):
+        return self.kv.prefill(q, scale=scale, threads=threads)
+
+    def decoder(self, settings, scale, threads, dense):
+        made = self._decoders.get((scale, threads, dense))
+        if made is None or made[0] is not settings:   # settings objects are immutable
+            made = self._decoders[(scale, threads, dense)] = (settings, self.kv.decoder(
+                scale=scale, threads=threads, dense=dense, return_blocks=not dense,
+                **settings.decode_kwargs()))
+        return made[1]
+
+    def exact(self, q, scale, threads):
+        return self.kv.dense_decode(q, scale=scale, threads=threads)
+
+
+class _ViewState:
+    """What the backend reads and records for one layer of transformers' own
+    cache (a DynamicCache): float32 views of the K and V it hands over at
+    each call, and the importance of the sequence in it (per module, so one
+    such cache per model at a time)."""
+
+    def __init__(self):
+        self.record = _ImportanceRecord()
+        self.k = self.v = None
+        self.start = 0
+
+    def bind(self, layer_idx, key, value, T):
+        self.k, self.v = _float32_kv("key", key), _float32_kv("value", value)
+        S = self.k.shape[1]
+        if self.v.shape[1] != S or S < T:
+            raise UnsupportedError(f"layer {layer_idx}: key/value hold {S}/{self.v.shape[1]} "
+                                   f"tokens for {T} queries; expected equal lengths >= {T}")
+        self.record.prepare(layer_idx, S - T, S)
+        self.start = S - T
+        return S
+
+    def prefill(self, q, scale, threads):
+        out, importance = sa.prefill(q, self.k, self.v, start=self.start, scale=scale,
+                                     threads=threads)
+        self.record.add(importance)
+        return out
+
+    def decoder(self, settings, scale, threads, dense):
+        if dense:
+            return lambda q: sa.dense_decode(q, self.k, self.v, scale=scale, threads=threads)
+        kw = settings.decode_kwargs()
+        return lambda q: sa.sparse_decode(q, self.k, self.v, importance=self.record.importance,
+                                          scale=scale, threads=threads, return_blocks=True,
+                                          **kw)
+
+    def exact(self, q, scale, threads):
+        return sa.dense_decode(q, self.k, self.v, scale=scale, threads=threads)
+
+
+def _state(module, settings, key, value):
+    """The layer state of this call: the SparseKVCache layer's, or the
+    module's view of transformers' cache."""
+    layer = getattr(key, "_sparse_attn_layer", None)
+    if layer is not None and getattr(value, "_sparse_attn_layer", None) is layer:
+        return layer.state
+    state = module.__dict__.get("_sparse_attn_view")
+    if state is None:
+        if settings.kv_dtype is not None:
+            warnings.warn(f"sparse_topk: kv_dtype={settings.kv_dtype!r} is set but this forward "
+                          "got a transformers cache; it runs on that cache's float K/V. Pass "
+                          "cache=SparseKVCache(model) to use the setting", stacklevel=4)
+        state = module.__dict__["_sparse_attn_view"] = _ViewState()
+    return state
+
+
 def sparse_topk_attention(module, query, key, value, attention_mask, scaling=None,
                           dropout=0.0, **kwargs):
     """The ``AttentionInterface`` function of ``attn_implementation="sparse_topk"``.
@@ -646,77 +739,76 @@ def sparse_topk_attention(module, query, key, value, attention_mask, scaling=Non
     -------
     attn_output : ``[1, T, H, D]`` in the query's dtype
     attn_weights : None
+
+    With ``profile=True`` in the settings, each call adds to
+    ``module.sparse_attn_stats``: ``calls``, ``seconds`` (the whole call),
+    ``kernel_seconds`` (inside the C calls) and, for decode, the same as
+    ``decode_*``.
     """
-    settings = _settings_of(module)
-    layer_idx = module.layer_idx
+    t0 = time.perf_counter()
+    settings = module.__dict__.get("sparse_attn") or _settings_of(module)
     _refuse_unsupported(module, query, key, value, attention_mask, dropout, kwargs)
     _, n_heads, T, D = query.shape
     if scaling is None:
         scaling = getattr(module, "scaling", None) or 1.0 / math.sqrt(D)
-
-    layer = getattr(key, "_sparse_attn_layer", None)
-    if layer is not None and getattr(value, "_sparse_attn_layer", None) is layer:
-        kv = layer.kv
-        k, v = kv.k, kv.v
-        store = None
-    else:
-        if settings.kv_dtype is not None and not module.__dict__.get("_sparse_attn_warned"):
-            module._sparse_attn_warned = True
-            warnings.warn(f"sparse_topk: kv_dtype={settings.kv_dtype!r} is set but this forward "
-                          "got a transformers cache; it runs on that cache's float K/V. Pass "
-                          "cache=SparseKVCache(model) to use the setting", stacklevel=3)
-        k, v = _float32_kv("key", key), _float32_kv("value", value)
-        store = module.__dict__.get("_sparse_attn_record")
-        if store is None:
-            store = module._sparse_attn_record = _ImportanceRecord()
-    S = k.shape[1]
-    if v.shape[1] != S or S < T:
-        raise UnsupportedError(f"layer {layer_idx}: key/value hold {S}/{v.shape[1]} tokens for "
-                               f"{T} queries; expected equal lengths >= {T}")
-    past = S - T
-    if store is not None:
-        store.prepare(layer_idx, past, S)
-
-    q = query.detach()[0].to(torch.float32)
+    state = _state(module, settings, key, value)
+    S = state.bind(module.layer_idx, key, value, T)
+    q = query.detach()[0]
+    if q.dtype != torch.float32:
+        q = q.to(torch.float32)
     threads = settings.threads
-    if T > 1 or past == 0:
-        out, importance = sa.prefill(q.contiguous().numpy(), k, v, start=past, scale=scaling,
-                                     threads=threads)
-        if store is None:
-            kv.add_importance(importance)
-        else:
-            store.add(importance)
-        out = torch.from_numpy(out).transpose(0, 1)
+    decode = T == 1 and S > 1
+    if not decode:
+        t1 = time.perf_counter()
+        out = state.prefill(q.contiguous().numpy(), scaling, threads)
+        t2 = time.perf_counter()
+        out = torch.from_numpy(out).transpose(0, 1).unsqueeze(0)
     else:
-        qd = q[:, 0, :].contiguous().numpy()
-        if layer_idx in settings.dense_layers:
-            out = sa.dense_decode(qd, k, v, scale=scaling, threads=threads)
+        qd = q[:, 0].contiguous().numpy()
+        dense = module.layer_idx in settings.dense_layers
+        t1 = time.perf_counter()
+        res = state.decoder(settings, scaling, threads, dense)(qd)
+        t2 = time.perf_counter()
+        if dense:
+            out = res
         else:
-            kwargs = settings.decode_kwargs()
-            if store is None:
-                # the cache's importance, and the key bounds (minmax) or
-                # probe-row copies (probe) it keeps up to date on append
-                out, blocks = kv.decode(qd, scale=scaling, threads=threads, return_blocks=True,
-                                        **kwargs)
-            else:
-                out, blocks = sa.sparse_decode(qd, k, v, importance=store.importance,
-                                               scale=scaling, threads=threads,
-                                               return_blocks=True, **kwargs)
-            module.sparse_attn_blocks = blocks
+            out, module.__dict__["sparse_attn_blocks"] = res
             if settings.compare_exact:
-                exact = sa.dense_decode(qd, k, v, scale=scaling, threads=threads)
+                exact = state.exact(qd, scaling, threads)
                 err = float(np.abs(out - exact).max() / max(np.abs(exact).max(), 1e-30))
                 module.__dict__.setdefault("sparse_attn_errors", []).append(err)
-        out = torch.from_numpy(out).unsqueeze(0)
-    return out.unsqueeze(0).to(query.dtype), None
+        out = torch.from_numpy(out).view(1, 1, n_heads, D)
+    if out.dtype != query.dtype:
+        out = out.to(query.dtype)
+    if settings.profile:
+        _record(module, decode, time.perf_counter() - t0, t2 - t1)
+    return out, None
+
+
+def _record(module, decode, seconds, kernel_seconds):
+    st = module.__dict__.setdefault("sparse_attn_stats", dict.fromkeys(
+        ("calls", "seconds", "kernel_seconds", "decode_calls", "decode_seconds",
+         "decode_kernel_seconds"), 0))
+    st["calls"] += 1
+    st["seconds"] += seconds
+    st["kernel_seconds"] += kernel_seconds
+    if decode:
+        st["decode_calls"] += 1
+        st["decode_seconds"] += seconds
+        st["decode_kernel_seconds"] += kernel_seconds
 
 
 def _refuse_unsupported(module, query, key, value, attention_mask, dropout, kwargs):
-    layer_idx = module.layer_idx
-    _check_cpu("query", query)
-    if not isinstance(key, _KVPlaceholder):
+    """Raise UnsupportedError for what sparse_topk does not compute.  What
+    depends only on the module is checked once per module."""
+    if "_sparse_attn_checked" not in module.__dict__:
+        _refuse_module(module)
+        module.__dict__["_sparse_attn_checked"] = True
+    if query.device.type != "cpu":
+        _check_cpu("query", query)
+    if not isinstance(key, _KVPlaceholder) and key.device.type != "cpu":
         _check_cpu("key", key)
-    if query.dtype not in (torch.float32, torch.bfloat16, torch.float16):
+    if query.dtype not in _QUERY_DTYPES:
         raise UnsupportedError(f"sparse_topk takes float32/bfloat16/float16 queries, got "
                                f"{query.dtype}")
     if dropout:
@@ -736,12 +828,36 @@ def _refuse_unsupported(module, query, key, value, attention_mask, dropout, kwar
             "sparse_topk got a materialised attention mask (a custom 4D mask, padding or "
             "another mask implementation): it computes plain causal attention only; use "
             "attn_implementation='sdpa' for custom masks")
-    if kwargs.get("sliding_window") is not None or getattr(module, "sliding_window", None):
+    if kwargs:
+        _refuse_kwargs(module, kwargs)
+    if key.shape[-1] != query.shape[-1] or value.shape[-1] != query.shape[-1]:
+        raise UnsupportedError(
+            f"sparse_topk needs one head_dim for Q, K and V, got {query.shape[-1]}, "
+            f"{key.shape[-1]}, {value.shape[-1]}: use attn_implementation='sdpa'")
+
+
+_QUERY_DTYPES = (torch.float32, torch.bfloat16, torch.float16)
+
+
+def _refuse_module(module):
+    layer_idx = module.layer_idx
+    if getattr(module, "sliding_window", None):
         raise UnsupportedError(
             f"layer {layer_idx} is a sliding-window layer: sparse_topk serves full causal "
             "attention only; use attn_implementation='sdpa' for this model")
-    is_causal = kwargs.get("is_causal")
-    if not (getattr(module, "is_causal", True) if is_causal is None else is_causal):
+    if not getattr(module, "is_causal", True):
+        raise UnsupportedError(
+            f"layer {layer_idx} is not causal (an encoder or bidirectional layer): sparse_topk "
+            "is a causal decoder backend; use attn_implementation='sdpa'")
+
+
+def _refuse_kwargs(module, kwargs):
+    layer_idx = module.layer_idx
+    if kwargs.get("sliding_window") is not None:
+        raise UnsupportedError(
+            f"layer {layer_idx} is a sliding-window layer: sparse_topk serves full causal "
+            "attention only; use attn_implementation='sdpa' for this model")
+    if kwargs.get("is_causal") is False:
         raise UnsupportedError(
             f"layer {layer_idx} is not causal (an encoder or bidirectional layer): sparse_topk "
             "is a causal decoder backend; use attn_implementation='sdpa'")
@@ -752,7 +868,3 @@ def _refuse_unsupported(module, query, key, value, attention_mask, dropout, kwar
     if kwargs.get("output_attentions"):
         raise UnsupportedError("sparse_topk does not return attention weights: use "
                                "attn_implementation='eager' with output_attentions=True")
-    if key.shape[-1] != query.shape[-1] or value.shape[-1] != query.shape[-1]:
-        raise UnsupportedError(
-            f"sparse_topk needs one head_dim for Q, K and V, got {query.shape[-1]}, "
-            f"{key.shape[-1]}, {value.shape[-1]}: use attn_implementation='sdpa'")

