@@ -13,10 +13,7 @@
 #include "attend.h"
 #include "rows.h"
 
-/* The next run of consecutive blocks chosen by the same set of heads, from
- * block *b on: the heads into `heads`, count returned (0 at the end), blocks
- * [*b, *e). */
-static int next_run(const sa_scratch *s, int *b, int *e, int *heads)
+int sa_next_run(const sa_scratch *s, int *b, int *e, int *heads)
 {
     const int G = s->G, NB = s->NB;
     for (; *b < NB; (*b)++) {
@@ -50,16 +47,16 @@ static void attend_pass(const sa_kernels *kern, sa_scratch *s, const sa_kv *kv, 
 {
     int *heads = s->heads, *next_heads = s->heads2;
     int b = 0, e = 0;
-    int cnt = next_run(s, &b, &e, heads);
+    int cnt = sa_next_run(s, &b, &e, heads);
     while (cnt > 0) {
         int nb = e, ne = e;
-        const int next_cnt = next_run(s, &nb, &ne, next_heads);
+        const int next_cnt = sa_next_run(s, &nb, &ne, next_heads);
         sa_span next = {.kv = kv, .kh = kh}, *after = NULL;
         if (next_cnt) {
             after = &next;
         } else if (then) {
             nb = 0;
-            if (next_run(s, &nb, &ne, next_heads)) {
+            if (sa_next_run(s, &nb, &ne, next_heads)) {
                 next.kv = then;
                 after = &next;
             }
@@ -71,7 +68,7 @@ static void attend_pass(const sa_kernels *kern, sa_scratch *s, const sa_kv *kv, 
         const int r0 = sa_block_start(b, bs), n = sa_block_end(e - 1, bs, seq_len) - r0;
         for (int j = 0; j < cnt; j++) {
             const int g = heads[j];
-            float *sc = s->scores + (ptrdiff_t)g * s->max_tok + s->off[g];
+            float *sc = s->scores + (ptrdiff_t)g * s->score_stride + s->off[g];
             if (pass == 0) {
                 s->sp[j] = sc;
             } else {
@@ -102,7 +99,7 @@ void sa_attend_group(const sa_kernels *kern, sa_scratch *s, const sa_kv *k,
         s->off[g] = 0;
     attend_pass(kern, s, k, kh, qf, seq_len, bs, 0, out, out_head_stride, v);
     for (int g = 0; g < G; g++) {
-        s->z[g] = kern->softmax_exp(s->scores + (ptrdiff_t)g * s->max_tok, s->off[g], scale);
+        s->z[g] = kern->softmax_exp(s->scores + (ptrdiff_t)g * s->score_stride, s->off[g], scale);
         memset(out + g * out_head_stride, 0, (size_t)D * sizeof(float));
         s->off[g] = 0;
     }

@@ -4,6 +4,11 @@
 
 #include "scratch.h"
 
+/* The next run of consecutive blocks chosen (s->chosen, s->NB blocks) by
+ * the same set of heads, from block *b on: the heads into `heads`, count
+ * returned (0 at the end), blocks [*b, *e). */
+int sa_next_run(const sa_scratch *s, int *b, int *e, int *heads);
+
 /* Exact attention of the G query rows qf over the blocks marked in
  * s->chosen (block size bs): head g's output row is out + g *
  * out_head_stride (written, not added to).  Leaves the softmax weights of

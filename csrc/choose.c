@@ -90,34 +90,48 @@ void sa_choose_group(sa_scratch *s, const sa_select_params *p, const sa_reserve 
     }
 }
 
+int sa_reserve_rank(const double *sums, int NB, const sa_select_params *p, int n_sel,
+                    int32_t *blocks)
+{
+    const int sinks = sa_min(p->sink_blocks, n_sel);
+    const int want = sa_min(p->importance_blocks, n_sel - sinks);
+    if (want <= 0)
+        return 0;
+    /* the blocks past the sinks (sinks < n_sel <= NB when want > 0) */
+    const int n = rank_unused(sums + sinks, NULL, NB - sinks, want, blocks);
+    for (int i = 0; i < n; i++)
+        blocks[i] += sinks;
+    return n;
+}
+
+void sa_block_sums(const float *x, int n, int bs, int NB, double *sums)
+{
+    for (int b = 0; b < NB; b++) {
+        double acc = 0.0;
+        for (int t = sa_block_start(b, bs), e = sa_block_end(b, bs, n); t < e; t++)
+            acc += x[t];
+        sums[b] = acc;
+    }
+}
+
 int sa_importance_reserve(const float *importance, int seq_len, const sa_select_params *p,
                           int n_sel, sa_reserve *out)
 {
-    const int bs = p->block_size, NB = sa_ceil_div(seq_len, bs);
-    const int sinks = sa_min(p->sink_blocks, n_sel);
-    const int want = sa_min(p->importance_blocks, n_sel - sinks);
+    const int NB = sa_ceil_div(seq_len, p->block_size);
     out->n = 0;
     out->blocks = NULL;
-    if (want <= 0)
+    if (sa_min(p->importance_blocks, n_sel - sa_min(p->sink_blocks, n_sel)) <= 0)
         return SA_OK;
     double *sums = malloc((size_t)NB * sizeof(double));
-    out->blocks = malloc((size_t)want * sizeof(int32_t));
+    out->blocks = malloc((size_t)n_sel * sizeof(int32_t));
     if (!sums || !out->blocks) {
         free(sums);
         free(out->blocks);
         out->blocks = NULL;
         return SA_ERR_NOMEM;
     }
-    for (int b = 0; b < NB; b++) {
-        double acc = 0.0;
-        for (int t = sa_block_start(b, bs), e = sa_block_end(b, bs, seq_len); t < e; t++)
-            acc += importance[t];
-        sums[b] = acc;
-    }
-    /* the blocks past the sinks (sinks < n_sel <= NB when want > 0) */
-    out->n = rank_unused(sums + sinks, NULL, NB - sinks, want, out->blocks);
-    for (int i = 0; i < out->n; i++)
-        out->blocks[i] += sinks;
+    sa_block_sums(importance, seq_len, p->block_size, NB, sums);
+    out->n = sa_reserve_rank(sums, NB, p, n_sel, out->blocks);
     free(sums);
     return SA_OK;
 }

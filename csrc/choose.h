@@ -19,6 +19,16 @@ typedef struct {
 int sa_importance_reserve(const float *importance, int seq_len, const sa_select_params *p,
                           int n_sel, sa_reserve *out);
 
+/* The reserve's ranking from block sums: the top min(importance_blocks,
+ * n_sel - sinks) of blocks [sinks, NB) by sums[b] (ties to the lower
+ * index), best first, into blocks; their count returned. */
+int sa_reserve_rank(const double *sums, int NB, const sa_select_params *p, int n_sel,
+                    int32_t *blocks);
+
+/* sums[b] = the sum (in double, in row order) of x over block b's rows
+ * [b*bs, min((b+1)*bs, n)), for b < NB. */
+void sa_block_sums(const float *x, int n, int bs, int NB, double *sums);
+
 /* Fill s->chosen for the G heads of a KV head from the scores in s->probe,
  * and write each head's ascending block list to blocks[g * n_sel] if blocks
  * != NULL.  reserve: the call's importance reserve, or NULL without

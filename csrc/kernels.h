@@ -73,7 +73,11 @@ typedef struct sa_kernels {
                              const float *v, ptrdiff_t row_stride, int n,
                              const sa_prefetch *pf);
 
-    /* The same with q8 V, dequantised on the fly: v[t][d] = vd[t][d/gs] * vq[t][d]. */
+    /* The same with q8 V, dequantised on the fly: each element is first
+     * v[t][d] = vd[t][d/gs] * (float)vq[t][d] (one rounding), then added
+     * exactly as accumulate_v_f32 adds a float row.  So this kernel equals
+     * sa_dequantize_rows followed by accumulate_v_f32 of the same ISA, bit
+     * for bit, which is how prefill (many query rows per V row) reads q8 V. */
     void (*accumulate_v_q8)(float *const *out, const float *const *p, int G, int D,
                             int gs, const int8_t *v, const float *vd,
                             ptrdiff_t row_stride, ptrdiff_t scale_stride, int n,
@@ -137,5 +141,12 @@ const sa_kernels *sa_active_kernels(void);
 
 /* Quantise one row (spec §4); shared by the cache writer and the query path. */
 void sa_quantize_row(const float *x, int dim, int gs, int8_t *q, float *scales);
+
+/* out[t][i] = scales[t][i / gs] * (float)q[t][i] for n rows of dim values
+ * (out compact, n x dim; the inputs row_stride / scale_stride elements
+ * apart): the float rows accumulate_v_q8 adds, for prefill, which reads
+ * each V row for many query rows and so dequantises it once. */
+void sa_dequantize_rows(const int8_t *q, const float *scales, int dim, int gs, int n,
+                        ptrdiff_t row_stride, ptrdiff_t scale_stride, float *out);
 
 #endif

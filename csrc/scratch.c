@@ -50,7 +50,10 @@ static int scratch_new(const sa_scratch_sizes *z, sa_scratch **out)
     size_t o_score = take(&l, nb, sizeof(double)), o_top = take(&l, nb, sizeof(int32_t));
     size_t o_used = take(&l, nb, 1), o_sel = take(&l, (size_t)z->n_sel, sizeof(int32_t));
     size_t o_chosen = take(&l, gnb, 1);
-    size_t o_scores = take(&l, times(&l, g, (size_t)z->max_tok), sizeof(float));
+    size_t lines = ((size_t)z->max_tok + 15) / 16;
+    lines += !(lines & 1);
+    const size_t stride = lines * 16;
+    size_t o_scores = take(&l, times(&l, g, stride), sizeof(float));
     size_t o_sp = take(&l, g, sizeof(float *)), o_pp = take(&l, g, sizeof(float *));
     size_t o_op = take(&l, g, sizeof(float *)), o_z = take(&l, g, sizeof(float));
     size_t o_off = take(&l, g, sizeof(int)), o_heads = take(&l, g, sizeof(int));
@@ -64,6 +67,7 @@ static int scratch_new(const sa_scratch_sizes *z, sa_scratch **out)
     sa_scratch *s = (sa_scratch *)base;
     *s = (sa_scratch){
         .G = z->G, .D = z->D, .NB = z->NB, .n_sel = z->n_sel, .max_tok = z->max_tok,
+        .score_stride = (ptrdiff_t)stride,
         .qq = (int8_t *)(base + o_qq), .qd = (float *)(base + o_qd),
         .qsub = (float *)(base + o_qsub), .qqsub = (int8_t *)(base + o_qqsub),
         .qdsub = (float *)(base + o_qdsub), .probe = (float *)(base + o_probe),

@@ -10,6 +10,10 @@
 
 typedef struct sa_scratch {
     int G, D, NB, n_sel, max_tok;
+    ptrdiff_t score_stride; /* floats from one head's scores to the next: at
+                               least max_tok, an odd number of cache lines,
+                               so that many heads' rows do not all fall in
+                               the same L1 sets */
     int8_t *qq;        /* G*D   quantised query rows of the group (q8 KV) */
     float *qd;         /* G*ng  their scales */
     float *qsub;       /* G*D   query rows of the heads sharing a run */
@@ -24,7 +28,7 @@ typedef struct sa_scratch {
     uint8_t *used;     /* NB */
     int32_t *sel;      /* n_sel */
     uint8_t *chosen;   /* G*NB  chosen[g*NB + b] */
-    float *scores;     /* G*max_tok: scores, then softmax weights */
+    float *scores;     /* G*score_stride: scores, then softmax weights */
     float **sp;        /* G pointers handed to kernels */
     const float **pp;  /* G */
     float **op;        /* G */

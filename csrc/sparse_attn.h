@@ -183,11 +183,20 @@ int sa_dense_decode(const float *q, int n_heads, const sa_kv *k, const sa_kv *v,
                     int seq_len, float scale, float *out, int threads);
 
 /* q [n_heads, T, head_dim]; queries sit at positions [start, start+T) and the
- * query at position p attends to keys 0..p.  out [n_heads, T, head_dim];
- * importance [start+T] receives sum over heads and query rows of the softmax
- * weights each key got. */
-int sa_prefill(const float *q, int n_heads, int T, const sa_kv *k, const sa_kv *v,
-               int start, float scale, float *out, float *importance, int threads);
+ * query at position p attends to keys 0..p (params NULL: exact, spec §3), or
+ * (params given: sparse prefill, docs/spec.md §7) to its own block's keys
+ * up to p plus the blocks chosen for its block: with bs = block_size and
+ * k = k_blocks, the rows of block b attend to every block before b when
+ * b < k, else to the k - 1 blocks the decode rules (params' knobs) choose
+ * among blocks 0 .. b-1, scored by each head's mean query row over block
+ * b's rows in this call.  `prior` (may be NULL; read only with params) is
+ * the importance recorded before this call: the reserve ranks the block
+ * sums of prior[0, start).  minmax needs params->bounds over start+T rows.
+ * out [n_heads, T, head_dim]; importance [start+T] receives the sum over
+ * heads and query rows of the softmax weights each key got. */
+int sa_prefill(const float *q, int n_heads, int T, const sa_kv *k, const sa_kv *v, int start,
+               const sa_select_params *params, const float *prior, int64_t n_prior,
+               float scale, float *out, float *importance, int threads);
 
 /* Append T tokens to a cache: rows [at, at+T) of every KV head of k and v
  * from k_new / v_new [n_kv_heads, T, head_dim] (quantised when the cache is

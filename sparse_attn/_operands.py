@@ -150,15 +150,17 @@ def query(q, kop, ndim):
     return q, n_heads
 
 
-def importance_array(importance, seq_len):
+def importance_array(importance, seq_len, what="seq_len"):
     """None, or importance as a contiguous float32 array of at least seq_len
-    entries (any strides; NaN and Inf are refused by the core's scan)."""
+    entries (any strides; NaN and Inf are refused by the core's scan).
+    `what` names the length in the error (prefill reads `start` entries)."""
     if importance is None:
         return None
-    importance = ck.as_array("importance", importance, dtype=np.float32, ndim=1)
+    importance = ck.as_array("importance", importance, dtype=np.float32, ndim=1,
+                             allow_empty=seq_len == 0)
     if importance.shape[0] < seq_len:
         raise ArgumentError(f"importance has {importance.shape[0]} entries, shorter than "
-                            f"seq_len ({seq_len})")
+                            f"{what} ({seq_len})")
     return importance
 
 

@@ -267,12 +267,28 @@ def dense_decode(q, k, v, *, seq_len=None, scale=None, threads=None):
     return dense_call(q, n_heads, kop, vop, seq_len, scale, threads)
 
 
-def prefill(q, k, v, *, start=0, scale=None, threads=None):
-    """Exact causal attention for T query tokens, and the importance of spec §3.
+def prefill(q, k, v, *, start=0, scale=None, k_blocks=None, block_size=32, n_probe=None,
+            importance=None, recency=True, policy="seed", importance_fraction=None,
+            sink_blocks=None, share=None, scoring=None, bounds=None, probe_rows=None,
+            threads=None):
+    """Causal attention for T query tokens, exact (spec §3) or sparse (§7),
+    and the importance of what ran.
 
     The queries sit at positions ``[start, start+T)``; the query at position
     ``p`` attends to keys ``0..p``.  ``k`` and ``v`` must hold at least
     ``start+T`` rows (the keys of this chunk included).
+
+    With ``k_blocks`` set, prefill is sparse, the seed's way: the rows of KV
+    block ``b`` (positions ``[b*BS, (b+1)*BS)``) attend to their own block
+    causally plus, when ``b >= k_blocks``, the ``k_blocks - 1`` blocks before
+    ``b`` that the decode rules choose (:func:`select_blocks`: sinks,
+    importance reserve, score fill, recency insurance, with this call's
+    policy and knobs), scored with each head's mean query row over block
+    ``b``'s rows in this call; when ``b < k_blocks`` they attend to every
+    earlier block, so they are exact.  With ``k_blocks >= NB`` the output is
+    bitwise exact prefill's.  ``importance`` is what was recorded before
+    this call (a cache's, from earlier chunks): the reserve ranks the block
+    sums of ``importance[:start]``.
 
     Parameters
     ----------
@@ -280,13 +296,20 @@ def prefill(q, k, v, *, start=0, scale=None, threads=None):
     k, v : float32 ``[Hkv, S, D]`` or Q8, ``S >= start + T``
     start : int, default 0
     scale : float, default ``1/sqrt(D)``
+    k_blocks : int or None (exact), default None
+    importance : float32 ``[>= start]`` or None; read only when sparse
+    bounds : BlockBounds over exactly ``start + T`` rows, for ``"minmax"``
+        (None computes them, reading all of K)
+    probe_rows : ProbeRows covering ``start + T`` rows, for ``"probe"``
+    others : as :func:`select_blocks`; read only when sparse
 
     Returns
     -------
     out : float32 ``[H, T, D]``
     importance : float32 ``[start+T]``; ``importance[s] = sum over heads h and
-        rows t of P_h[t, s]``, the attention mass key s received.  A caller
-        that prefills in chunks adds the chunks' importance up.
+        rows t of P_h[t, s]``, the attention mass key s received from the
+        probabilities that ran.  A caller that prefills in chunks adds the
+        chunks' importance up.
     """
     kop, vop = kv_operand("k", k), kv_operand("v", v)
     check_pair(kop, vop)
@@ -298,14 +321,32 @@ def prefill(q, k, v, *, start=0, scale=None, threads=None):
                             f"{min(kop.rows, vop.rows)} rows")
     scale = scale_value(scale, kop.head_dim)
     threads = ck.check_threads(threads)
-    return prefill_call(q, n_heads, kop, vop, start, scale, threads)
+    if k_blocks is None:
+        for name, value in (("importance", importance), ("bounds", bounds),
+                            ("probe_rows", probe_rows)):
+            if value is not None:
+                raise ArgumentError(f"{name}= is only read by sparse prefill (k_blocks=...)")
+        return prefill_call(q, n_heads, kop, vop, start, None, None, scale, threads)
+    sel = selection(policy, k_blocks=k_blocks, block_size=block_size, n_probe=n_probe,
+                    recency=recency, importance_fraction=importance_fraction,
+                    sink_blocks=sink_blocks, share=share, scoring=scoring)
+    bst, pst, keep = metadata_structs(sel, k, kop, start + T, bounds, probe_rows)
+    importance = importance_array(importance, start, "start")
+    result = prefill_call(q, n_heads, kop, vop, start, sel.params(bst, pst), importance,
+                          scale, threads)
+    del keep
+    return result
 
 
-def prefill_call(q, n_heads, kop, vop, start, scale, threads):
+def prefill_call(q, n_heads, kop, vop, start, params, prior, scale, threads):
+    """One sa_prefill over checked operands (the cache's path too); params
+    None is exact prefill."""
     T = q.shape[1]
     out = np.empty(q.shape, np.float32)
     importance = np.empty(start + T, np.float32)
-    rc = lib.sa_prefill(_ffi.ptr(q, "float"), n_heads, T, kop.struct, vop.struct, start, scale,
+    imp, n_imp = _importance_args(prior)
+    rc = lib.sa_prefill(_ffi.ptr(q, "float"), n_heads, T, kop.struct, vop.struct, start,
+                        ffi.NULL if params is None else params, imp, n_imp, scale,
                         _ffi.out_ptr(out, "float"), _ffi.out_ptr(importance, "float"), threads)
     _ffi.check(rc, "prefill")
     return out, importance

@@ -345,12 +345,28 @@ class KVCache:
             self._lock.release_write()
 
     # ----------------------------------------------------------------- attention
-    def prefill(self, q, *, scale=None, threads=None):
+    def prefill(self, q, *, k_blocks=None, block_size=None, n_probe=None, recency=True,
+                policy="seed", importance_fraction=None, sink_blocks=None, share=None,
+                scoring=None, scale=None, threads=None):
         """Causal prefill of the last T appended tokens' queries
-        (``q`` float32 ``[H, T, head_dim]``); records their importance.
-        Returns the attention output ``[H, T, head_dim]``."""
+        (``q`` float32 ``[H, T, head_dim]``); adds their importance to the
+        cache's record.  Returns the attention output ``[H, T, head_dim]``.
+
+        ``k_blocks=None`` is exact prefill; with ``k_blocks`` it is sparse
+        prefill (:func:`sparse_attn.prefill`, same knobs) over the cache,
+        its importance reserve reading the importance recorded by earlier
+        prefills, its selection the cache's key bounds (``"minmax"``) or
+        probe-row copies (``"probe"``) when ``block_size`` (default: the
+        cache's) and ``n_probe`` are the cache's."""
         scale = scale_value(scale, self.head_dim)
         threads = ck.check_threads(threads)
+        sel = None
+        if k_blocks is not None:
+            sel = selection(policy, k_blocks=k_blocks,
+                            block_size=self.block_size if block_size is None else block_size,
+                            n_probe=n_probe, recency=recency,
+                            importance_fraction=importance_fraction, sink_blocks=sink_blocks,
+                            share=share, scoring=scoring)
         self._lock.acquire_write()
         try:
             buf, n = self._buf, self._n
@@ -359,7 +375,22 @@ class KVCache:
             if T > n:
                 raise ArgumentError(f"q has {T} query tokens but the cache holds only "
                                     f"{n}; append their K/V first")
-            out, imp = prefill_call(q, n_heads, buf.kop, buf.vop, n - T, scale, threads)
+            params = prior = keep = None
+            if sel is not None:
+                bst = pst = None
+                kind = self._own_metadata(sel, n, n, None, None)
+                if kind == "bounds":
+                    bst = buf.bounds_st
+                elif kind == "probe_rows":
+                    pst = buf.probe_st
+                elif sel.scoring == "minmax":
+                    bst, pst, keep = metadata_structs(sel, self._view(buf.k, n), buf.kop, n,
+                                                      None, None)
+                params = sel.params(bst, pst)
+                prior = buf.importance if self._has_importance else None
+            out, imp = prefill_call(q, n_heads, buf.kop, buf.vop, n - T, params, prior, scale,
+                                    threads)
+            del keep
             buf.importance[:n] += imp
             self._has_importance = self._has_importance or bool(imp.any())
             return out

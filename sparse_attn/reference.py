@@ -244,17 +244,80 @@ def dense_decode(q, k, v, *, seq_len=None, scale=None):
                      for h in range(q.shape[0])])
 
 
-# --------------------------------------------------------------------------- §3
+# --------------------------------------------------------------------------- §3, §7
 
-def prefill(q, k, v, *, start=0, scale=None):
+def _mean_rows(x):
+    """The mean of x's rows as the C core takes it: summed in float32 in row
+    order, then times float32(1 / rows)."""
+    acc = x[0].astype(np.float32).copy()
+    for r in range(1, x.shape[0]):
+        acc = (acc + x[r]).astype(np.float32)
+    return (acc * np.float32(np.float32(1) / np.float32(x.shape[0]))).astype(np.float32)
+
+
+def _tile_choice(q, k, start, T, b, sel, imp_sum, bounds):
+    """docs/spec.md §7: the blocks before block b that the rows of block b
+    attend to, per head (ascending lists)."""
+    bs = sel.block_size
+    n_heads, group = q.shape[0], q.shape[0] // _n_kv(k)
+    if b < sel.k_blocks:
+        return [list(range(b))] * n_heads
+    r0, r1 = max(start, b * bs), min(start + T, (b + 1) * bs)
+    rep = np.stack([_mean_rows(q[h, r0 - start:r1 - start]) for h in range(n_heads)])
+    if sel.scoring == "minmax":
+        sub = BlockBounds(bounds.mn[:, :b], bounds.mx[:, :b], bounds.scales[:, :b], bs,
+                          bounds.scale_group, b * bs)
+        score = minmax_scores(rep, sub)
+    else:
+        score = probe_scores(rep, k, seq_len=b * bs, block_size=bs, n_probe=sel.n_probe)
+    sums = None if imp_sum is None else imp_sum[:b]
+    out = []
+    for h in range(n_heads):
+        if sel.share == "group":
+            kh = h // group
+            row = score[kh * group:(kh + 1) * group].sum(axis=0)
+        else:
+            row = score[h]
+        out.append(_choose(list(row), b, sel.k_blocks - 1, sums, sel.recency,
+                           sel.importance_blocks, sel.sink_blocks))
+    return out
+
+
+def prefill(q, k, v, *, start=0, scale=None, k_blocks=None, block_size=32, n_probe=None,
+            importance=None, recency=True, policy="seed", importance_fraction=None,
+            sink_blocks=None, share=None, scoring=None, bounds=None):
+    """§3 exact prefill (k_blocks None) or §7 sparse prefill; returns
+    (out, importance of this call)."""
     n_heads, T, D = q.shape
+    S = start + T
     scale = 1 / math.sqrt(D) if scale is None else scale
     group = n_heads // _n_kv(k)
     out = np.empty(q.shape)
-    importance = np.zeros(start + T)
-    for h in range(n_heads):
-        for t in range(T):
-            keys = np.arange(start + t + 1)
-            out[h, t], p = _attend(q[h, t], k, v, h // group, keys, scale)
-            importance[keys] += p
-    return out, importance
+    imp_out = np.zeros(S)
+    if k_blocks is None:
+        for h in range(n_heads):
+            for t in range(T):
+                keys = np.arange(start + t + 1)
+                out[h, t], p = _attend(q[h, t], k, v, h // group, keys, scale)
+                imp_out[keys] += p
+        return out, imp_out
+    sel = selection(policy, k_blocks=k_blocks, block_size=block_size, n_probe=n_probe,
+                    recency=recency, importance_fraction=importance_fraction,
+                    sink_blocks=sink_blocks, share=share, scoring=scoring)
+    bs = sel.block_size
+    if sel.scoring == "minmax" and bounds is None:
+        bounds = block_bounds(k, block_size=bs, seq_len=S)
+    imp_sum = None
+    if importance is not None:
+        prior = np.asarray(importance[:start], np.float64)
+        imp_sum = [prior[b * bs:(b + 1) * bs].sum() for b in range(-(-S // bs))]
+    for b in range(start // bs, -(-S // bs)):
+        chosen = _tile_choice(q, k, start, T, b, sel, imp_sum, bounds)
+        for h in range(n_heads):
+            before = [np.arange(c * bs, (c + 1) * bs) for c in chosen[h]]
+            for pos in range(max(start, b * bs), min(S, (b + 1) * bs)):
+                keys = np.concatenate(before + [np.arange(b * bs, pos + 1)])
+                out[h, pos - start], p = _attend(q[h, pos - start], k, v, h // group, keys,
+                                                 scale)
+                imp_out[keys] += p
+    return out, imp_out

@@ -415,8 +415,10 @@ SA_INLINE void s8x8_to_f32(int8x8_t x, float32x4_t f[2])
     f[1] = vcvtq_f32_s32(vmovl_high_s16(w));
 }
 
-/* Any group size: per token, head and group, w = p * scale, then one fma
- * per element; exactly the per-element operations of the vector path. */
+/* Any group size: per element the dequantised value scale * (float)q (one
+ * rounding), then one fma with the head's weight: exactly the per-element
+ * operations of the vector path, and of sa_dequantize_rows followed by
+ * accumulate_v_f32. */
 static void q8_accumulate_scalar(float *const *out, const float *const *p, int G, int D,
                                  int gs, const int8_t *v, const float *vd,
                                  ptrdiff_t row_stride, ptrdiff_t scale_stride, int n,
@@ -428,18 +430,17 @@ static void q8_accumulate_scalar(float *const *out, const float *const *p, int G
         const float *rd = vd + t * scale_stride;
         for (int g = 0; g < G; g++) {
             float *o = out[g];
-            for (int d0 = 0, grp = 0; d0 < D; d0 += gs, grp++) {
-                const float w = p[g][t] * rd[grp];
+            const float w = p[g][t];
+            for (int d0 = 0, grp = 0; d0 < D; d0 += gs, grp++)
                 for (int d = d0; d < d0 + gs; d++)
-                    o[d] = fmaf(w, (float)row[d], o[d]);
-            }
+                    o[d] = fmaf(w, rd[grp] * (float)row[d], o[d]);
         }
     }
 }
 
 /* gs a multiple of 8 (so 16- and 8-wide chunks never straddle a group):
- * four tokens at a time, each chunk widened to float once for all heads;
- * a head's four weights w = p * scale are one vector multiply per chunk.
+ * four tokens at a time, each chunk widened to float and times its token's
+ * scale once for all heads, then added as accumulate_v_f32 adds float rows.
  * The last n % 4 tokens, and every token for other group sizes, get the
  * same per-element operations one token at a time. */
 static void SA_FN(accumulate_v_q8)(float *const *out, const float *const *p, int G, int D,
@@ -462,7 +463,6 @@ static void SA_FN(accumulate_v_q8)(float *const *out, const float *const *p, int
             rd[j] = vd + (t + j) * scale_stride;
         }
         for (int grp = 0, d0 = 0; d0 < D; grp++, d0 += gs) {
-            const float32x4_t sc = {rd[0][grp], rd[1][grp], rd[2][grp], rd[3][grp]};
             int d = d0;
             for (; d + 16 <= d0 + gs; d += 16) {
                 float32x4_t f0[4], f1[4], f2[4], f3[4];
@@ -470,8 +470,12 @@ static void SA_FN(accumulate_v_q8)(float *const *out, const float *const *p, int
                 s8x16_to_f32(vld1q_s8(r[1] + d), f1);
                 s8x16_to_f32(vld1q_s8(r[2] + d), f2);
                 s8x16_to_f32(vld1q_s8(r[3] + d), f3);
+                for (int i = 0; i < 4; i++) {
+                    f0[i] = vmulq_n_f32(f0[i], rd[0][grp]), f1[i] = vmulq_n_f32(f1[i], rd[1][grp]);
+                    f2[i] = vmulq_n_f32(f2[i], rd[2][grp]), f3[i] = vmulq_n_f32(f3[i], rd[3][grp]);
+                }
                 for (int g = 0; g < G; g++) {
-                    const float32x4_t w = vmulq_f32(vld1q_f32(p[g] + t), sc);
+                    const float32x4_t w = vld1q_f32(p[g] + t);
                     float *o = out[g] + d;
                     for (int i = 0; i < 4; i++)
                         vst1q_f32(o + 4 * i, fma_4tokens(vld1q_f32(o + 4 * i), w, f0[i], f1[i],
@@ -484,8 +488,12 @@ static void SA_FN(accumulate_v_q8)(float *const *out, const float *const *p, int
                 s8x8_to_f32(vld1_s8(r[1] + d), f1);
                 s8x8_to_f32(vld1_s8(r[2] + d), f2);
                 s8x8_to_f32(vld1_s8(r[3] + d), f3);
+                for (int i = 0; i < 2; i++) {
+                    f0[i] = vmulq_n_f32(f0[i], rd[0][grp]), f1[i] = vmulq_n_f32(f1[i], rd[1][grp]);
+                    f2[i] = vmulq_n_f32(f2[i], rd[2][grp]), f3[i] = vmulq_n_f32(f3[i], rd[3][grp]);
+                }
                 for (int g = 0; g < G; g++) {
-                    const float32x4_t w = vmulq_f32(vld1q_f32(p[g] + t), sc);
+                    const float32x4_t w = vld1q_f32(p[g] + t);
                     float *o = out[g] + d;
                     for (int i = 0; i < 2; i++)
                         vst1q_f32(o + 4 * i, fma_4tokens(vld1q_f32(o + 4 * i), w, f0[i], f1[i],
@@ -504,8 +512,10 @@ static void SA_FN(accumulate_v_q8)(float *const *out, const float *const *p, int
             for (; d + 16 <= d0 + gs; d += 16) {
                 float32x4_t f[4];
                 s8x16_to_f32(vld1q_s8(row + d), f);
+                for (int i = 0; i < 4; i++)
+                    f[i] = vmulq_n_f32(f[i], rd[grp]);
                 for (int g = 0; g < G; g++) {
-                    const float w = p[g][t] * rd[grp];
+                    const float w = p[g][t];
                     float *o = out[g] + d;
                     for (int i = 0; i < 4; i++)
                         vst1q_f32(o + 4 * i, vfmaq_n_f32(vld1q_f32(o + 4 * i), f[i], w));
@@ -514,8 +524,10 @@ static void SA_FN(accumulate_v_q8)(float *const *out, const float *const *p, int
             if (d < d0 + gs) {
                 float32x4_t f[2];
                 s8x8_to_f32(vld1_s8(row + d), f);
+                for (int i = 0; i < 2; i++)
+                    f[i] = vmulq_n_f32(f[i], rd[grp]);
                 for (int g = 0; g < G; g++) {
-                    const float w = p[g][t] * rd[grp];
+                    const float w = p[g][t];
                     float *o = out[g] + d;
                     for (int i = 0; i < 2; i++)
                         vst1q_f32(o + 4 * i, vfmaq_n_f32(vld1q_f32(o + 4 * i), f[i], w));

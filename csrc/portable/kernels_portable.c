@@ -107,12 +107,12 @@ static void accumulate_v_q8_portable(float *const *out, const float *const *p, i
         const int8_t *row = v + (ptrdiff_t)t * row_stride;
         const float *rd = vd + (ptrdiff_t)t * scale_stride;
         for (int g = 0; g < G; g++) {
-            const float pt = p[g][t];
+            const float w = p[g][t];
             float *o = out[g];
             for (int d0 = 0, grp = 0; d0 < D; d0 += gs, grp++) {
-                const float w = pt * rd[grp];
+                const float sc = rd[grp];
                 for (int d = d0; d < d0 + gs; d++)
-                    o[d] += w * (float)row[d];
+                    o[d] += w * (sc * (float)row[d]);
             }
         }
     }

@@ -102,44 +102,48 @@ SA_INLINE void store_scores(float *dst, int cnt, __m512 x)
  * scores_f32: 16 tokens per block, their dots reduced together.
  * ---------------------------------------------------------------------- */
 
-/* HB (1 or 2) heads x 16 rows.  Each (head, token) keeps one 16-lane FMA
- * accumulator over D (the D % 16 tail through masked loads: zero lanes add
- * nothing), then reduce4_ps per quad of tokens, a transpose of the quads'
- * 128-bit lanes and (l0 + l1) + (l2 + l3). */
+/* HB (1 to SA_S_HEADS = 4) heads x 16 rows, in quads of 4 rows.  Each
+ * (head, token) keeps one 16-lane FMA accumulator over D (the D % 16 tail
+ * through masked loads: zero lanes add nothing), then reduce4_ps per quad
+ * of tokens, a transpose of the quads' 128-bit lanes and (l0 + l1) +
+ * (l2 + l3).  Per 16 channels the heads' query vectors are loaded first and
+ * each row once: 4 heads x 4 rows are 16 independent FMA chains on 8 loads
+ * (prefill, where many query rows share the keys); the arithmetic of one
+ * (head, token) is the same for any HB. */
+#define SA_S_HEADS 4
 SA_INLINE void scores_f32_block(const float *q, int HB, int D, const float *const *rows,
                                 __m512 *res)
 {
     const int dv = D & ~15;
     const __mmask16 tm = lanes16(D & 15);
-    __m512 quad[2][4];
+    __m512 quad[SA_S_HEADS][4];
     for (int j = 0; j < 4; j++) {
         const float *const *r = rows + 4 * j;
-        __m512 acc[2][4];
+        __m512 acc[SA_S_HEADS][4];
         for (int h = 0; h < HB; h++)
             for (int i = 0; i < 4; i++)
                 acc[h][i] = _mm512_setzero_ps();
         for (int d = 0; d < dv; d += 16) {
-            const __m512 k0 = _mm512_loadu_ps(r[0] + d), k1 = _mm512_loadu_ps(r[1] + d);
-            const __m512 k2 = _mm512_loadu_ps(r[2] + d), k3 = _mm512_loadu_ps(r[3] + d);
+            __m512 qv[SA_S_HEADS];
             for (int h = 0; h < HB; h++) {
-                const __m512 qv = _mm512_loadu_ps(q + (ptrdiff_t)h * D + d);
-                acc[h][0] = _mm512_fmadd_ps(qv, k0, acc[h][0]);
-                acc[h][1] = _mm512_fmadd_ps(qv, k1, acc[h][1]);
-                acc[h][2] = _mm512_fmadd_ps(qv, k2, acc[h][2]);
-                acc[h][3] = _mm512_fmadd_ps(qv, k3, acc[h][3]);
+                qv[h] = _mm512_loadu_ps(q + (ptrdiff_t)h * D + d);
+                SA_KEEP(qv[h]);
+            }
+            for (int i = 0; i < 4; i++) {
+                __m512 kv = _mm512_loadu_ps(r[i] + d);
+                SA_KEEP(kv);
+                for (int h = 0; h < HB; h++)
+                    acc[h][i] = _mm512_fmadd_ps(qv[h], kv, acc[h][i]);
             }
         }
         if (tm) {
-            const __m512 k0 = _mm512_maskz_loadu_ps(tm, r[0] + dv);
-            const __m512 k1 = _mm512_maskz_loadu_ps(tm, r[1] + dv);
-            const __m512 k2 = _mm512_maskz_loadu_ps(tm, r[2] + dv);
-            const __m512 k3 = _mm512_maskz_loadu_ps(tm, r[3] + dv);
-            for (int h = 0; h < HB; h++) {
-                const __m512 qv = _mm512_maskz_loadu_ps(tm, q + (ptrdiff_t)h * D + dv);
-                acc[h][0] = _mm512_fmadd_ps(qv, k0, acc[h][0]);
-                acc[h][1] = _mm512_fmadd_ps(qv, k1, acc[h][1]);
-                acc[h][2] = _mm512_fmadd_ps(qv, k2, acc[h][2]);
-                acc[h][3] = _mm512_fmadd_ps(qv, k3, acc[h][3]);
+            __m512 qv[SA_S_HEADS];
+            for (int h = 0; h < HB; h++)
+                qv[h] = _mm512_maskz_loadu_ps(tm, q + (ptrdiff_t)h * D + dv);
+            for (int i = 0; i < 4; i++) {
+                const __m512 kv = _mm512_maskz_loadu_ps(tm, r[i] + dv);
+                for (int h = 0; h < HB; h++)
+                    acc[h][i] = _mm512_fmadd_ps(qv[h], kv, acc[h][i]);
             }
         }
         for (int h = 0; h < HB; h++)
@@ -485,15 +489,15 @@ SA_INLINE __m512 load16_s8_ps(const int8_t *x)
     return _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128((const __m128i *)x)));
 }
 
-/* The weight of group g for head h at token t: p * vd, the portable
- * kernel's product (one rounding), broadcast. */
-#define SA_W(ph, rd, g) _mm512_mul_ps(_mm512_set1_ps(*(ph)), _mm512_set1_ps((rd)[g]))
+/* 16 int8 of a V row times their group's scale: the dequantised floats
+ * (one rounding, as sa_dequantize_rows). */
+#define SA_DQ16(row, rd, g) _mm512_mul_ps(_mm512_set1_ps((rd)[g]), load16_s8_ps(row))
 
 /* out[h][d .. d + 64) for HB (1, 2 or 4) heads over tokens [t0, t1).  gs is
- * a multiple of 16, so each 16-lane slice lies in one group; WPT (1, 2 or 4)
- * is how many groups the 64 lanes span, so each weight is computed once per
- * token. */
-SA_INLINE void accv_q8_tile64(float *const *out, const float *const *p, int HB, int WPT, int gs,
+ * a multiple of 16, so each 16-lane slice lies in one group; each token's 64
+ * values are dequantised once for the heads, then added as accv_f32_tile
+ * adds a float row. */
+SA_INLINE void accv_q8_tile64(float *const *out, const float *const *p, int HB, int gs,
                               const int8_t *v, const float *vd, ptrdiff_t row_stride,
                               ptrdiff_t scale_stride, int t0, int t1, int d)
 {
@@ -506,18 +510,14 @@ SA_INLINE void accv_q8_tile64(float *const *out, const float *const *p, int HB, 
     for (int t = t0; t < t1; t++) {
         const int8_t *row = v + (ptrdiff_t)t * row_stride + d;
         const float *rd = vd + (ptrdiff_t)t * scale_stride;
-        const __m512 v0 = load16_s8_ps(row), v1 = load16_s8_ps(row + 16);
-        const __m512 v2 = load16_s8_ps(row + 32), v3 = load16_s8_ps(row + 48);
+        const __m512 v0 = SA_DQ16(row, rd, g0), v1 = SA_DQ16(row + 16, rd, g1);
+        const __m512 v2 = SA_DQ16(row + 32, rd, g2), v3 = SA_DQ16(row + 48, rd, g3);
         for (int h = 0; h < HB; h++) {
-            const float *ph = p[h] + t;
-            const __m512 w0 = SA_W(ph, rd, g0);
-            const __m512 w2 = WPT >= 2 ? SA_W(ph, rd, g2) : w0;
-            const __m512 w1 = WPT == 4 ? SA_W(ph, rd, g1) : w0;
-            const __m512 w3 = WPT == 4 ? SA_W(ph, rd, g3) : w2;
-            a0[h] = _mm512_fmadd_ps(w0, v0, a0[h]);
-            a1[h] = _mm512_fmadd_ps(w1, v1, a1[h]);
-            a2[h] = _mm512_fmadd_ps(w2, v2, a2[h]);
-            a3[h] = _mm512_fmadd_ps(w3, v3, a3[h]);
+            const __m512 w = _mm512_set1_ps(p[h][t]);
+            a0[h] = _mm512_fmadd_ps(w, v0, a0[h]);
+            a1[h] = _mm512_fmadd_ps(w, v1, a1[h]);
+            a2[h] = _mm512_fmadd_ps(w, v2, a2[h]);
+            a3[h] = _mm512_fmadd_ps(w, v3, a3[h]);
         }
     }
     for (int h = 0; h < HB; h++) {
@@ -535,8 +535,9 @@ SA_INLINE void accv_q8_tile16(float *const *out, const float *const *p, int HB, 
     for (int h = 0; h < HB; h++) {
         __m512 a = _mm512_loadu_ps(out[h] + d);
         for (int t = t0; t < t1; t++)
-            a = _mm512_fmadd_ps(SA_W(p[h] + t, vd + (ptrdiff_t)t * scale_stride, g0),
-                                load16_s8_ps(v + (ptrdiff_t)t * row_stride + d), a);
+            a = _mm512_fmadd_ps(_mm512_set1_ps(p[h][t]),
+                                SA_DQ16(v + (ptrdiff_t)t * row_stride + d,
+                                        vd + (ptrdiff_t)t * scale_stride, g0), a);
         _mm512_storeu_ps(out[h] + d, a);
     }
 }
@@ -546,15 +547,8 @@ SA_INLINE void accv_q8_heads(float *const *out, const float *const *p, int HB, i
                              ptrdiff_t scale_stride, int t0, int t1)
 {
     int d = 0;
-    if (gs % 64 == 0)
-        for (; d + 64 <= D; d += 64)
-            accv_q8_tile64(out, p, HB, 1, gs, v, vd, row_stride, scale_stride, t0, t1, d);
-    else if (gs % 32 == 0)
-        for (; d + 64 <= D; d += 64)
-            accv_q8_tile64(out, p, HB, 2, gs, v, vd, row_stride, scale_stride, t0, t1, d);
-    else
-        for (; d + 64 <= D; d += 64)
-            accv_q8_tile64(out, p, HB, 4, gs, v, vd, row_stride, scale_stride, t0, t1, d);
+    for (; d + 64 <= D; d += 64)
+        accv_q8_tile64(out, p, HB, gs, v, vd, row_stride, scale_stride, t0, t1, d);
     for (; d < D; d += 16)
         accv_q8_tile16(out, p, HB, gs, v, vd, row_stride, scale_stride, t0, t1, d);
 }

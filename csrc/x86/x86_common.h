@@ -7,11 +7,14 @@
  *   SA_VT, sa_vres            tokens per score block (8 / 16) and the vector
  *                             holding their scores
  *   store_scores(dst, cnt, x) the first cnt of SA_VT scores
- *   scores_f32_block(q, HB, D, rows, res)         HB (1, 2) heads x SA_VT rows
+ *   SA_S_HEADS                heads per score block, at most
+ *   scores_f32_block(q, HB, D, rows, res)         HB (1 .. SA_S_HEADS) heads x SA_VT rows
  *   q8_takes(gs, D, scale_stride)                 1 if the SIMD q8 dot takes it
  *   scores_q8_tokens(qq, qd, HB, D, gs, rows, srows, kd_t, scale_stride, cnt, res)
  *   SA_V_HEADS                heads per V accumulation block (2 / 4)
  *   accv_f32_heads(out, p, HB, D, v, row_stride, t0, t1)
+ *   SA_V_WIDE, accv_f32_wide(out, p, D, v, row_stride, t0, t1)  optional: a
+ *                             register tile of SA_V_WIDE heads for many heads
  *   accv_q8_takes(gs)         1 if the SIMD q8 V accumulation takes it
  *   accv_q8_heads(out, p, HB, D, gs, v, vd, row_stride, scale_stride, t0, t1)
  *   softmax_exp_<id>, stream_sum_<id>
@@ -31,6 +34,8 @@
 #ifndef SA_X86_COMMON_H
 #define SA_X86_COMMON_H
 
+#include <math.h>
+
 #include "x86_helpers.h"
 
 /* Row pointers of a block of SA_VT tokens from t: slots past the last valid
@@ -43,6 +48,16 @@
  * while every slice of D and every head block walks over them. */
 #define V_TOKENS 16
 
+/* Heads g .. g+HB-1 of one block of SA_VT rows. */
+SA_INLINE void scores_f32_heads(const float *q, int HB, int g, int D, const float *const *rows,
+                                float *const *s, int t, int cnt)
+{
+    sa_vres res[SA_S_HEADS];
+    scores_f32_block(q + (ptrdiff_t)g * D, HB, D, rows, res);
+    for (int h = 0; h < HB; h++)
+        store_scores(s[g + h] + t, cnt, res[h]);
+}
+
 static void SA_FN(scores_f32)(const float *q, int G, int D, const float *k,
                               ptrdiff_t row_stride, int n, float *const *s,
                               const sa_prefetch *pf)
@@ -54,16 +69,13 @@ static void SA_FN(scores_f32)(const float *q, int G, int D, const float *k,
         SA_BLOCK_ROWS(rows, k, t, cnt, row_stride);
         sa_prefetch_part(pf, it, iters);
         int g = 0;
-        for (; g + 2 <= G; g += 2) {
-            sa_vres res[2];
-            scores_f32_block(q + (ptrdiff_t)g * D, 2, D, rows, res);
-            store_scores(s[g] + t, cnt, res[0]);
-            store_scores(s[g + 1] + t, cnt, res[1]);
-        }
-        if (g < G) {
-            sa_vres res[1];
-            scores_f32_block(q + (ptrdiff_t)g * D, 1, D, rows, res);
-            store_scores(s[g] + t, cnt, res[0]);
+        for (; g + SA_S_HEADS <= G; g += SA_S_HEADS)
+            scores_f32_heads(q, SA_S_HEADS, g, D, rows, s, t, cnt);
+        switch (G - g) { /* constant head counts, so each block is unrolled */
+        case 3: scores_f32_heads(q, 3, g, D, rows, s, t, cnt); break;
+        case 2: scores_f32_heads(q, 2, g, D, rows, s, t, cnt); break;
+        case 1: scores_f32_heads(q, 1, g, D, rows, s, t, cnt); break;
+        default: break;
         }
     }
 }
@@ -104,6 +116,27 @@ static void SA_FN(scores_q8)(const int8_t *qq, const float *qd, int G, int D, in
     }
 }
 
+/* Group sizes the vector steps do not take: per element the dequantised
+ * value, then one fused multiply-add (fmaf is the FMA instruction under
+ * this file's target), so the result is still bitwise sa_dequantize_rows
+ * followed by accumulate_v_f32 (kernels.h). */
+static void accv_q8_scalar(float *const *out, const float *const *p, int G, int D, int gs,
+                           const int8_t *v, const float *vd, ptrdiff_t row_stride,
+                           ptrdiff_t scale_stride, int n, const sa_prefetch *pf)
+{
+    for (int t = 0; t < n; t++) {
+        sa_prefetch_part(pf, t, n);
+        const int8_t *row = v + (ptrdiff_t)t * row_stride;
+        const float *rd = vd + (ptrdiff_t)t * scale_stride;
+        for (int g = 0; g < G; g++) {
+            const float w = p[g][t];
+            for (int d0 = 0, grp = 0; d0 < D; d0 += gs, grp++)
+                for (int d = d0; d < d0 + gs; d++)
+                    out[g][d] = fmaf(w, rd[grp] * (float)row[d], out[g][d]);
+        }
+    }
+}
+
 /* Blocks of V_TOKENS tokens, all of D and all heads per block (SA_V_HEADS,
  * then pairs, then one), tokens in order into each accumulator. */
 static void SA_FN(accumulate_v_f32)(float *const *out, const float *const *p, int G, int D,
@@ -115,6 +148,10 @@ static void SA_FN(accumulate_v_f32)(float *const *out, const float *const *p, in
         const int t1 = n - t0 < V_TOKENS ? n : t0 + V_TOKENS;
         sa_prefetch_part(pf, it, iters);
         int g = 0;
+#ifdef SA_V_WIDE
+        for (; g + SA_V_WIDE <= G; g += SA_V_WIDE)
+            accv_f32_wide(out + g, p + g, D, v, row_stride, t0, t1);
+#endif
         for (; g + SA_V_HEADS <= G; g += SA_V_HEADS)
             accv_f32_heads(out + g, p + g, SA_V_HEADS, D, v, row_stride, t0, t1);
         for (; g + 2 <= G; g += 2)
@@ -130,8 +167,7 @@ static void SA_FN(accumulate_v_q8)(float *const *out, const float *const *p, int
                                    const sa_prefetch *pf)
 {
     if (!accv_q8_takes(gs)) {
-        sa_kernels_portable.accumulate_v_q8(out, p, G, D, gs, v, vd, row_stride, scale_stride,
-                                            n, pf);
+        accv_q8_scalar(out, p, G, D, gs, v, vd, row_stride, scale_stride, n, pf);
         return;
     }
     const int iters = (n + V_TOKENS - 1) / V_TOKENS;

@@ -9,6 +9,15 @@
 
 #define SA_INLINE static inline __attribute__((always_inline))
 
+/* Keep a loaded vector in a register: without it GCC folds the load into
+ * every FMA that uses it, so a row shared by several heads is loaded once
+ * per head, and the tiles below become bound by loads instead of FMAs. */
+#if defined(SIMDE_VERSION) /* the emulated test build: vectors are structs */
+#define SA_KEEP(x) ((void)0)
+#else
+#define SA_KEEP(x) __asm__("" : "+x"(x))
+#endif
+
 /* 8 int8 -> 8 floats (exact). */
 SA_INLINE __m256 load8_s8_ps(const int8_t *x)
 {

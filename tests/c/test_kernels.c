@@ -877,6 +877,7 @@ typedef struct {
     float *dense;              /* [H, D] */
     float *probe;              /* [H, NB] */
     float *pre_out, *pre_imp;  /* [H, T, D], [seq_len] */
+    float *sp_out[N_PSETS], *sp_imp[N_PSETS]; /* sparse prefill, as pre_* */
 } e2e_results;
 
 /* The parameter sets: sparse with the importance reserve, sparse with sinks
@@ -979,7 +980,7 @@ static void e2e_data_free(e2e_data *d)
 static void e2e_results_free(e2e_results *r)
 {
     for (int i = 0; i < N_PSETS; i++)
-        free(r->blocks[i]), free(r->sparse[i]);
+        free(r->blocks[i]), free(r->sparse[i]), free(r->sp_out[i]), free(r->sp_imp[i]);
     free(r->dense), free(r->probe), free(r->pre_out), free(r->pre_imp);
 }
 
@@ -1115,7 +1116,7 @@ static void e2e_run(const e2e_data *d, e2e_results *r)
     for (int th = 0; th < 3; th++) {
         pout[th] = xmalloc(pre_n * sizeof(float));
         pimp[th] = xmalloc((size_t)S * sizeof(float));
-        const int rc = sa_prefill(d->qp, H, T, &d->k, &d->v, start, 1.0f / sqrtf((float)D),
+        const int rc = sa_prefill(d->qp, H, T, &d->k, &d->v, start, NULL, NULL, 0, 1.0f / sqrtf((float)D),
                                   pout[th], pimp[th], th + 1);
         check(rc == SA_OK, "sa_prefill threads=%d: %s", th + 1, sa_strerror(rc));
     }
@@ -1142,6 +1143,43 @@ static void e2e_run(const e2e_data *d, e2e_results *r)
     free(qt), free(ot);
     r->pre_out = pout[0], r->pre_imp = pimp[0];
     free(pout[1]), free(pout[2]), free(pimp[1]), free(pimp[2]);
+
+    /* Sparse prefill with each parameter set (the importance, when the set
+     * has it, as the record of the rows before start): the same for any
+     * thread count, exact prefill's output bit for bit when every block is
+     * chosen, every row's weights summing to one. */
+    for (int i = 0; i < N_PSETS; i++) {
+        int with_imp;
+        const sa_select_params p = pset(d, i, &with_imp);
+        if (p.scoring == SA_SCORING_MINMAX && !sa_active_kernels()->minmax_scores)
+            continue;
+        for (int th = 0; th < 3; th++) {
+            pout[th] = xmalloc(pre_n * sizeof(float));
+            pimp[th] = xmalloc((size_t)S * sizeof(float));
+            const int rc = sa_prefill(d->qp, H, T, &d->k, &d->v, start, &p,
+                                      with_imp ? d->importance : NULL, S,
+                                      1.0f / sqrtf((float)D), pout[th], pimp[th], th + 1);
+            check(rc == SA_OK, "sparse sa_prefill pset %d threads=%d: %s", i, th + 1,
+                  sa_strerror(rc));
+        }
+        for (int th = 1; th < 3; th++)
+            check(!memcmp(pout[th], pout[0], pre_n * 4) &&
+                      !memcmp(pimp[th], pimp[0], (size_t)S * 4),
+                  "pset %d: sparse prefill differs between threads 1 and %d", i, th + 1);
+        mass = 0.0;
+        for (int j = 0; j < S; j++)
+            mass += pimp[0][j];
+        check(fabs(mass - (double)H * T) <= 1e-4 * H * T,
+              "pset %d: sparse prefill importance sums to %.7g, expected %d", i, mass, H * T);
+        if (p.k_blocks >= d->NB) {
+            check(!memcmp(pout[0], r->pre_out, pre_n * 4), "pset %d (k_blocks %d >= n_blocks "
+                  "%d): sparse prefill is not bitwise exact prefill", i, p.k_blocks, d->NB);
+            const double e = rel_err(pimp[0], r->pre_imp, (size_t)S);
+            check(e <= 1e-6, "pset %d: every block chosen, importance off exact by %.3g", i, e);
+        }
+        r->sp_out[i] = pout[0], r->sp_imp[i] = pimp[0];
+        free(pout[1]), free(pout[2]), free(pimp[1]), free(pimp[2]);
+    }
 }
 
 static void e2e_compare(const e2e_data *d, const e2e_results *got, const e2e_results *ref)
@@ -1163,6 +1201,14 @@ static void e2e_compare(const e2e_data *d, const e2e_results *got, const e2e_res
     check(e <= TOL_E2E, "prefill output off portable by %.3g > %.1g", e, TOL_E2E);
     e = rel_err(got->pre_imp, ref->pre_imp, (size_t)d->seq_len);
     check(e <= TOL_E2E, "prefill importance off portable by %.3g > %.1g", e, TOL_E2E);
+    for (int i = 0; i < N_PSETS; i++) {
+        if (!got->sp_out[i] || !ref->sp_out[i])
+            continue;
+        e = rel_err(got->sp_out[i], ref->sp_out[i], (size_t)d->H * d->T * d->D);
+        check(e <= TOL_E2E, "pset %d: sparse prefill output off portable by %.3g", i, e);
+        e = rel_err(got->sp_imp[i], ref->sp_imp[i], (size_t)d->seq_len);
+        check(e <= TOL_E2E, "pset %d: sparse prefill importance off portable by %.3g", i, e);
+    }
 }
 
 static void test_e2e(const char *const *isas, int n_isas)
@@ -1238,7 +1284,7 @@ static void *cc_worker(void *arg)
         a->ok &= !memcmp(out, a->want_sparse, out_n * sizeof(float));
         a->ok &= sa_dense_decode(d->q, d->H, &d->k, &d->v, d->seq_len, sc, out, 2) == SA_OK;
         a->ok &= !memcmp(out, a->want_dense, out_n * sizeof(float));
-        a->ok &= sa_prefill(d->qp, d->H, d->T, &d->k, &d->v, d->seq_len - d->T, sc, pre, imp,
+        a->ok &= sa_prefill(d->qp, d->H, d->T, &d->k, &d->v, d->seq_len - d->T, NULL, NULL, 0, sc, pre, imp,
                             1 + r % 2) == SA_OK;
         a->ok &= !memcmp(pre, a->want_pre, pre_n * sizeof(float));
     }
@@ -1261,7 +1307,7 @@ static void test_concurrent_callers(void)
         check(sa_sparse_decode(d.q, d.H, &d.k, &d.v, d.seq_len, &p, d.importance, d.seq_len, sc,
                                ws, NULL, 1) == SA_OK &&
               sa_dense_decode(d.q, d.H, &d.k, &d.v, d.seq_len, sc, wd, 1) == SA_OK &&
-              sa_prefill(d.qp, d.H, d.T, &d.k, &d.v, d.seq_len - d.T, sc, wp, wi, 1) == SA_OK,
+              sa_prefill(d.qp, d.H, d.T, &d.k, &d.v, d.seq_len - d.T, NULL, NULL, 0, sc, wp, wi, 1) == SA_OK,
               "single-threaded baseline");
         pthread_t th[CC_THREADS];
         cc_arg args[CC_THREADS];
@@ -1325,7 +1371,7 @@ static void test_bad_args(void)
     EXPECT(SA_OK, sa_sparse_decode(q, H, &K, &V, S, &P, imp, S, sc, out, blocks, 1));
     EXPECT(SA_OK, sa_sparse_decode(q, H, &KQ, &VQ, S, &P, NULL, 0, sc, out, NULL, 2));
     EXPECT(SA_OK, sa_dense_decode(q, H, &KQ, &VQ, S, sc, out, 1));
-    EXPECT(SA_OK, sa_prefill(qp, H, 3, &K, &V, S - 3, sc, pout, imp, 1));
+    EXPECT(SA_OK, sa_prefill(qp, H, 3, &K, &V, S - 3, NULL, NULL, 0, sc, pout, imp, 1));
 
     /* NULL pointers. */
     EXPECT(SA_ERR_NULL, sa_probe_scores(NULL, H, &K, S, 4, 2, probe, 1));
@@ -1343,11 +1389,11 @@ static void test_bad_args(void)
     EXPECT(SA_ERR_NULL, sa_dense_decode(q, H, NULL, &V, S, sc, out, 1));
     EXPECT(SA_ERR_NULL, sa_dense_decode(q, H, &K, NULL, S, sc, out, 1));
     EXPECT(SA_ERR_NULL, sa_dense_decode(q, H, &K, &V, S, sc, NULL, 1));
-    EXPECT(SA_ERR_NULL, sa_prefill(NULL, H, 3, &K, &V, 0, sc, pout, imp, 1));
-    EXPECT(SA_ERR_NULL, sa_prefill(qp, H, 3, NULL, &V, 0, sc, pout, imp, 1));
-    EXPECT(SA_ERR_NULL, sa_prefill(qp, H, 3, &K, NULL, 0, sc, pout, imp, 1));
-    EXPECT(SA_ERR_NULL, sa_prefill(qp, H, 3, &K, &V, 0, sc, NULL, imp, 1));
-    EXPECT(SA_ERR_NULL, sa_prefill(qp, H, 3, &K, &V, 0, sc, pout, NULL, 1));
+    EXPECT(SA_ERR_NULL, sa_prefill(NULL, H, 3, &K, &V, 0, NULL, NULL, 0, sc, pout, imp, 1));
+    EXPECT(SA_ERR_NULL, sa_prefill(qp, H, 3, NULL, &V, 0, NULL, NULL, 0, sc, pout, imp, 1));
+    EXPECT(SA_ERR_NULL, sa_prefill(qp, H, 3, &K, NULL, 0, NULL, NULL, 0, sc, pout, imp, 1));
+    EXPECT(SA_ERR_NULL, sa_prefill(qp, H, 3, &K, &V, 0, NULL, NULL, 0, sc, NULL, imp, 1));
+    EXPECT(SA_ERR_NULL, sa_prefill(qp, H, 3, &K, &V, 0, NULL, NULL, 0, sc, pout, NULL, 1));
     k = K, k.f32 = NULL;
     EXPECT(SA_ERR_NULL, sa_dense_decode(q, H, &k, &V, S, sc, out, 1));
     k = KQ, k.q8 = NULL;
@@ -1370,8 +1416,8 @@ static void test_bad_args(void)
     k = V, k.n_rows = S - 1; /* V holds fewer rows than K */
     EXPECT(SA_ERR_SEQ_LEN, sa_dense_decode(q, H, &K, &k, S, sc, out, 1));
     EXPECT(SA_ERR_SEQ_LEN, sa_sparse_decode(q, H, &K, &k, S, &P, NULL, 0, sc, out, NULL, 1));
-    EXPECT(SA_ERR_SEQ_LEN, sa_prefill(qp, H, 3, &K, &V, ROWS - 2, sc, pout, imp, 1));
-    EXPECT(SA_ERR_SEQ_LEN, sa_prefill(qp, H, 3, &K, &k, S - 3, sc, pout, imp, 1));
+    EXPECT(SA_ERR_SEQ_LEN, sa_prefill(qp, H, 3, &K, &V, ROWS - 2, NULL, NULL, 0, sc, pout, imp, 1));
+    EXPECT(SA_ERR_SEQ_LEN, sa_prefill(qp, H, 3, &K, &k, S - 3, NULL, NULL, 0, sc, pout, imp, 1));
 
     /* block_size, k_blocks, n_probe < 1 and other selection knobs. */
     EXPECT(SA_ERR_PARAM, sa_probe_scores(q, H, &K, S, 0, 2, probe, 1));
@@ -1405,11 +1451,11 @@ static void test_bad_args(void)
     EXPECT(SA_ERR_GQA, sa_select_blocks(q, 3, &KQ, S, &P, NULL, 0, blocks, 1));
     EXPECT(SA_ERR_GQA, sa_sparse_decode(q, 3, &K, &V, S, &P, NULL, 0, sc, out, NULL, 1));
     EXPECT(SA_ERR_GQA, sa_dense_decode(q, 1, &K, &V, S, sc, out, 1));
-    EXPECT(SA_ERR_GQA, sa_prefill(qp, 3, 3, &K, &V, 0, sc, pout, imp, 1));
+    EXPECT(SA_ERR_GQA, sa_prefill(qp, 3, 3, &K, &V, 0, NULL, NULL, 0, sc, pout, imp, 1));
     EXPECT(SA_ERR_SHAPE, sa_dense_decode(q, 0, &K, &V, S, sc, out, 1));
     EXPECT(SA_ERR_SHAPE, sa_sparse_decode(q, -2, &K, &V, S, &P, NULL, 0, sc, out, NULL, 1));
-    EXPECT(SA_ERR_SHAPE, sa_prefill(qp, H, 0, &K, &V, 0, sc, pout, imp, 1));
-    EXPECT(SA_ERR_SHAPE, sa_prefill(qp, H, 3, &K, &V, -1, sc, pout, imp, 1));
+    EXPECT(SA_ERR_SHAPE, sa_prefill(qp, H, 0, &K, &V, 0, NULL, NULL, 0, sc, pout, imp, 1));
+    EXPECT(SA_ERR_SHAPE, sa_prefill(qp, H, 3, &K, &V, -1, NULL, NULL, 0, sc, pout, imp, 1));
     k = K, k.head_dim = 0;
     EXPECT(SA_ERR_SHAPE, sa_dense_decode(q, H, &k, &V, S, sc, out, 1));
     k = K, k.n_kv_heads = 0;
@@ -1424,7 +1470,7 @@ static void test_bad_args(void)
     /* dtypes and q8 groups. */
     EXPECT(SA_ERR_DTYPE, sa_dense_decode(q, H, &K, &VQ, S, sc, out, 1));
     EXPECT(SA_ERR_DTYPE, sa_sparse_decode(q, H, &KQ, &V, S, &P, NULL, 0, sc, out, NULL, 1));
-    EXPECT(SA_ERR_DTYPE, sa_prefill(qp, H, 3, &KQ, &V, 0, sc, pout, imp, 1));
+    EXPECT(SA_ERR_DTYPE, sa_prefill(qp, H, 3, &KQ, &V, 0, NULL, NULL, 0, sc, pout, imp, 1));
     k = K, k.dtype = 7;
     EXPECT(SA_ERR_DTYPE, sa_probe_scores(q, H, &k, S, 4, 2, probe, 1));
     k = KQ, k.group_size = 3;
@@ -1434,14 +1480,14 @@ static void test_bad_args(void)
     EXPECT(SA_ERR_GROUP, sa_dense_decode(q, H, &k, &VQ, S, sc, out, 1));
     k = VQ, k.group_size = 5;
     EXPECT(SA_ERR_GROUP, sa_sparse_decode(q, H, &KQ, &k, S, &P, NULL, 0, sc, out, NULL, 1));
-    EXPECT(SA_ERR_GROUP, sa_prefill(qp, H, 3, &KQ, &k, 0, sc, pout, imp, 1));
+    EXPECT(SA_ERR_GROUP, sa_prefill(qp, H, 3, &KQ, &k, 0, NULL, NULL, 0, sc, pout, imp, 1));
 
     /* NaN / Inf in q. */
     EXPECT(SA_ERR_Q_VALUES, sa_probe_scores(q_nan, H, &K, S, 4, 2, probe, 1));
     EXPECT(SA_ERR_Q_VALUES, sa_select_blocks(q_inf, H, &KQ, S, &P, NULL, 0, blocks, 1));
     EXPECT(SA_ERR_Q_VALUES, sa_sparse_decode(q_nan, H, &K, &V, S, &P, NULL, 0, sc, out, NULL, 1));
     EXPECT(SA_ERR_Q_VALUES, sa_dense_decode(q_inf, H, &KQ, &VQ, S, sc, out, 1));
-    EXPECT(SA_ERR_Q_VALUES, sa_prefill(qp_nan, H, 3, &K, &V, 0, sc, pout, imp, 1));
+    EXPECT(SA_ERR_Q_VALUES, sa_prefill(qp_nan, H, 3, &K, &V, 0, NULL, NULL, 0, sc, pout, imp, 1));
 
     /* scale <= 0, NaN, Inf. */
     static const float bad_scales[] = {0.0f, -0.0f, -1.0f, NAN, INFINITY};
@@ -1450,7 +1496,7 @@ static void test_bad_args(void)
         EXPECT(SA_ERR_SCALE, sa_sparse_decode(q, H, &K, &V, S, &P, NULL, 0, bad_scales[i], out,
                                               NULL, 1));
         EXPECT(SA_ERR_SCALE, sa_dense_decode(q, H, &KQ, &VQ, S, bad_scales[i], out, 1));
-        EXPECT(SA_ERR_SCALE, sa_prefill(qp, H, 3, &K, &V, 0, bad_scales[i], pout, imp, 1));
+        EXPECT(SA_ERR_SCALE, sa_prefill(qp, H, 3, &K, &V, 0, NULL, NULL, 0, bad_scales[i], pout, imp, 1));
     }
     set_where("arguments");
 
@@ -1459,6 +1505,33 @@ static void test_bad_args(void)
     EXPECT(SA_ERR_IMPORTANCE, sa_select_blocks(q, H, &KQ, S, &P, imp, -1, blocks, 1));
     EXPECT(SA_ERR_IMPORTANCE, sa_sparse_decode(q, H, &K, &V, S, &P, imp, 0, sc, out, NULL, 1));
     EXPECT(SA_OK, sa_select_blocks(q, H, &K, S - 1, &P, imp, S - 1, blocks, 1));
+
+    /* Sparse prefill: bad parameters, a prior shorter than start or with
+     * NaN before start (after it, it is not read), minmax without bounds or
+     * with bounds for other rows. */
+    {
+        const int st = S - 3;
+        float pimp[S];
+        EXPECT(SA_OK, sa_prefill(qp, H, 3, &K, &V, st, &P, imp, st, sc, pout, pimp, 2));
+        EXPECT(SA_OK, sa_prefill(qp, H, 3, &KQ, &VQ, st, &P, NULL, 0, sc, pout, pimp, 1));
+        EXPECT(SA_ERR_IMPORTANCE, sa_prefill(qp, H, 3, &K, &V, st, &P, imp, st - 1, sc, pout,
+                                             pimp, 1));
+        pp = P, pp.k_blocks = 0;
+        EXPECT(SA_ERR_PARAM, sa_prefill(qp, H, 3, &K, &V, st, &pp, NULL, 0, sc, pout, pimp, 1));
+        pp = P, pp.block_size = 0;
+        EXPECT(SA_ERR_PARAM, sa_prefill(qp, H, 3, &K, &V, st, &pp, NULL, 0, sc, pout, pimp, 1));
+        pp = P, pp.scoring = SA_SCORING_MINMAX, pp.bounds = NULL;
+        EXPECT(SA_ERR_BOUNDS, sa_prefill(qp, H, 3, &K, &V, st, &pp, NULL, 0, sc, pout, pimp, 1));
+        float *bad = xmalloc((size_t)S * sizeof *bad);
+        for (int t = 0; t < S; t++)
+            bad[t] = 1.0f;
+        bad[st] = NAN;
+        EXPECT(SA_OK, sa_prefill(qp, H, 3, &K, &V, st, &P, bad, S, sc, pout, pimp, 1));
+        bad[st - 1] = INFINITY;
+        EXPECT(SA_ERR_IMPORTANCE_VALUES,
+               sa_prefill(qp, H, 3, &K, &V, st, &P, bad, S, sc, pout, pimp, 1));
+        free(bad);
+    }
 
     /* importance with NaN or Inf in [0, seq_len); past seq_len it is not read. */
     {
