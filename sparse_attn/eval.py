@@ -8,7 +8,11 @@ block budgets ``k`` and selection policies, against exact attention.
 For every prompt the tool prefills once (exact causal attention, which also
 records the importance the decode step's reserve reads), then, for exact
 attention and for each (policy, k), rolls the cache back to the prefill and
-decodes greedily.  The assistant turn starts with a fixed prefix that
+decodes greedily.  With ``--prefill sparse`` each (policy, k) prefills the
+prompt itself, sparse with the same policy and k (docs/spec.md §7; the
+importance its decode reads is then that of the sparse prefill), so a row
+measures sparse prefill and sparse decode together; the exact row stays
+exact prefill and exact decode.  The assistant turn starts with a fixed prefix that
 restates the question ("Zara's favorite food is"), whose last token is fed
 as the first decode step, so the answer's first token comes from sparse
 decode, not from the exact prefill.
@@ -29,6 +33,8 @@ finds "flowerpot").  Columns, per length, policy and k:
   attn ms    the time inside the attention kernels per generated token, all
              layers (the exact-attention comparison that gives attn err is
              not counted)
+  prefill s  the median time to prefill the prompt (the model's whole
+             forward pass; with --prefill exact the same for every row)
 
 Each prompt's rows go to ``--json`` as soon as they are done, and each
 length's table is printed when its prompts are done, so an interrupted run
@@ -70,11 +76,13 @@ class Runner:
         self.sat.enable(self.model, kv_dtype=self.args.kv_dtype, threads=self.args.threads,
                         profile=True, **settings)
 
-    def prefill(self, ids):
+    def prefill(self, ids, settings=None):
+        """Prefill all but the last token into a fresh cache: exact, or with
+        `settings` (a sparse prefill's knobs and k_blocks)."""
         torch = self.torch
         self.cache = self.sat.SparseKVCache(self.model, dtype=self.args.kv_dtype,
                                             capacity=len(ids) + self.args.max_new_tokens + 8)
-        self._enable(dict(k_blocks=1 << 20))
+        self._enable(settings or dict(k_blocks=1 << 20))
         start = time.perf_counter()
         with torch.no_grad():
             self.model(torch.tensor([ids[:-1]]), cache=self.cache, use_cache=True,
@@ -130,15 +138,19 @@ def run(args, on_prompt=None):
         done_configs += 1
         base = dict(length=n_tokens, tokens=len(ids), depth=depth, needle=ni, filler=filler,
                     prefill_s=runner.prefill_s)
-        rows = [dict(base, policy="exact", k=None, text=exact_text, found=exact_hit,
+        rows = [dict(base, policy="exact", k=None, prefill="exact", text=exact_text,
+                     found=exact_hit,
                      same_as_exact=True, error=0.0, attn_ms_per_token=exact_ms)]
         _progress(ci, len(cases), len(ids), depth, ni, filler, f"exact {exact_text!r}",
                   started, done_configs, total)
         for name, knobs, k in configs:
+            if args.prefill == "sparse":
+                runner.prefill(ids, dict(knobs, k_blocks=k, prefill="sparse"))
             text, errors, ms = runner.decode(dict(knobs, k_blocks=k, compare_exact=True))
             done_configs += 1
-            rows.append(dict(base, policy=name, k=k, text=text, found=answer_found(text, needle),
-                             same_as_exact=text == exact_text,
+            rows.append(dict(base, policy=name, k=k, prefill=args.prefill,
+                             prefill_s=runner.prefill_s, text=text,
+                             found=answer_found(text, needle), same_as_exact=text == exact_text,
                              error=float(np.median(errors)) if errors else 0.0,
                              attn_ms_per_token=ms))
             _progress(ci, len(cases), len(ids), depth, ni, filler, f"{name} k={k} {text!r}",
@@ -165,12 +177,15 @@ def summarise(results, length):
     n = len(exact)
     ceiling = sum(r["found"] for r in exact)
     answered = {(r["depth"], r["needle"], r["filler"]) for r in exact if r["found"]}
-    lines = [f"\n{length} tokens: N = {n} prompts; exact attention answers {ceiling}/{n}",
+    kind = {r.get("prefill", "exact") for r in rows if r["policy"] != "exact"}
+    kind = " (rows: sparse prefill and sparse decode)" if kind == {"sparse"} else ""
+    lines = [f"\n{length} tokens: N = {n} prompts; exact attention answers {ceiling}/{n}{kind}",
              f"{'policy':<12} {'k':>4} {'found':>7} {'kept':>7} {'kept %':>7} "
-             f"{'same text':>10} {'attn err':>9} {'attn ms':>8}"]
+             f"{'same text':>10} {'attn err':>9} {'attn ms':>8} {'prefill s':>9}"]
     ex_ms = np.median([r["attn_ms_per_token"] for r in exact]) if exact else 0.0
+    ex_s = np.median([r["prefill_s"] for r in exact]) if exact else 0.0
     lines.append(f"{'exact':<12} {'-':>4} {ceiling:>3}/{n:<3} {'-':>7} {'-':>7} {'-':>10} "
-                 f"{'-':>9} {ex_ms:8.2f}")
+                 f"{'-':>9} {ex_ms:8.2f} {ex_s:9.2f}")
     for name in dict.fromkeys(r["policy"] for r in rows if r["policy"] != "exact"):
         for k in dict.fromkeys(r["k"] for r in rows if r["policy"] == name):
             cell = [r for r in rows if r["policy"] == name and r["k"] == k]
@@ -180,9 +195,11 @@ def summarise(results, length):
             same = sum(r["same_as_exact"] for r in cell)
             err = np.median([r["error"] for r in cell])
             ms = np.median([r["attn_ms_per_token"] for r in cell])
+            pre = np.median([r["prefill_s"] for r in cell])
             share = f"{kept / ceiling:.0%}" if ceiling else "-"
             lines.append(f"{name:<12} {k:>4} {hits:>3}/{len(cell):<3} {kept:>3}/{ceiling:<3} "
-                         f"{share:>7} {same:>5}/{len(cell):<4} {err:>9.1e} {ms:8.2f}")
+                         f"{share:>7} {same:>5}/{len(cell):<4} {err:>9.1e} {ms:8.2f} "
+                         f"{pre:9.2f}")
     return "\n".join(lines)
 
 
@@ -204,6 +221,9 @@ def parse_args(argv, prog="python -m sparse_attn.eval"):
                     help="';'-separated presets, or name:knob=value,knob=value "
                          "(default %(default)s)")
     ap.add_argument("--kv-dtype", default="float32", choices=("float32", "q8"))
+    ap.add_argument("--prefill", default="exact", choices=("exact", "sparse"),
+                    help="sparse: each (policy, k) prefills sparse with the same knobs "
+                         "(default %(default)s)")
     ap.add_argument("--max-new-tokens", type=int, default=8)
     ap.add_argument("--threads", type=int, default=None)
     ap.add_argument("--torch-threads", type=int, default=None)

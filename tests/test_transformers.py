@@ -107,6 +107,34 @@ def test_dense_layers_are_exact(eager, prompt, eager_run):
     assert (logits - eager_run[1]).abs().max().item() < LOGITS_ATOL
 
 
+def test_sparse_prefill_with_every_block_is_exact(eager, prompt, eager_run):
+    """prefill="sparse" with k_blocks >= the prompt's blocks: every row is
+    exact, so the first token's logits are eager's; both caches."""
+    for kv_dtype in (None, "float32"):
+        model = sparse_copy(eager, k_blocks=ALL_BLOCKS, prefill="sparse", kv_dtype=kv_dtype)
+        seq, logits = greedy(model, prompt)
+        assert torch.equal(seq, eager_run[0])
+        assert (logits - eager_run[1]).abs().max().item() < LOGITS_ATOL
+
+
+def test_sparse_prefill_attends_to_fewer_blocks(eager, prompt, eager_run):
+    """prefill="sparse" with k_blocks=2 changes the prompt's logits (each
+    block of rows reads its own block and one chosen block), the same way
+    on transformers' cache and a SparseKVCache, and layers in dense_layers
+    prefill exactly."""
+    runs = [greedy(sparse_copy(eager, k_blocks=2, prefill="sparse", kv_dtype=kv), prompt)
+            for kv in (None, "float32")]
+    for seq, logits in runs:
+        assert torch.isfinite(logits).all()
+        assert (logits[0] - eager_run[1][0]).abs().max().item() > DROPPED_BLOCKS_MIN_DIFF
+    assert (runs[0][1] - runs[1][1]).abs().max().item() < LOGITS_ATOL
+    seq, logits = greedy(sparse_copy(eager, k_blocks=2, prefill="sparse", dense_layers=[0, 1]),
+                         prompt)
+    assert (logits - eager_run[1]).abs().max().item() < LOGITS_ATOL
+    with pytest.raises(ValueError, match="prefill"):
+        sparse_copy(eager, prefill="dense")
+
+
 def test_small_k_runs_and_differs(eager, prompt, eager_run):
     model = sparse_copy(eager, k_blocks=2)
     seq, logits = greedy(model, prompt)

@@ -10,9 +10,13 @@ package's block-sparse top-k decode::
 What runs (per attention layer, shape legend of :mod:`sparse_attn`):
 
 * **prefill** (``T > 1`` query tokens, or the first token of a sequence):
-  :func:`sparse_attn.prefill`, exact causal attention of the queries at
-  ``[S - T, S)``; the importance it returns (spec §3) is added to the layer's
-  record, so a prompt fed in chunks accumulates it;
+  :func:`sparse_attn.prefill` of the queries at ``[S - T, S)``: exact causal
+  attention (``prefill="exact"``, the default), or the seed's sparse prefill
+  (``prefill="sparse"``: each block of query rows attends to its own block
+  and the ``k_blocks - 1`` earlier blocks the decode knobs choose, docs/spec.md
+  §7); the importance of what ran is added to the layer's record, so a
+  prompt fed in chunks accumulates it (and a sparse chunk's reserve reads
+  the earlier chunks');
 * **decode** (one query token after a prefill): :func:`sparse_attn.sparse_decode`
   with the layer's importance, the model's GQA layout and the model's own
   ``scaling``; layers listed in ``dense_layers`` run :func:`sparse_attn.dense_decode`.
@@ -97,6 +101,10 @@ class SparseAttnSettings:
         ``scoring="minmax"`` a :class:`SparseKVCache` supplies the key bounds
         it keeps up to date; with transformers' own cache they are computed
         at every step from all of K (correct, but reads the whole K).
+    prefill : ``"exact"`` or ``"sparse"``, default ``"exact"``
+        How prompts are attended: exact causal attention, or sparse prefill
+        with the same ``k_blocks`` and knobs as decode (docs/spec.md §7).
+        Layers in ``dense_layers`` prefill exactly either way.
     dense_layers : tuple of int, default ()
         Layer indices whose decode step stays exact (:func:`sparse_attn.dense_decode`).
     kv_dtype : None, ``"float32"`` or ``"q8"``, default None
@@ -126,6 +134,7 @@ class SparseAttnSettings:
     sink_blocks: int = None
     share: str = None
     scoring: str = None
+    prefill: str = "exact"
     dense_layers: tuple = field(default=())
     kv_dtype: str = None
     group_size: int = 32
@@ -156,6 +165,8 @@ class SparseAttnSettings:
         dense = tuple(sorted({ck.check_int(f"dense_layers[{n}]", i, minimum=0)
                               for n, i in enumerate(layers)}))
         object.__setattr__(self, "dense_layers", dense)
+        if self.prefill not in ("exact", "sparse"):
+            raise ArgumentError(f"prefill must be 'exact' or 'sparse', got {self.prefill!r}")
         if self.kv_dtype not in KV_DTYPES:
             raise ArgumentError(f"kv_dtype must be one of {KV_DTYPES}, got {self.kv_dtype!r}")
         ck.check_int("group_size", self.group_size, minimum=1)
@@ -216,8 +227,8 @@ def register():
 
 def enable(model, *, k_blocks=32, block_size=32, n_probe=None, recency=True, policy="seed",
            importance_fraction=None, sink_blocks=None, share=None, scoring=None,
-           dense_layers=(), kv_dtype=None, group_size=32, threads=None, compare_exact=False,
-           profile=False):
+           prefill="exact", dense_layers=(), kv_dtype=None, group_size=32, threads=None,
+           compare_exact=False, profile=False):
     """Switch ``model`` to ``sparse_topk`` with these settings (this model only).
 
     Registers the backend, checks the model (CPU, full causal attention in
@@ -247,8 +258,8 @@ def enable(model, *, k_blocks=32, block_size=32, n_probe=None, recency=True, pol
     settings = SparseAttnSettings(
         k_blocks=k_blocks, block_size=block_size, n_probe=n_probe, recency=recency,
         policy=policy, importance_fraction=importance_fraction, sink_blocks=sink_blocks, share=share,
-        scoring=scoring, dense_layers=dense_layers, kv_dtype=kv_dtype, group_size=group_size,
-        threads=threads, compare_exact=compare_exact, profile=profile)
+        scoring=scoring, prefill=prefill, dense_layers=dense_layers, kv_dtype=kv_dtype,
+        group_size=group_size, threads=threads, compare_exact=compare_exact, profile=profile)
     modules = attention_modules(model)
     if not modules:
         raise UnsupportedError(
@@ -651,8 +662,8 @@ class _CacheState:
     def bind(self, layer_idx, key, value, T):
         return self.kv.seq_len
 
-    def prefill(self, q, scale, threads):
-        return self.kv.prefill(q, scale=scale, threads=threads)
+    def prefill(self, q, scale, threads, sparse):
+        return self.kv.prefill(q, scale=scale, threads=threads, **sparse)
 
     def decoder(self, settings, scale, threads, dense):
         made = self._decoders.get((scale, threads, dense))
@@ -687,9 +698,12 @@ class _ViewState:
         self.start = S - T
         return S
 
-    def prefill(self, q, scale, threads):
+    def prefill(self, q, scale, threads, sparse):
+        if sparse:
+            prior = self.record.importance
+            sparse = dict(sparse, importance=prior if prior[:self.start].any() else None)
         out, importance = sa.prefill(q, self.k, self.v, start=self.start, scale=scale,
-                                     threads=threads)
+                                     threads=threads, **sparse)
         self.record.add(importance)
         return out
 
@@ -759,8 +773,11 @@ def sparse_topk_attention(module, query, key, value, attention_mask, scaling=Non
     threads = settings.threads
     decode = T == 1 and S > 1
     if not decode:
+        sparse = {}
+        if settings.prefill == "sparse" and module.layer_idx not in settings.dense_layers:
+            sparse = settings.decode_kwargs()
         t1 = time.perf_counter()
-        out = state.prefill(q.contiguous().numpy(), scaling, threads)
+        out = state.prefill(q.contiguous().numpy(), scaling, threads, sparse)
         t2 = time.perf_counter()
         out = torch.from_numpy(out).transpose(0, 1).unsqueeze(0)
     else:
