@@ -38,6 +38,14 @@ def test_quick_bench_reports_the_needle_and_the_collapse(tmp_path):
         for r in (dense, k32, k1):
             assert r["ms"] > 0 and r["bytes"] > 0 and r["floor_ms"] > 0
         assert k32["bytes"] < dense["bytes"] and k1["bytes"] < k32["bytes"]
+    # the prefill column: exact and sparse k=32 at both dtypes, the needle
+    # still found after a sparse prefill of the prompt
+    assert "Prefill of the whole context" in res.stdout
+    pre = {(r["dtype"], r["config"], r["policy"]): r for r in d["prefill"]}
+    for dtype in ("q8", "float32"):
+        exact, sparse = pre[(dtype, "exact", None)], pre[(dtype, "32", "seed")]
+        assert exact["s"] > 0 and sparse["s"] > 0 and exact["speedup_vs_exact"] == 1.0
+        assert sparse["needle"] == 1.0 and pre[(dtype, "32", "fast")]["needle"] == 1.0
 
 
 def test_kernels_mode_times_every_available_path(tmp_path):

@@ -23,8 +23,11 @@ from sparse_attn.selection import parse_policy
 
 from .common import Floor, log
 from .kernels import run_kernels
-from .table import (DEFAULT_CONFIGS, DEFAULT_LENGTHS, QWEN3_VL_2B, below_floor, plot,
-                    print_table, run_length)
+from .prefill import print_prefill_table, run_prefill
+from .table import (DEFAULT_CONFIGS, DEFAULT_LENGTHS, QWEN3_VL_2B, base_contexts, below_floor,
+                    plot, print_table, run_length)
+
+PREFILL_MAX_DEFAULT = 8192
 
 MODES = ("decode", "kernels", "model")
 
@@ -90,6 +93,15 @@ def parse_args(argv, prog="python -m sparse_attn.bench"):
     ap.add_argument("--group-size", type=int, default=32)
     ap.add_argument("--prefill-tokens", type=int, default=128,
                     help="prompt tokens prefilled per layer for importance (default %(default)s)")
+    ap.add_argument("--prefill-lengths", default=None,
+                    help="context lengths whose whole-context prefill is timed (default: those "
+                         f"of --lengths up to {PREFILL_MAX_DEFAULT}; 'none' for no prefill "
+                         "table)")
+    ap.add_argument("--prefill-configs", default="32",
+                    help="k_blocks of the sparse prefill rows (default %(default)s)")
+    ap.add_argument("--prefill-layers", type=int, default=1,
+                    help="layers whose prefill is timed; the table scales to --layers "
+                         "(default %(default)s)")
     ap.add_argument("--repeats", type=int, default=5)
     ap.add_argument("--threads", type=int, default=None,
                     help="threads for sparse_attn and torch (default: SPARSE_ATTN_NUM_THREADS "
@@ -118,6 +130,20 @@ def parse_args(argv, prog="python -m sparse_attn.bench"):
                 raise ValueError(c)
     except ValueError:
         ap.error("--lengths takes integers and --configs 'dense' or integers >= 1")
+    try:
+        if args.prefill_lengths is None:
+            args.prefill_lengths = [n for n in args.lengths if n <= PREFILL_MAX_DEFAULT]
+        elif args.prefill_lengths.strip() == "none":
+            args.prefill_lengths = []
+        else:
+            args.prefill_lengths = [int(x) for x in args.prefill_lengths.split(",")]
+        args.prefill_configs = [int(x) for x in args.prefill_configs.split(",") if x.strip()]
+    except ValueError:
+        ap.error("--prefill-lengths takes integers (or 'none'), --prefill-configs integers")
+    if set(args.prefill_lengths) - set(args.lengths):
+        ap.error("--prefill-lengths must be among --lengths")
+    if any(c < 1 for c in args.prefill_configs) or args.prefill_layers < 1:
+        ap.error("--prefill-configs and --prefill-layers must be >= 1")
     args.dtypes = [d.strip() for d in args.dtypes.split(",")]
     try:
         args.policies = [parse_policy(p) for p in args.policies.split(";") if p.strip()]
@@ -161,17 +187,23 @@ def main(argv=None, prog="python -m sparse_attn.bench"):
             with open(args.json, "w") as f:
                 json.dump(dict(machine=info, kernels=results), f, indent=1)
         return 0
-    rows, notes = [], []
+    rows, notes, prefill_rows = [], [], []
     for length in args.lengths:
         log(f"context {length}:")
-        r, n = run_length(length, args, floor, torch)
+        bases = base_contexts(length, args)
+        r, n = run_length(length, args, floor, torch, bases)
         rows += r
         notes += n
+        if length in args.prefill_lengths:
+            prefill_rows += run_prefill(length, bases, args, torch)
     print_table(rows, args, floor, notes)
+    if prefill_rows:
+        print_prefill_table(prefill_rows, args)
     if args.json:
         with open(args.json, "w") as f:
             json.dump(dict(machine=info, args={k: v for k, v in vars(args).items()}, rows=rows,
-                           notes=notes, below_floor=len(below_floor(rows))), f, indent=1)
+                           prefill=prefill_rows, notes=notes,
+                           below_floor=len(below_floor(rows))), f, indent=1)
         log(f"figures written to {args.json}")
     if args.plot:
         plot(rows, args.plot)

@@ -25,6 +25,10 @@ def run_kernels(args):
     bounds = sa.block_bounds(kq)
     copies = sa.probe_rows(kq)
     t = args.threads
+    T = min(S, 512)
+    qp = rng.standard_normal((H, T, D), dtype=np.float32)
+    kp, vp, kpq, vpq = k[:, :T], v[:, :T], sa.Q8(kq.data[:, :T], kq.scales[:, :T], gs), \
+        sa.Q8(vq.data[:, :T], vq.scales[:, :T], gs)
     cases = [
         ("probe q8 (all heads)", lambda: sa.probe_scores(q, kq, threads=t)),
         ("probe f32 (all heads)", lambda: sa.probe_scores(q, k, threads=t)),
@@ -39,6 +43,10 @@ def run_kernels(args):
             q, kq, vq, importance=imp, probe_rows=copies, threads=t)),
         ("decode step sparse k=32 f32", lambda: sa.sparse_decode(q, k, v, importance=imp,
                                                                  threads=t)),
+        (f"prefill exact f32 ({T} tokens)", lambda: sa.prefill(qp, kp, vp, threads=t)),
+        (f"prefill exact q8 ({T} tokens)", lambda: sa.prefill(qp, kpq, vpq, threads=t)),
+        (f"prefill sparse k=4 q8 ({T} tokens)", lambda: sa.prefill(
+            qp, kpq, vpq, k_blocks=4, threads=t)),
     ]
     before = sa.isa()
     results = {}

@@ -149,8 +149,7 @@ def step_bytes(blocks, length, dtype, args, sel):
     return int(total)  # not a numpy integer: json.dump takes only Python ints
 
 
-def run_length(length, args, floor, torch):
-    bases = base_contexts(length, args)
+def run_length(length, args, floor, torch, bases):
     scale = 1.0 / math.sqrt(args.head_dim)
     bandwidth = floor.bandwidth
     rows, notes = [], []

@@ -1,0 +1,134 @@
+"""The article's prefill column (``sparse-attn bench``): the prefill of the
+whole context of the Qwen3-VL-2B-shaped model, exact and sparse, at each
+KV dtype, beside torch's scaled_dot_product_attention (float32 and
+bfloat16, causal, GQA) when it is installed.
+
+A prefill's cost has the same shape in every layer, so ``--prefill-layers``
+layers are timed (default 1, one call each: a prefill is long enough that
+its first call is representative) and the figure is that time times
+``--layers``: the table says so.  The queries are random (prefill's
+work does not depend on their values); K and V are the synthetic context's.
+
+The needle column of a sparse row is the decode table's check redone after
+a sparse prefill: each base context's prompt is prefilled sparse with the
+row's k and policy, and the decode step with that k and policy, reading the
+importance the sparse prefill recorded, must choose the needle's block in
+every retrieval head.
+"""
+import time
+
+import numpy as np
+
+import sparse_attn as sa
+from sparse_attn.selection import selection
+
+from .common import log
+
+
+def needle_after_sparse_prefill(bases, kb, knobs, args):
+    hits = heads = 0
+    for ctx, _ in bases:
+        t = ctx.prompt_q.shape[1]
+        length = ctx.k.shape[1]
+        _, imp = sa.prefill(ctx.prompt_q, ctx.k, ctx.v, start=length - t, k_blocks=kb,
+                            block_size=args.block_size, threads=args.threads, **knobs)
+        _, blocks = sa.sparse_decode(ctx.question_q, ctx.k, ctx.v, k_blocks=kb,
+                                     block_size=args.block_size, importance=imp,
+                                     threads=args.threads, return_blocks=True, **knobs)
+        rh = ctx.retrieval_heads
+        heads += int(rh.sum())
+        hits += int((blocks[rh] == ctx.needle_block).any(axis=1).sum())
+    return hits / max(heads, 1)
+
+
+def run_prefill(length, bases, args, torch):
+    """Rows of the prefill table for one context length."""
+    rng = np.random.default_rng(args.seed * 7919 + length)
+    ctx = bases[0][0]
+    q = rng.standard_normal((args.heads, length, args.head_dim), dtype=np.float32)
+    scale_layers = args.layers / args.prefill_layers
+    rows = []
+
+    def add(impl, dtype, config, policy, fn, needle):
+        log(f"  [{length}] prefill {impl} {dtype} {config} {policy or ''}")
+        t0 = time.perf_counter()
+        fn()
+        rows.append(dict(length=length, impl=impl, dtype=dtype, config=config, policy=policy,
+                         needle=needle, s=(time.perf_counter() - t0) * scale_layers,
+                         layers_timed=args.prefill_layers))
+
+    for dtype in args.dtypes:
+        if dtype == "q8":
+            k, v = sa.quantize_q8(ctx.k, args.group_size), sa.quantize_q8(ctx.v, args.group_size)
+        else:
+            k, v = ctx.k, ctx.v
+
+        def exact(k=k, v=v):
+            for _ in range(args.prefill_layers):
+                sa.prefill(q, k, v, threads=args.threads)
+        add("sparse_attn", dtype, "exact", None, exact, 1.0)
+        meta = {}
+        for name, knobs in args.policies:
+            kw = {key: val for key, val in knobs.items() if key != "dense_layers"}
+            if args.n_probe is not None:
+                kw["n_probe"] = args.n_probe
+            for config in args.prefill_configs:
+                sel = selection(k_blocks=config, block_size=args.block_size, **kw)
+                if sel.scoring == "minmax":
+                    meta = {"bounds": sa.block_bounds(k, block_size=args.block_size)}
+                else:
+                    meta = {"probe_rows": sa.probe_rows(k, block_size=args.block_size,
+                                                        n_probe=sel.n_probe)}
+
+                def sparse(k=k, v=v, config=config, kw=kw, meta=meta):
+                    for _ in range(args.prefill_layers):
+                        sa.prefill(q, k, v, k_blocks=config, block_size=args.block_size,
+                                   threads=args.threads, **meta, **kw)
+                add("sparse_attn", dtype, str(config), name, sparse,
+                    needle_after_sparse_prefill(bases, config, kw, args))
+    if torch is not None:
+        torch.set_num_threads(args.threads)
+        sdpa = torch.nn.functional.scaled_dot_product_attention
+        for tdtype, name in ((torch.float32, "float32"), (torch.bfloat16, "bfloat16")):
+            tq = torch.from_numpy(q)[None].to(tdtype)
+            tk, tv = torch.from_numpy(ctx.k)[None].to(tdtype), torch.from_numpy(ctx.v)[None].to(tdtype)
+
+            def torch_prefill(tq=tq, tk=tk, tv=tv):
+                with torch.inference_mode():
+                    for _ in range(args.prefill_layers):
+                        sdpa(tq, tk, tv, is_causal=True, enable_gqa=True)
+            add("torch-sdpa", name, "exact", None, torch_prefill, 1.0)
+            del tq, tk, tv
+    exact_time = {r["dtype"]: r["s"] for r in rows
+                  if r["impl"] == "sparse_attn" and r["config"] == "exact"}
+    torch_f32 = next((r["s"] for r in rows if r["impl"] == "torch-sdpa"
+                      and r["dtype"] == "float32"), None)
+    for r in rows:
+        ref = exact_time.get(r["dtype"]) if r["impl"] == "sparse_attn" else None
+        r["speedup_vs_exact"] = ref / r["s"] if ref else None
+        r["vs_torch_f32"] = torch_f32 / r["s"] if torch_f32 else None
+    return rows
+
+
+def print_prefill_table(rows, args):
+    print(f"\nPrefill of the whole context, {args.layers} layers x ({args.heads} q heads, "
+          f"{args.kv_heads} KV heads, head_dim {args.head_dim}); {args.prefill_layers} layer(s) "
+          f"timed, times {args.layers}; ISA {sa.isa()}, {args.threads} thread(s).")
+    print("vs exact = exact prefill time at the same KV dtype / this row's; vs torch = torch "
+          "SDPA float32 causal time / this row's (> 1: faster than torch).\n")
+    head = (f"{'ctx':>6} {'impl':<12} {'KV':<9} {'config':<6} {'policy':<8} {'needle':>6} "
+            f"{'prefill s':>10} {'vs exact':>8} {'vs torch':>8}")
+    print(head)
+    print("-" * len(head))
+    last = None
+    for r in rows:
+        if last is not None and r["length"] != last:
+            print()
+        last = r["length"]
+        cfg = r["config"] if r["config"] == "exact" else f"k={r['config']}"
+        needle = "YES" if r["needle"] == 1 else ("NO" if r["needle"] == 0
+                                                  else f"{r['needle']:.0%}")
+        vs = "-" if r["speedup_vs_exact"] is None else f"{r['speedup_vs_exact']:.2f}x"
+        vt = "-" if r["vs_torch_f32"] is None else f"{r['vs_torch_f32']:.2f}x"
+        print(f"{r['length']:>6} {r['impl']:<12} {r['dtype']:<9} {cfg:<6} "
+              f"{r['policy'] or '-':<8} {needle:>6} {r['s']:10.2f} {vs:>8} {vt:>8}")
