@@ -6,9 +6,10 @@ on needle prompts of given lengths.
 Per (length, configuration): the prefill of the whole prompt and the first
 token (TTFT), then greedy decode steps (median and range of the per-step
 times), the time inside attention per step and its share of the step, the
-backend's Python work per layer call outside the C core (glue), the peak
-resident memory of the configuration (VmHWM, reset before it), the KV cache's
-bytes, and whether the needle's answer came out.
+backend's Python work per layer and token outside the C core (glue: the
+attention call and a SparseKVCache's update), the peak resident memory of
+the configuration (VmHWM, reset before it), the KV cache's bytes, and
+whether the needle's answer came out.
 
 A configuration is a few words: ``sdpa`` (transformers' own attention), or
 ``exact`` / ``k=N`` for sparse_topk with every block / N blocks, with
@@ -143,6 +144,9 @@ def run_config(model, tokenizer, ids, needle, conf, args):
                     st.update(dict.fromkeys(st, 0))
             if clock:
                 clock.decode_seconds = 0.0
+            for layer in getattr(cache, "layers", ()):
+                if hasattr(layer, "stats"):
+                    layer.stats[:] = [0, 0.0, 0.0]
             for _ in range(args.new_tokens - 1):
                 t1 = time.perf_counter()
                 logits = model(torch.tensor([[token]]), cache=cache, use_cache=True).logits
@@ -162,7 +166,11 @@ def run_config(model, tokenizer, ids, needle, conf, args):
         attn_s = sum(s.get("decode_seconds", 0.0) for s in stats)
         calls = sum(s.get("decode_calls", 0) for s in stats)
         kernel = sum(s.get("decode_kernel_seconds", 0.0) for s in stats)
-        glue_us = (attn_s - kernel) / calls * 1e6 if calls else None
+        # the SparseKVCache's update (the append of each step's K/V) is the
+        # backend's too
+        upd = [layer.stats for layer in getattr(cache, "layers", ()) if hasattr(layer, "stats")]
+        upd_glue = sum(u[1] - u[2] for u in upd)
+        glue_us = (attn_s - kernel + upd_glue) / calls * 1e6 if calls else None
     text = tokenizer.decode(out, skip_special_tokens=True)
     kv_bytes = getattr(cache, "nbytes", None)
     if kv_bytes is None:
@@ -214,8 +222,9 @@ def print_model_table(model, rows, args):
           f"depth {args.depth}; greedy, {args.new_tokens} tokens")
     print("TTFT = prefill of the prompt and the first token; decode = ms per generated token, "
           "median [min–max]; attn = time inside attention per token, all layers (share of "
-          "the step); glue = the backend's Python per layer call outside the C core; RSS = "
-          "peak resident memory of the configuration.\n")
+          "the step); glue = the backend's Python per layer and token outside the C core "
+          "(the attention call and, with a SparseKVCache, its update); RSS = peak resident "
+          "memory of the configuration.\n")
     head = (f"{'tokens':>6} {'config':<16} {'TTFT s':>7} {'decode ms/token [min–max]':>26} "
             f"{'attn ms':>8} {'share':>6} {'glue us':>8} {'RSS MB':>7} {'KV MB':>6} "
             f"{'needle':>6}")

@@ -389,6 +389,7 @@ class SparseKVLayer(CacheLayerMixin):
         self.group_size = ck.check_int("group_size", group_size, minimum=1)
         self.capacity = ck.check_int("capacity", capacity, minimum=1)
         self.kv = None
+        self.stats = [0, 0.0, 0.0]
 
     def lazy_initialization(self, key_states, value_states):
         _check_cpu("key_states", key_states)
@@ -410,15 +411,28 @@ class SparseKVLayer(CacheLayerMixin):
     def update(self, key_states, value_states, *args, **kwargs):
         """Append the new tokens (``[1, Hkv, T, D]``, any float dtype) and
         return the whole layer's K and V (``[1, Hkv, S, D]``: views of the
-        float32 buffers, or q8 placeholders)."""
+        float32 buffers, or q8 placeholders).  ``stats`` keeps the calls, their
+        seconds and the seconds inside the C append."""
+        t0 = time.perf_counter()
         if not self.is_initialized:
             self.lazy_initialization(key_states, value_states)
-        want = (1, self.kv.n_kv_heads, key_states.shape[2], self.kv.head_dim)
-        if tuple(key_states.shape) != want or tuple(value_states.shape) != want:
-            raise UnsupportedError(f"SparseKVCache layer expects K/V of shape {list(want)}, got "
-                                   f"{list(key_states.shape)} and {list(value_states.shape)}")
-        self.kv.append(_new_rows(key_states), _new_rows(value_states))
+        kv = self.kv
+        shape = key_states.shape
+        if not (len(shape) == 4 and shape[0] == 1 and shape[1] == kv.n_kv_heads
+                and shape[3] == kv.head_dim and value_states.shape == shape):
+            want = [1, kv.n_kv_heads, "T", kv.head_dim]
+            raise UnsupportedError(f"SparseKVCache layer expects K/V of shape {want} (one "
+                                   f"shape for both), got {list(key_states.shape)} and "
+                                   f"{list(value_states.shape)}")
+        k, v = _new_rows(key_states), _new_rows(value_states)
+        t1 = time.perf_counter()
+        kv.append(k, v)
+        t2 = time.perf_counter()
         self._handles()
+        st = self.stats
+        st[0] += 1
+        st[1] += time.perf_counter() - t0
+        st[2] += t2 - t1
         return self.keys, self.values
 
     def _handles(self):
@@ -491,8 +505,18 @@ class SparseKVLayer(CacheLayerMixin):
 
 
 def _new_rows(states):
-    """float32 C-contiguous ``[Hkv, T, D]`` numpy array of one update's tokens."""
-    return states[0].detach().to(torch.float32).contiguous().numpy()
+    """float32 C-contiguous ``[Hkv, T, D]`` numpy array of one update's
+    tokens: a view when it is float32 with that layout (one token's K/V from
+    a model's ``transpose(1, 2)``), else a copy."""
+    t = states.detach()
+    if t.dtype != torch.float32:
+        t = t.to(torch.float32)
+    _, h, n, d = t.shape
+    try:
+        a = t.view(h, n, d).numpy()
+    except RuntimeError:
+        return t.reshape(h, n, d).contiguous().numpy()
+    return a if a.flags.c_contiguous else np.ascontiguousarray(a)
 
 
 class SparseKVCache(Cache):
@@ -760,28 +784,26 @@ def sparse_topk_attention(module, query, key, value, attention_mask, scaling=Non
     ``decode_*``.
     """
     t0 = time.perf_counter()
-    settings = module.__dict__.get("sparse_attn") or _settings_of(module)
-    _refuse_unsupported(module, query, key, value, attention_mask, dropout, kwargs)
+    md = module.__dict__
+    settings = md.get("sparse_attn") or _settings_of(module)
+    # One cheap test of everything _refuse_unsupported checks; it runs (and
+    # raises with the reason) only when the test fails.
+    if not (md.get("_sparse_attn_checked") and attention_mask is None and not dropout
+            and query.is_cpu and query.dtype in _QUERY_DTYPES and query.shape[0] == 1
+            and (key.is_cpu or type(key) is _KVPlaceholder)
+            and not ((query.requires_grad or key.requires_grad) and torch.is_grad_enabled())
+            and key.shape[-1] == query.shape[-1] == value.shape[-1]):
+        _refuse_unsupported(module, query, key, value, attention_mask, dropout)
+    if kwargs:
+        _refuse_kwargs(module, kwargs)
     _, n_heads, T, D = query.shape
     if scaling is None:
         scaling = getattr(module, "scaling", None) or 1.0 / math.sqrt(D)
     state = _state(module, settings, key, value)
     S = state.bind(module.layer_idx, key, value, T)
-    q = query.detach()[0]
-    if q.dtype != torch.float32:
-        q = q.to(torch.float32)
     threads = settings.threads
-    decode = T == 1 and S > 1
-    if not decode:
-        sparse = {}
-        if settings.prefill == "sparse" and module.layer_idx not in settings.dense_layers:
-            sparse = settings.decode_kwargs()
-        t1 = time.perf_counter()
-        out = state.prefill(q.contiguous().numpy(), scaling, threads, sparse)
-        t2 = time.perf_counter()
-        out = torch.from_numpy(out).transpose(0, 1).unsqueeze(0)
-    else:
-        qd = q[:, 0].contiguous().numpy()
+    if T == 1 and S > 1:
+        qd = _decode_query(query, n_heads, D)
         dense = module.layer_idx in settings.dense_layers
         t1 = time.perf_counter()
         res = state.decoder(settings, scaling, threads, dense)(qd)
@@ -789,17 +811,41 @@ def sparse_topk_attention(module, query, key, value, attention_mask, scaling=Non
         if dense:
             out = res
         else:
-            out, module.__dict__["sparse_attn_blocks"] = res
+            out, md["sparse_attn_blocks"] = res
             if settings.compare_exact:
                 exact = state.exact(qd, scaling, threads)
                 err = float(np.abs(out - exact).max() / max(np.abs(exact).max(), 1e-30))
-                module.__dict__.setdefault("sparse_attn_errors", []).append(err)
+                md.setdefault("sparse_attn_errors", []).append(err)
         out = torch.from_numpy(out).view(1, 1, n_heads, D)
+    else:
+        q = query.detach()[0]
+        if q.dtype != torch.float32:
+            q = q.to(torch.float32)
+        sparse = {}
+        if settings.prefill == "sparse" and module.layer_idx not in settings.dense_layers:
+            sparse = settings.decode_kwargs()
+        t1 = time.perf_counter()
+        out = state.prefill(q.contiguous().numpy(), scaling, threads, sparse)
+        t2 = time.perf_counter()
+        out = torch.from_numpy(out).transpose(0, 1).unsqueeze(0)
     if out.dtype != query.dtype:
         out = out.to(query.dtype)
     if settings.profile:
-        _record(module, decode, time.perf_counter() - t0, t2 - t1)
+        _record(module, T == 1 and S > 1, time.perf_counter() - t0, t2 - t1)
     return out, None
+
+
+def _decode_query(query, n_heads, D):
+    """``[H, D]`` float32 C-contiguous numpy of a one-token ``[1, H, 1, D]``
+    query: a view when it is float32 with rows D apart (what a model's
+    ``transpose(1, 2)`` of its projection gives), else a copy."""
+    q = query.detach()
+    if q.dtype != torch.float32:
+        q = q.to(torch.float32)
+    try:
+        return q.view(n_heads, D).numpy()
+    except RuntimeError:
+        return q.reshape(n_heads, D).contiguous().numpy()
 
 
 def _record(module, decode, seconds, kernel_seconds):
@@ -815,7 +861,7 @@ def _record(module, decode, seconds, kernel_seconds):
         st["decode_kernel_seconds"] += kernel_seconds
 
 
-def _refuse_unsupported(module, query, key, value, attention_mask, dropout, kwargs):
+def _refuse_unsupported(module, query, key, value, attention_mask, dropout):
     """Raise UnsupportedError for what sparse_topk does not compute.  What
     depends only on the module is checked once per module."""
     if "_sparse_attn_checked" not in module.__dict__:
@@ -845,8 +891,6 @@ def _refuse_unsupported(module, query, key, value, attention_mask, dropout, kwar
             "sparse_topk got a materialised attention mask (a custom 4D mask, padding or "
             "another mask implementation): it computes plain causal attention only; use "
             "attn_implementation='sdpa' for custom masks")
-    if kwargs:
-        _refuse_kwargs(module, kwargs)
     if key.shape[-1] != query.shape[-1] or value.shape[-1] != query.shape[-1]:
         raise UnsupportedError(
             f"sparse_topk needs one head_dim for Q, K and V, got {query.shape[-1]}, "
