@@ -36,7 +36,10 @@ def check_int(name, value, *, minimum=None, maximum=INT_MAX):
     if type(value) is not int and (isinstance(value, (bool, np.bool_)) or
                                    not isinstance(value, numbers.Integral)):
         raise ArgumentTypeError(f"{name} must be an int, got {type(value).__name__}")
-    value = int(value)
+    return _in_range(name, int(value), minimum, maximum)
+
+
+def _in_range(name, value, minimum, maximum):
     if minimum is not None and value < minimum:
         raise ArgumentError(f"{name} must be >= {minimum}, got {value}")
     if maximum is not None and value > maximum:
@@ -59,11 +62,7 @@ def check_float(name, value, *, minimum=None, maximum=None, positive=False):
         raise ArgumentError(f"{name} must be finite, got {value}")
     if positive and not value > 0:
         raise ArgumentError(f"{name} must be > 0, got {value}")
-    if minimum is not None and value < minimum:
-        raise ArgumentError(f"{name} must be >= {minimum}, got {value}")
-    if maximum is not None and value > maximum:
-        raise ArgumentError(f"{name} must be <= {maximum}, got {value}")
-    return value
+    return _in_range(name, value, minimum, maximum)
 
 
 def check_float32(name, value):

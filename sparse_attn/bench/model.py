@@ -25,7 +25,7 @@ import numpy as np
 from sparse_attn.needles import NEEDLES, answer_found, build_prompt, load_model
 from sparse_attn.selection import POLICIES
 
-from .common import log
+from .common import log, pyplot
 
 DEFAULT_CONFIGS = "sdpa;exact;k=32;exact q8;k=32 q8"
 
@@ -243,18 +243,15 @@ def print_model_table(model, rows, args):
         ref = d.get("sdpa")
         if not ref:
             continue
-        parts = [f"{c} {r['decode_ms'] / ref['decode_ms']:.2f}x / {r['ttft_s'] / ref['ttft_s']:.2f}x"
+        parts = [f"{c} {r['decode_ms'] / ref['decode_ms']:.2f}x / "
+                 f"{r['ttft_s'] / ref['ttft_s']:.2f}x"
                  for c, r in d.items() if c != "sdpa"]
         print(f"{length} tokens, decode / TTFT against sdpa: " + ", ".join(parts))
 
 
 def plot_model(rows, path):
-    try:
-        import matplotlib
-        matplotlib.use("Agg")
-        import matplotlib.pyplot as plt
-    except ImportError:
-        log("--plot: matplotlib is not installed; skipping the plot")
+    plt = pyplot()
+    if plt is None:
         return
     fig, axes = plt.subplots(1, 2, figsize=(11, 4))
     for conf in dict.fromkeys(r["config"] for r in rows):

@@ -22,7 +22,7 @@ import numpy as np
 import sparse_attn as sa
 from sparse_attn.selection import selection
 
-from .common import log
+from .common import log, needle_cell, print_grouped
 
 
 def needle_after_sparse_prefill(bases, kb, knobs, args):
@@ -91,7 +91,8 @@ def run_prefill(length, bases, args, torch):
         sdpa = torch.nn.functional.scaled_dot_product_attention
         for tdtype, name in ((torch.float32, "float32"), (torch.bfloat16, "bfloat16")):
             tq = torch.from_numpy(q)[None].to(tdtype)
-            tk, tv = torch.from_numpy(ctx.k)[None].to(tdtype), torch.from_numpy(ctx.v)[None].to(tdtype)
+            tk = torch.from_numpy(ctx.k)[None].to(tdtype)
+            tv = torch.from_numpy(ctx.v)[None].to(tdtype)
 
             def torch_prefill(tq=tq, tk=tk, tv=tv):
                 with torch.inference_mode():
@@ -118,17 +119,12 @@ def print_prefill_table(rows, args):
           "SDPA float32 causal time / this row's (> 1: faster than torch).\n")
     head = (f"{'ctx':>6} {'impl':<12} {'KV':<9} {'config':<6} {'policy':<8} {'needle':>6} "
             f"{'prefill s':>10} {'vs exact':>8} {'vs torch':>8}")
-    print(head)
-    print("-" * len(head))
-    last = None
-    for r in rows:
-        if last is not None and r["length"] != last:
-            print()
-        last = r["length"]
+
+    def line(r):
         cfg = r["config"] if r["config"] == "exact" else f"k={r['config']}"
-        needle = "YES" if r["needle"] == 1 else ("NO" if r["needle"] == 0
-                                                  else f"{r['needle']:.0%}")
         vs = "-" if r["speedup_vs_exact"] is None else f"{r['speedup_vs_exact']:.2f}x"
         vt = "-" if r["vs_torch_f32"] is None else f"{r['vs_torch_f32']:.2f}x"
-        print(f"{r['length']:>6} {r['impl']:<12} {r['dtype']:<9} {cfg:<6} "
-              f"{r['policy'] or '-':<8} {needle:>6} {r['s']:10.2f} {vs:>8} {vt:>8}")
+        return (f"{r['length']:>6} {r['impl']:<12} {r['dtype']:<9} {cfg:<6} "
+                f"{r['policy'] or '-':<8} {needle_cell(r['needle']):>6} {r['s']:10.2f} {vs:>8} "
+                f"{vt:>8}")
+    print_grouped(head, rows, line)

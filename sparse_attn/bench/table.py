@@ -24,7 +24,8 @@ from sparse_attn.q8 import Q8
 from sparse_attn.selection import selection
 from sparse_attn.synthetic import needle_context
 
-from .common import available_memory, distinct_buffers, log, timed
+from .common import (available_memory, distinct_buffers, log, needle_cell, print_grouped, pyplot,
+                     timed)
 
 QWEN3_VL_2B = dict(n_layers=28, n_heads=16, n_kv_heads=8, head_dim=128)
 DEFAULT_LENGTHS = (2061, 4096, 8192, 32768)
@@ -281,21 +282,16 @@ def print_table(rows, args, floor, notes):
     head = (f"{'ctx':>6} {'impl':<12} {'KV':<8} {'config':<6} {'policy':<8} {'needle':>6} "
             f"{'err':>8} {'ms/token [min–max]':>24} {'vs dense':>8} {'MB read':>8} "
             f"{'floor ms':>8} {'x floor':>7}")
-    print(head)
-    print("-" * len(head))
-    last = None
-    for r in rows:
-        if last is not None and r["length"] != last:
-            print()
-        last = r["length"]
+
+    def line(r):
         cfg = r["config"] if r["config"] == "dense" else f"k={r['config']}"
-        needle = "YES" if r["recall"] == 1 else ("NO" if r["recall"] == 0 else f"{r['recall']:.0%}")
         err = "-" if r["rel_err"] is None else f"{r['rel_err']:.1e}"
         vs = "-" if r["speedup_vs_dense"] is None else f"{r['speedup_vs_dense']:.2f}x"
-        print(f"{r['length']:>6} {r['impl']:<12} {r['dtype']:<8} {cfg:<6} {r['policy'] or '-':<8} "
-              f"{needle:>6} {err:>8} "
-              f"{fmt_ms(r):>24} {vs:>8} {r['bytes'] / 1e6:8.1f} {r['floor_ms']:8.2f} "
-              f"{r['x_floor']:7.2f}")
+        return (f"{r['length']:>6} {r['impl']:<12} {r['dtype']:<8} {cfg:<6} "
+                f"{r['policy'] or '-':<8} {needle_cell(r['recall']):>6} {err:>8} "
+                f"{fmt_ms(r):>24} {vs:>8} {r['bytes'] / 1e6:8.1f} {r['floor_ms']:8.2f} "
+                f"{r['x_floor']:7.2f}")
+    print_grouped(head, rows, line)
     if any(r["config"] == "1" and r["recall"] == 0 and r["policy"] == "seed" for r in rows):
         print("\n" + WHY_K1)
     print("baseline rows: 'vs dense' is sparse_attn dense float32 time / baseline time "
@@ -309,12 +305,8 @@ def print_table(rows, args, floor, notes):
 
 
 def plot(rows, path):
-    try:
-        import matplotlib
-        matplotlib.use("Agg")
-        import matplotlib.pyplot as plt
-    except ImportError:
-        log("--plot: matplotlib is not installed; skipping the plot")
+    plt = pyplot()
+    if plt is None:
         return
     fig, ax = plt.subplots(figsize=(8, 5))
     keys = sorted({(r["impl"], r["dtype"], r["config"], r["policy"] or "") for r in rows})
