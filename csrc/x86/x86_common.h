@@ -1,28 +1,43 @@
 /*
  * The x86 kernel bodies, written once for kernels_avx2.c and
  * kernels_avx512_vnni.c, as arm/neon_common.h is for the NEON files.  Each
- * file includes this last, after defining its ISA-specific steps:
+ * file includes this last, after defining its vectors and its ISA-specific
+ * steps:
  *
  *   SA_ISA_ID                 avx2 / avx512_vnni (names: <kernel>_<id>)
- *   SA_VT, sa_vres            tokens per score block (8 / 16) and the vector
- *                             holding their scores
- *   store_scores(dst, cnt, x) the first cnt of SA_VT scores
+ *   SA_VT                     floats per vector (8 / 16), which is also the
+ *                             tokens per score block
+ *   SA_MM(op)                 the intrinsic _mm256_<op> / _mm512_<op>
+ *   sa_vf, sa_vd, sa_vmask    the float vector, the double vector (SA_VT / 2
+ *                             lanes), the mask of a partial vector
+ *   vf_tail(r)                the mask of the first r (0 .. SA_VT) lanes
+ *   vf_load_tail(p, m), vf_store_tail(p, m, x)  masked lanes are neither
+ *                             read nor written (a load gives them 0)
+ *   vf_keep_tail(x, m)        x with the lanes outside m set to 0
+ *   vf_max_tail(mv, p, m)     mv, and the max with p[i] in the lanes of m
+ *   vf_load_s8(p)             SA_VT int8 -> floats (exact)
+ *   hmax_ps(x), hsum_pd(x)    horizontal max of sa_vf / sum of sa_vd, each
+ *                             in a fixed order
+ *   vd_add_ps(s0, s1, x)      x's low and high halves added in double into
+ *                             *s0 and *s1
+ *   vf_round(x), vf_mul_exp2(y, n)  round to the nearest integer; y * 2^n
+ *                             with one rounding (exp_ps)
  *   SA_S_HEADS                heads per score block, at most
- *   scores_f32_block(q, HB, D, rows, res)         HB (1 .. SA_S_HEADS) heads x SA_VT rows
+ *   sum_quads(quad)           the SA_VT / 4 reduce4_ps results of a score
+ *                             block -> its SA_VT scores, token order
  *   q8_takes(gs, D, scale_stride)                 1 if the SIMD q8 dot takes it
  *   scores_q8_tokens(qq, qd, HB, D, gs, rows, srows, kd_t, scale_stride, cnt, res)
  *   SA_V_HEADS                heads per V accumulation block (2 / 4)
- *   accv_f32_heads(out, p, HB, D, v, row_stride, t0, t1)
  *   SA_V_WIDE, accv_f32_wide(out, p, D, v, row_stride, t0, t1)  optional: a
- *                             register tile of SA_V_WIDE heads for many heads
- *   accv_q8_takes(gs)         1 if the SIMD q8 V accumulation takes it
- *   accv_q8_heads(out, p, HB, D, gs, v, vd, row_stride, scale_stride, t0, t1)
- *   softmax_exp_<id>, stream_sum_<id>
+ *                             register tile of SA_V_WIDE heads for many heads;
+ *                             returns the columns it did (the rest go through
+ *                             accv_f32_cols, SA_V_HEADS heads at a time)
  *
- * and it gets the loops over token blocks and head blocks, the prefetch
- * hints spread over them (kernels.h), the portable fallbacks for shapes the
- * SIMD steps do not take, the Quest bound (8-lane FMA tiles, the same code
- * and results on both ISAs), and the table.
+ * and it gets the score blocks (f32), the V tiles (f32 and q8), exp and the
+ * softmax, the loops over token blocks and head blocks, the prefetch hints
+ * spread over them (kernels.h), the portable fallbacks for shapes the SIMD
+ * steps do not take, the Quest bound (8-lane FMA tiles, the same code and
+ * results on both ISAs), the streaming sum, and the table.
  *
  * Batching rule (kernels.h): the steps may share loads between heads and
  * tokens, but the operations that produce one (head, token) result never
@@ -30,6 +45,8 @@
  * unused slots (no read past row n-1) and stores only the valid results, so
  * there is no separate "tail token" path whose rounding could differ.
  * Callers never pass n beyond 2^24 (rows.c), so `t += SA_VT` cannot wrap.
+ * Tails along D use masked loads and stores, so nothing outside [0, D) of a
+ * row or [0, n) of the rows is read or written.
  */
 #ifndef SA_X86_COMMON_H
 #define SA_X86_COMMON_H
@@ -38,21 +55,94 @@
 
 #include "x86_helpers.h"
 
+/* -------------------------------------------------------------------------
+ * scores_f32 and scores_q8: blocks of SA_VT tokens
+ * ---------------------------------------------------------------------- */
+
 /* Row pointers of a block of SA_VT tokens from t: slots past the last valid
  * row repeat it. */
 #define SA_BLOCK_ROWS(rows, base, t, cnt, stride)                                   \
     for (int i_ = 0; i_ < SA_VT; i_++)                                              \
         (rows)[i_] = (base) + (ptrdiff_t)((t) + (i_ < (cnt) ? i_ : (cnt) - 1)) * (stride)
 
-/* V accumulation works on blocks of this many tokens: their rows stay in L1
- * while every slice of D and every head block walks over them. */
-#define V_TOKENS 16
+/* The first cnt of SA_VT scores (a masked store only for a short last
+ * block: vmaskmov stores are slow on AMD). */
+SA_INLINE void store_scores(float *dst, int cnt, sa_vf x)
+{
+    if (cnt == SA_VT)
+        SA_MM(storeu_ps)(dst, x);
+    else
+        vf_store_tail(dst, vf_tail(cnt), x);
+}
+
+/* Four per-token vectors of partial sums -> in each 128-bit lane, lane i is
+ * token i's (x0 + x2) + (x1 + x3) of that lane's four values.  Float: the
+ * order is fixed. */
+SA_INLINE sa_vf reduce4_ps(sa_vf a0, sa_vf a1, sa_vf a2, sa_vf a3)
+{
+#define SA_PD(x) SA_MM(castps_pd)(x)
+    const sa_vf s01 = SA_MM(add_ps)(SA_MM(castpd_ps)(SA_MM(unpacklo_pd)(SA_PD(a0), SA_PD(a1))),
+                                    SA_MM(castpd_ps)(SA_MM(unpackhi_pd)(SA_PD(a0), SA_PD(a1))));
+    const sa_vf s23 = SA_MM(add_ps)(SA_MM(castpd_ps)(SA_MM(unpacklo_pd)(SA_PD(a2), SA_PD(a3))),
+                                    SA_MM(castpd_ps)(SA_MM(unpackhi_pd)(SA_PD(a2), SA_PD(a3))));
+#undef SA_PD
+    return SA_MM(add_ps)(SA_MM(shuffle_ps)(s01, s23, 0x88), SA_MM(shuffle_ps)(s01, s23, 0xDD));
+}
+
+/* HB (1 to SA_S_HEADS) heads x SA_VT rows, in quads of 4 rows.  Each (head,
+ * token) keeps one SA_VT-lane FMA accumulator over D (the D % SA_VT tail
+ * through masked loads: zero lanes add nothing), then reduce4_ps per quad
+ * of tokens and sum_quads.  Per SA_VT channels the heads' query vectors are
+ * loaded first and each row once: SA_S_HEADS heads x 4 rows are that many
+ * independent FMA chains (prefill, where many query rows share the keys);
+ * the arithmetic of one (head, token) is the same for any HB. */
+SA_INLINE void scores_f32_block(const float *q, int HB, int D, const float *const *rows,
+                                sa_vf *res)
+{
+    const int dv = D & ~(SA_VT - 1), rem = D & (SA_VT - 1);
+    const sa_vmask tm = vf_tail(rem);
+    sa_vf quad[SA_S_HEADS][SA_VT / 4];
+    for (int j = 0; j < SA_VT / 4; j++) {
+        const float *const *r = rows + 4 * j;
+        sa_vf acc[SA_S_HEADS][4];
+        for (int h = 0; h < HB; h++)
+            for (int i = 0; i < 4; i++)
+                acc[h][i] = SA_MM(setzero_ps)();
+        for (int d = 0; d < dv; d += SA_VT) {
+            sa_vf qv[SA_S_HEADS];
+            for (int h = 0; h < HB; h++) {
+                qv[h] = SA_MM(loadu_ps)(q + (ptrdiff_t)h * D + d);
+                SA_KEEP(qv[h]);
+            }
+            for (int i = 0; i < 4; i++) {
+                sa_vf kv = SA_MM(loadu_ps)(r[i] + d);
+                SA_KEEP(kv);
+                for (int h = 0; h < HB; h++)
+                    acc[h][i] = SA_MM(fmadd_ps)(qv[h], kv, acc[h][i]);
+            }
+        }
+        if (rem) {
+            sa_vf qv[SA_S_HEADS];
+            for (int h = 0; h < HB; h++)
+                qv[h] = vf_load_tail(q + (ptrdiff_t)h * D + dv, tm);
+            for (int i = 0; i < 4; i++) {
+                const sa_vf kv = vf_load_tail(r[i] + dv, tm);
+                for (int h = 0; h < HB; h++)
+                    acc[h][i] = SA_MM(fmadd_ps)(qv[h], kv, acc[h][i]);
+            }
+        }
+        for (int h = 0; h < HB; h++)
+            quad[h][j] = reduce4_ps(acc[h][0], acc[h][1], acc[h][2], acc[h][3]);
+    }
+    for (int h = 0; h < HB; h++)
+        res[h] = sum_quads(quad[h]);
+}
 
 /* Heads g .. g+HB-1 of one block of SA_VT rows. */
 SA_INLINE void scores_f32_heads(const float *q, int HB, int g, int D, const float *const *rows,
                                 float *const *s, int t, int cnt)
 {
-    sa_vres res[SA_S_HEADS];
+    sa_vf res[SA_S_HEADS];
     scores_f32_block(q + (ptrdiff_t)g * D, HB, D, rows, res);
     for (int h = 0; h < HB; h++)
         store_scores(s[g + h] + t, cnt, res[h]);
@@ -101,14 +191,14 @@ static void SA_FN(scores_q8)(const int8_t *qq, const float *qd, int G, int D, in
         sa_prefetch_part(pf, it, iters);
         int h = 0;
         for (; h + 2 <= G; h += 2) {
-            sa_vres res[2];
+            sa_vf res[2];
             scores_q8_tokens(qq + (ptrdiff_t)h * D, qd + (ptrdiff_t)h * ng, 2, D, gs, rows, srows,
                              kd_t, scale_stride, cnt, res);
             store_scores(s[h] + t, cnt, res[0]);
             store_scores(s[h + 1] + t, cnt, res[1]);
         }
         if (h < G) {
-            sa_vres res[1];
+            sa_vf res[1];
             scores_q8_tokens(qq + (ptrdiff_t)h * D, qd + (ptrdiff_t)h * ng, 1, D, gs, rows, srows,
                              kd_t, scale_stride, cnt, res);
             store_scores(s[h] + t, cnt, res[0]);
@@ -116,10 +206,226 @@ static void SA_FN(scores_q8)(const int8_t *qq, const float *qd, int G, int D, in
     }
 }
 
-/* Group sizes the vector steps do not take: per element the dequantised
- * value, then one fused multiply-add (fmaf is the FMA instruction under
- * this file's target), so the result is still bitwise sa_dequantize_rows
- * followed by accumulate_v_f32 (kernels.h). */
+/* -------------------------------------------------------------------------
+ * softmax_exp
+ * ---------------------------------------------------------------------- */
+
+/* exp(x) for a vector: x = n ln2 + r with |r| <= ln2/2 (Cody-Waite, two
+ * constants), e^r by the Cephes expf polynomial (< 1 ulp on that range),
+ * then times 2^n with a single rounding (vf_mul_exp2: subnormals, 0 and inf
+ * come out right).  x is clamped to [-104, 89] first so r stays small:
+ * e^-104 rounds to 0 and e^89 overflows to inf; never NaN for finite x,
+ * NaN for NaN. */
+SA_INLINE sa_vf exp_ps(sa_vf x)
+{
+    /* constant first: maxps/minps return their second operand when one is
+     * NaN, so a NaN x stays NaN (and its softmax sum NaN, as in portable). */
+    x = SA_MM(min_ps)(SA_MM(set1_ps)(89.0f), SA_MM(max_ps)(SA_MM(set1_ps)(-104.0f), x));
+    const sa_vf n = vf_round(SA_MM(mul_ps)(x, SA_MM(set1_ps)(1.44269504088896341f)));
+    sa_vf r = SA_MM(fnmadd_ps)(n, SA_MM(set1_ps)(0.693359375f), x);
+    r = SA_MM(fnmadd_ps)(n, SA_MM(set1_ps)(-2.12194440e-4f), r);
+    sa_vf y = SA_MM(set1_ps)(1.9875691500e-4f);
+    y = SA_MM(fmadd_ps)(y, r, SA_MM(set1_ps)(1.3981999507e-3f));
+    y = SA_MM(fmadd_ps)(y, r, SA_MM(set1_ps)(8.3334519073e-3f));
+    y = SA_MM(fmadd_ps)(y, r, SA_MM(set1_ps)(4.1665795894e-2f));
+    y = SA_MM(fmadd_ps)(y, r, SA_MM(set1_ps)(1.6666665459e-1f));
+    y = SA_MM(fmadd_ps)(y, r, SA_MM(set1_ps)(5.0000001201e-1f));
+    y = SA_MM(fmadd_ps)(y, SA_MM(mul_ps)(r, r), r);
+    y = SA_MM(add_ps)(y, SA_MM(set1_ps)(1.0f));
+    return vf_mul_exp2(y, n);
+}
+
+/* Two passes: the max, then exp(scale * (s - max)) written back while the
+ * sum runs in double lanes (as accurate as the portable double sum), reduced
+ * in a fixed order. */
+static float SA_FN(softmax_exp)(float *s, int n, float scale)
+{
+    if (n <= 0)
+        return 0.0f;
+    const int nv = n & ~(SA_VT - 1), rem = n & (SA_VT - 1);
+    const sa_vmask tm = vf_tail(rem);
+    sa_vf mv = SA_MM(set1_ps)(-__builtin_inff());
+    for (int t = 0; t < nv; t += SA_VT)
+        mv = SA_MM(max_ps)(mv, SA_MM(loadu_ps)(s + t));
+    if (rem)
+        mv = vf_max_tail(mv, s + nv, tm);
+    const float m = hmax_ps(mv);
+
+    const sa_vf vs = SA_MM(set1_ps)(scale), vm = SA_MM(set1_ps)(m);
+    sa_vd sum0 = SA_MM(setzero_pd)(), sum1 = SA_MM(setzero_pd)();
+    for (int t = 0; t < nv; t += SA_VT) {
+        const sa_vf e = exp_ps(SA_MM(mul_ps)(vs, SA_MM(sub_ps)(SA_MM(loadu_ps)(s + t), vm)));
+        SA_MM(storeu_ps)(s + t, e);
+        vd_add_ps(&sum0, &sum1, e);
+    }
+    if (rem) {
+        const sa_vf x = vf_load_tail(s + nv, tm);
+        const sa_vf e = vf_keep_tail(exp_ps(SA_MM(mul_ps)(vs, SA_MM(sub_ps)(x, vm))), tm);
+        vf_store_tail(s + nv, tm, e);
+        vd_add_ps(&sum0, &sum1, e); /* unused lanes add 0 */
+    }
+    return (float)hsum_pd(SA_MM(add_pd)(sum0, sum1));
+}
+
+/* -------------------------------------------------------------------------
+ * accumulate_v_f32
+ * ---------------------------------------------------------------------- */
+
+/* V accumulation works on blocks of this many tokens: their rows stay in L1
+ * while every slice of D and every head block walks over them. */
+#define V_TOKENS 16
+
+/* out[h][d .. d + SA_VT*NC) for HB heads over tokens [t0, t1): accumulators
+ * stay in registers, one FMA per (head, SA_VT lanes, token) in token order.
+ * The last vector is masked by tm when `masked`. */
+SA_INLINE void accv_f32_tile(float *const *out, const float *const *p, int HB, int NC,
+                             int masked, sa_vmask tm, const float *v, ptrdiff_t row_stride,
+                             int t0, int t1, int d)
+{
+    sa_vf acc[SA_V_HEADS][4];
+    for (int h = 0; h < HB; h++)
+        for (int c = 0; c < NC; c++)
+            acc[h][c] = masked && c == NC - 1 ? vf_load_tail(out[h] + d + SA_VT * c, tm)
+                                              : SA_MM(loadu_ps)(out[h] + d + SA_VT * c);
+    for (int t = t0; t < t1; t++) {
+        const float *row = v + (ptrdiff_t)t * row_stride + d;
+        sa_vf vv[4];
+        for (int c = 0; c < NC; c++)
+            vv[c] = masked && c == NC - 1 ? vf_load_tail(row + SA_VT * c, tm)
+                                          : SA_MM(loadu_ps)(row + SA_VT * c);
+        for (int h = 0; h < HB; h++) {
+            const sa_vf w = SA_MM(set1_ps)(p[h][t]);
+            for (int c = 0; c < NC; c++)
+                acc[h][c] = SA_MM(fmadd_ps)(w, vv[c], acc[h][c]);
+        }
+    }
+    for (int h = 0; h < HB; h++)
+        for (int c = 0; c < NC; c++) {
+            if (masked && c == NC - 1)
+                vf_store_tail(out[h] + d + SA_VT * c, tm, acc[h][c]);
+            else
+                SA_MM(storeu_ps)(out[h] + d + SA_VT * c, acc[h][c]);
+        }
+}
+
+/* Columns [d, D) for HB heads: tiles of 4 vectors, then single vectors,
+ * then the masked remainder. */
+SA_INLINE void accv_f32_cols(float *const *out, const float *const *p, int HB, int d, int D,
+                             const float *v, ptrdiff_t row_stride, int t0, int t1)
+{
+    const sa_vmask none = vf_tail(0); /* unused by the unmasked tiles */
+    for (; d + 4 * SA_VT <= D; d += 4 * SA_VT)
+        accv_f32_tile(out, p, HB, 4, 0, none, v, row_stride, t0, t1, d);
+    for (; d + SA_VT <= D; d += SA_VT)
+        accv_f32_tile(out, p, HB, 1, 0, none, v, row_stride, t0, t1, d);
+    if (d < D)
+        accv_f32_tile(out, p, HB, 1, 1, vf_tail(D - d), v, row_stride, t0, t1, d);
+}
+
+/* Blocks of V_TOKENS tokens, all of D and all heads per block (SA_V_WIDE,
+ * SA_V_HEADS, then pairs, then one), tokens in order into each accumulator. */
+static void SA_FN(accumulate_v_f32)(float *const *out, const float *const *p, int G, int D,
+                                    const float *v, ptrdiff_t row_stride, int n,
+                                    const sa_prefetch *pf)
+{
+    const int iters = (n + V_TOKENS - 1) / V_TOKENS;
+    for (int t0 = 0, it = 0; t0 < n; t0 += V_TOKENS, it++) {
+        const int t1 = n - t0 < V_TOKENS ? n : t0 + V_TOKENS;
+        sa_prefetch_part(pf, it, iters);
+        int g = 0;
+#ifdef SA_V_WIDE
+        for (; g + SA_V_WIDE <= G; g += SA_V_WIDE) {
+            const int d = accv_f32_wide(out + g, p + g, D, v, row_stride, t0, t1);
+            if (d < D)
+                for (int h = g; h < g + SA_V_WIDE; h += SA_V_HEADS)
+                    accv_f32_cols(out + h, p + h, SA_V_HEADS, d, D, v, row_stride, t0, t1);
+        }
+#endif
+        for (; g + SA_V_HEADS <= G; g += SA_V_HEADS)
+            accv_f32_cols(out + g, p + g, SA_V_HEADS, 0, D, v, row_stride, t0, t1);
+        for (; g + 2 <= G; g += 2)
+            accv_f32_cols(out + g, p + g, 2, 0, D, v, row_stride, t0, t1);
+        if (g < G)
+            accv_f32_cols(out + g, p + g, 1, 0, D, v, row_stride, t0, t1);
+    }
+}
+
+/* -------------------------------------------------------------------------
+ * accumulate_v_q8
+ * ---------------------------------------------------------------------- */
+
+/* SA_VT int8 of a V row times their group's scale: the dequantised floats
+ * (one rounding, as sa_dequantize_rows). */
+#define SA_DQ(row, rd, g) SA_MM(mul_ps)(SA_MM(set1_ps)((rd)[g]), vf_load_s8(row))
+
+/* out[h][d .. d + 4*SA_VT) for HB (1 to SA_V_HEADS) heads over tokens
+ * [t0, t1).  gs is a multiple of SA_VT, so each vector lies in one group;
+ * each token's 4*SA_VT values are dequantised once for the heads, then
+ * added as accv_f32_tile adds a float row.  Called with constant HB, so the
+ * accumulators stay in registers. */
+SA_INLINE void accv_q8_tile4(float *const *out, const float *const *p, int HB, int gs,
+                             const int8_t *v, const float *vd, ptrdiff_t row_stride,
+                             ptrdiff_t scale_stride, int t0, int t1, int d)
+{
+    const int g0 = d / gs, g1 = (d + SA_VT) / gs, g2 = (d + 2 * SA_VT) / gs;
+    const int g3 = (d + 3 * SA_VT) / gs;
+    sa_vf a0[SA_V_HEADS], a1[SA_V_HEADS], a2[SA_V_HEADS], a3[SA_V_HEADS];
+    for (int h = 0; h < HB; h++) {
+        const float *o = out[h] + d;
+        a0[h] = SA_MM(loadu_ps)(o), a1[h] = SA_MM(loadu_ps)(o + SA_VT);
+        a2[h] = SA_MM(loadu_ps)(o + 2 * SA_VT), a3[h] = SA_MM(loadu_ps)(o + 3 * SA_VT);
+    }
+    for (int t = t0; t < t1; t++) {
+        const int8_t *row = v + (ptrdiff_t)t * row_stride + d;
+        const float *rd = vd + (ptrdiff_t)t * scale_stride;
+        const sa_vf v0 = SA_DQ(row, rd, g0), v1 = SA_DQ(row + SA_VT, rd, g1);
+        const sa_vf v2 = SA_DQ(row + 2 * SA_VT, rd, g2), v3 = SA_DQ(row + 3 * SA_VT, rd, g3);
+        for (int h = 0; h < HB; h++) {
+            const sa_vf w = SA_MM(set1_ps)(p[h][t]);
+            a0[h] = SA_MM(fmadd_ps)(w, v0, a0[h]);
+            a1[h] = SA_MM(fmadd_ps)(w, v1, a1[h]);
+            a2[h] = SA_MM(fmadd_ps)(w, v2, a2[h]);
+            a3[h] = SA_MM(fmadd_ps)(w, v3, a3[h]);
+        }
+    }
+    for (int h = 0; h < HB; h++) {
+        float *o = out[h] + d;
+        SA_MM(storeu_ps)(o, a0[h]), SA_MM(storeu_ps)(o + SA_VT, a1[h]);
+        SA_MM(storeu_ps)(o + 2 * SA_VT, a2[h]), SA_MM(storeu_ps)(o + 3 * SA_VT, a3[h]);
+    }
+}
+
+/* The same for one vector (D % (4*SA_VT) leftovers). */
+SA_INLINE void accv_q8_tile1(float *const *out, const float *const *p, int HB, int gs,
+                             const int8_t *v, const float *vd, ptrdiff_t row_stride,
+                             ptrdiff_t scale_stride, int t0, int t1, int d)
+{
+    const int g0 = d / gs;
+    for (int h = 0; h < HB; h++) {
+        sa_vf a = SA_MM(loadu_ps)(out[h] + d);
+        for (int t = t0; t < t1; t++)
+            a = SA_MM(fmadd_ps)(SA_MM(set1_ps)(p[h][t]),
+                                SA_DQ(v + (ptrdiff_t)t * row_stride + d,
+                                      vd + (ptrdiff_t)t * scale_stride, g0), a);
+        SA_MM(storeu_ps)(out[h] + d, a);
+    }
+}
+
+SA_INLINE void accv_q8_heads(float *const *out, const float *const *p, int HB, int D, int gs,
+                             const int8_t *v, const float *vd, ptrdiff_t row_stride,
+                             ptrdiff_t scale_stride, int t0, int t1)
+{
+    int d = 0;
+    for (; d + 4 * SA_VT <= D; d += 4 * SA_VT)
+        accv_q8_tile4(out, p, HB, gs, v, vd, row_stride, scale_stride, t0, t1, d);
+    for (; d < D; d += SA_VT)
+        accv_q8_tile1(out, p, HB, gs, v, vd, row_stride, scale_stride, t0, t1, d);
+}
+
+/* Group sizes the vector steps do not take (not a multiple of SA_VT): per
+ * element the dequantised value, then one fused multiply-add (fmaf is the
+ * FMA instruction under this file's target), so the result is still
+ * bitwise sa_dequantize_rows followed by accumulate_v_f32 (kernels.h). */
 static void accv_q8_scalar(float *const *out, const float *const *p, int G, int D, int gs,
                            const int8_t *v, const float *vd, ptrdiff_t row_stride,
                            ptrdiff_t scale_stride, int n, const sa_prefetch *pf)
@@ -137,36 +443,12 @@ static void accv_q8_scalar(float *const *out, const float *const *p, int G, int 
     }
 }
 
-/* Blocks of V_TOKENS tokens, all of D and all heads per block (SA_V_HEADS,
- * then pairs, then one), tokens in order into each accumulator. */
-static void SA_FN(accumulate_v_f32)(float *const *out, const float *const *p, int G, int D,
-                                    const float *v, ptrdiff_t row_stride, int n,
-                                    const sa_prefetch *pf)
-{
-    const int iters = (n + V_TOKENS - 1) / V_TOKENS;
-    for (int t0 = 0, it = 0; t0 < n; t0 += V_TOKENS, it++) {
-        const int t1 = n - t0 < V_TOKENS ? n : t0 + V_TOKENS;
-        sa_prefetch_part(pf, it, iters);
-        int g = 0;
-#ifdef SA_V_WIDE
-        for (; g + SA_V_WIDE <= G; g += SA_V_WIDE)
-            accv_f32_wide(out + g, p + g, D, v, row_stride, t0, t1);
-#endif
-        for (; g + SA_V_HEADS <= G; g += SA_V_HEADS)
-            accv_f32_heads(out + g, p + g, SA_V_HEADS, D, v, row_stride, t0, t1);
-        for (; g + 2 <= G; g += 2)
-            accv_f32_heads(out + g, p + g, 2, D, v, row_stride, t0, t1);
-        if (g < G)
-            accv_f32_heads(out + g, p + g, 1, D, v, row_stride, t0, t1);
-    }
-}
-
 static void SA_FN(accumulate_v_q8)(float *const *out, const float *const *p, int G, int D,
                                    int gs, const int8_t *v, const float *vd,
                                    ptrdiff_t row_stride, ptrdiff_t scale_stride, int n,
                                    const sa_prefetch *pf)
 {
-    if (!accv_q8_takes(gs)) {
+    if (gs % SA_VT != 0) {
         accv_q8_scalar(out, p, G, D, gs, v, vd, row_stride, scale_stride, n, pf);
         return;
     }
@@ -184,6 +466,10 @@ static void SA_FN(accumulate_v_q8)(float *const *out, const float *const *p, int
             accv_q8_heads(out + g, p + g, 1, D, gs, v, vd, row_stride, scale_stride, t0, t1);
     }
 }
+
+/* -------------------------------------------------------------------------
+ * minmax_scores
+ * ---------------------------------------------------------------------- */
 
 /* Quest's bound (spec §6): up to 4 blocks for one head, q- * lo and q+ * hi
  * accumulated by FMA in separate chains per block, so the 4 blocks' 8 chains
@@ -237,6 +523,13 @@ static void SA_FN(minmax_scores)(const float *qp, const float *qn, int G, int D,
                          sc + (ptrdiff_t)b * sc_stride, block_stride, sc_stride, cnt, s[h] + b);
     }
 }
+
+/* -------------------------------------------------------------------------
+ * stream_sum: the bandwidth probe, vector loads into four accumulators.
+ * ---------------------------------------------------------------------- */
+
+#define SA_STREAM_BYTES (SA_VT * 4)
+#include "../stream_sum.h"
 
 SA_DEFINE_KERNELS_OF(SA_ISA_ID);
 

@@ -32,4 +32,20 @@ SA_INLINE float hsum8_ps(__m256 v)
     return _mm_cvtss_f32(_mm_add_ss(x, _mm_movehdup_ps(x)));
 }
 
+/* Maximum of 8 lanes, the same tree (maxps returns its second operand when
+ * one is NaN, so a NaN lane survives). */
+SA_INLINE float hmax8_ps(__m256 v)
+{
+    __m128 x = _mm_max_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+    x = _mm_max_ps(x, _mm_movehl_ps(x, x));
+    return _mm_cvtss_f32(_mm_max_ss(x, _mm_movehdup_ps(x)));
+}
+
+/* Sum of 4 double lanes: (l0 + l2) + (l1 + l3). */
+SA_INLINE double hsum4_pd(__m256d v)
+{
+    const __m128d x = _mm_add_pd(_mm256_castpd256_pd128(v), _mm256_extractf128_pd(v, 1));
+    return _mm_cvtsd_f64(_mm_add_sd(x, _mm_unpackhi_pd(x, x)));
+}
+
 #endif
