@@ -273,6 +273,11 @@ class KVCache:
         if k.shape[1] != v.shape[1]:
             raise ArgumentError(f"k and v must append the same number of tokens, got "
                                 f"{k.shape[1]} and {v.shape[1]}")
+        self._append_arrays(k, v)
+
+    def _append_arrays(self, k, v):
+        """append() after its checks: k and v float32 C-contiguous aligned
+        ``[n_kv_heads, T, head_dim]`` of one T (the C call scans the values)."""
         T = k.shape[1]
         if T == 0:
             return

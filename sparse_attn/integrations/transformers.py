@@ -426,7 +426,7 @@ class SparseKVLayer(CacheLayerMixin):
                                    f"{list(value_states.shape)}")
         k, v = _new_rows(key_states), _new_rows(value_states)
         t1 = time.perf_counter()
-        kv.append(k, v)
+        kv._append_arrays(k, v)     # _new_rows made them what append() checks for
         t2 = time.perf_counter()
         self._handles()
         st = self.stats
@@ -508,7 +508,7 @@ def _new_rows(states):
     """float32 C-contiguous ``[Hkv, T, D]`` numpy array of one update's
     tokens: a view when it is float32 with that layout (one token's K/V from
     a model's ``transpose(1, 2)``), else a copy."""
-    t = states.detach()
+    t = states.detach() if states.requires_grad else states
     if t.dtype != torch.float32:
         t = t.to(torch.float32)
     _, h, n, d = t.shape
