@@ -173,8 +173,11 @@ _SPEC_KNOBS = {
 def parse_policy(spec):
     """A policy of the command line: ``name`` of a preset, or
     ``name:key=value,key=value`` over selection knobs (``dense_layers=0+1``
-    for the transformers backend).  Returns (name, knobs), knobs checked
-    by resolving them once; raises ArgumentError naming what is wrong."""
+    for the transformers backend), over the preset ``name`` if it is one,
+    else over ``seed``.  Returns (label, knobs): the knobs in full (the
+    preset's, then the ones given), checked by resolving them once; the
+    label is ``name``, or the whole spec for a preset changed by knobs.
+    Raises ArgumentError naming what is wrong."""
     name, _, rest = spec.strip().partition(":")
     if not rest:
         ck.check_choice("policy", name, POLICIES)
@@ -192,4 +195,6 @@ def parse_policy(spec):
                                 f"{key}") from None
     base = name if name in POLICIES else "seed"
     selection(base, **{k: v for k, v in knobs.items() if k != "dense_layers"})
-    return name, knobs
+    # the knobs over the base preset, in full: callers pass them on without
+    # the name, and a preset changed by knobs is labelled by the whole spec
+    return (spec.strip() if name in POLICIES else name), dict(POLICIES[base], **knobs)

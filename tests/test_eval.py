@@ -17,14 +17,18 @@ def test_parse_policy_presets_and_knob_lists():
                         "scoring=minmax,recency=false")
     assert name == "mine"
     assert knobs == dict(importance_fraction=0.25, sink_blocks=2, share="group",
-                         scoring="minmax", recency=False)
+                         scoring="minmax", recency=False, n_probe=8)
+    # a preset changed by knobs keeps the preset's other knobs and is
+    # labelled by the whole spec
+    assert parse("recall:sink_blocks=1") == ("recall:sink_blocks=1",
+                                             dict(sa.POLICIES["recall"], sink_blocks=1))
     with pytest.raises(sa.ArgumentError, match="policy must be one of"):
         parse("turbo")
     with pytest.raises(sa.ArgumentError, match="unknown knob 'k_blocks'"):
         parse("x:k_blocks=3")
-    assert parse("x:n_probe=all,dense_layers=0+2") == ("x", dict(n_probe="all",
-                                                                 dense_layers=(0, 2)))
-    assert parse("x:n_probe=16")[1] == dict(n_probe=16)
+    assert parse("x:n_probe=all,dense_layers=0+2") == (
+        "x", dict(sa.POLICIES["seed"], n_probe="all", dense_layers=(0, 2)))
+    assert parse("x:n_probe=16")[1] == dict(sa.POLICIES["seed"], n_probe=16)
     with pytest.raises(sa.ArgumentError, match="dense_layers='first' is not a valid"):
         parse("x:dense_layers=first")
     with pytest.raises(sa.ArgumentError, match="share must be one of"):
