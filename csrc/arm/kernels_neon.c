@@ -13,11 +13,10 @@
 
 #include "../kernels.h"
 #define SA_ISA_ID neon
-#include "neon_common.h"
 
 /* One group of gs int8 values (gs a multiple of 8): 16 per step, then an
  * 8-wide step when gs % 16 == 8. */
-static inline int32x4_t q8_group_dot_neon(const int8_t *a, const int8_t *b, int gs)
+static inline int32x4_t q8_group_dot(const int8_t *a, const int8_t *b, int gs)
 {
     int32x4_t acc = vdupq_n_s32(0);
     int i = 0;
@@ -31,18 +30,6 @@ static inline int32x4_t q8_group_dot_neon(const int8_t *a, const int8_t *b, int 
     return acc;
 }
 
-static void SA_FN(scores_q8)(const int8_t *qq, const float *qd, int G, int D, int gs,
-                           const int8_t *k, const float *kd, ptrdiff_t row_stride,
-                           ptrdiff_t scale_stride, int n, float *const *s, const sa_prefetch *pf)
-{
-    /* The default group size gets a copy of its own, with the group's dot
-     * unrolled and the query loads shared by the four tokens; same results. */
-    if (gs == 32)
-        q8_scores_body(qq, qd, G, D, 32, k, kd, row_stride, scale_stride, n, s, pf, q8_group_dot_neon);
-    else
-        q8_scores_body(qq, qd, G, D, gs, k, kd, row_stride, scale_stride, n, s, pf, q8_group_dot_neon);
-}
-
-SA_DEFINE_KERNELS(neon);
+#include "neon_common.h"
 
 #endif

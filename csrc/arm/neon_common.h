@@ -2,11 +2,18 @@
  * NEON kernel bodies shared by kernels_neon.c and kernels_neon_dotprod.c.
  *
  * Everything here uses base ARMv8-A Advanced SIMD only.  The one step that
- * differs between the two files, the int8 dot of one q8 group, comes in as
- * a function argument of the always-inlined q8 score body, so each file
- * compiles its own copy for its own target (the dotprod file includes this
- * header after its `#pragma GCC target`).  All functions are static and
- * named <kernel>_<SA_ISA_ID> (SA_FN), the including file's ISA.
+ * differs between the two files, the int8 dot of one q8 group, is the
+ * including file's inline function
+ *
+ *   int32x4_t q8_group_dot(const int8_t *a, const int8_t *b, int gs)
+ *
+ * an int32x4 whose four lanes add up to sum_i a[i] * b[i] over one group of
+ * gs int8 values (gs a multiple of 8; integer sums are exact, so how the
+ * lanes split the work is free).  Each file defines it and SA_ISA_ID, then
+ * includes this header, so it compiles its own copy of every body for its
+ * own target (the dotprod file after its `#pragma GCC target`).  All
+ * functions are static and named <kernel>_<SA_ISA_ID> (SA_FN), and the
+ * table is defined at the end.
  *
  * The rules every body follows (kernels.h):
  *  - The operations that produce one (query head, token) result never depend
@@ -31,6 +38,13 @@
 #include <string.h>
 
 #define SA_INLINE static inline __attribute__((always_inline))
+
+/* Group sizes the vector paths do not take (not a multiple of 8): the
+ * scalar loops, with the fused multiply-add of the vector paths
+ * (scores_q8_scalar, accumulate_v_q8_scalar, minmax_scores_scalar). */
+#define SA_MULADD(a, b, c) fmaf((a), (b), (c))
+#define SA_SCALAR_FN(kernel) kernel##_scalar
+#include "../scalar_kernels.h"
 
 /* ------------------------------------------------------------------ */
 /* scores_f32                                                           */
@@ -94,8 +108,26 @@ SA_INLINE void f32_tile(const float *const qh[2], int NH, const float *const kt[
     }
 }
 
-/* Four tokens, then single tokens; inside, heads in pairs then a single
- * head, so every K row loaded for a token block serves all G heads. */
+/* Every head against the NT (1 or 4) rows kt: pairs of heads, then a
+ * single head. */
+SA_INLINE void f32_rows(const float *q, int G, int D, const float *const kt[4], int NT,
+                        float *const *s, int t)
+{
+    int g = 0;
+    for (; g + 2 <= G; g += 2) {
+        const float *qh[2] = {q + (ptrdiff_t)g * D, q + (ptrdiff_t)(g + 1) * D};
+        float *const sh[2] = {s[g], s[g + 1]};
+        f32_tile(qh, 2, kt, NT, D, sh, t);
+    }
+    if (g < G) {
+        const float *qh[2] = {q + (ptrdiff_t)g * D, NULL};
+        float *const sh[2] = {s[g], NULL};
+        f32_tile(qh, 1, kt, NT, D, sh, t);
+    }
+}
+
+/* Four tokens, then single tokens, so every K row loaded for a token block
+ * serves all G heads. */
 static void SA_FN(scores_f32)(const float *q, int G, int D, const float *k,
                               ptrdiff_t row_stride, int n, float *const *s,
                               const sa_prefetch *pf)
@@ -106,33 +138,13 @@ static void SA_FN(scores_f32)(const float *q, int G, int D, const float *k,
         sa_prefetch_part(pf, t / 4, parts);
         const float *kt[4] = {k + t * row_stride, k + (t + 1) * row_stride,
                               k + (t + 2) * row_stride, k + (t + 3) * row_stride};
-        int g = 0;
-        for (; g + 2 <= G; g += 2) {
-            const float *qh[2] = {q + (ptrdiff_t)g * D, q + (ptrdiff_t)(g + 1) * D};
-            float *const sh[2] = {s[g], s[g + 1]};
-            f32_tile(qh, 2, kt, 4, D, sh, t);
-        }
-        if (g < G) {
-            const float *qh[2] = {q + (ptrdiff_t)g * D, NULL};
-            float *const sh[2] = {s[g], NULL};
-            f32_tile(qh, 1, kt, 4, D, sh, t);
-        }
+        f32_rows(q, G, D, kt, 4, s, t);
     }
     if (t < n)
         sa_prefetch_part(pf, t / 4, parts);
     for (; t < n; t++) {
         const float *kt[4] = {k + t * row_stride, NULL, NULL, NULL};
-        int g = 0;
-        for (; g + 2 <= G; g += 2) {
-            const float *qh[2] = {q + (ptrdiff_t)g * D, q + (ptrdiff_t)(g + 1) * D};
-            float *const sh[2] = {s[g], s[g + 1]};
-            f32_tile(qh, 2, kt, 1, D, sh, t);
-        }
-        if (g < G) {
-            const float *qh[2] = {q + (ptrdiff_t)g * D, NULL};
-            float *const sh[2] = {s[g], NULL};
-            f32_tile(qh, 1, kt, 1, D, sh, t);
-        }
+        f32_rows(q, G, D, kt, 1, s, t);
     }
 }
 
@@ -140,36 +152,13 @@ static void SA_FN(scores_f32)(const float *q, int G, int D, const float *k,
 /* scores_q8                                                            */
 /* ------------------------------------------------------------------ */
 
-/* The ISA-specific step: an int32x4 whose four lanes add up to
- * sum_i a[i] * b[i] over one group of gs int8 values (gs a multiple of 8).
- * Integer sums are exact, so how the lanes split the work is free. */
-typedef int32x4_t (*q8_group_dot_fn)(const int8_t *a, const int8_t *b, int gs);
-
-/* Any group size: the portable arithmetic, one pair at a time, with the
- * same float step as the vector path below (fma of the group sum with the
- * product of the two scales). */
-static void q8_scores_scalar(const int8_t *qq, const float *qd, int G, int D, int gs,
-                             const int8_t *k, const float *kd, ptrdiff_t row_stride,
-                             ptrdiff_t scale_stride, int n, float *const *s,
-                             const sa_prefetch *pf)
+/* Rows t .. t+3 of q8 rows x and their scale rows. */
+SA_INLINE void q8_rows4(const int8_t *x, const float *xd, ptrdiff_t row_stride,
+                        ptrdiff_t scale_stride, int t, const int8_t *r[4], const float *rd[4])
 {
-    const int ng = D / gs;
-    for (int t = 0; t < n; t++) {
-        sa_prefetch_part(pf, t, n);
-        const int8_t *row = k + t * row_stride;
-        const float *rd = kd + t * scale_stride;
-        for (int g = 0; g < G; g++) {
-            const int8_t *a = qq + (ptrdiff_t)g * D;
-            const float *ad = qd + (ptrdiff_t)g * ng;
-            float acc = 0.0f;
-            for (int grp = 0; grp < ng; grp++) {
-                int32_t isum = 0;
-                for (int i = grp * gs; i < (grp + 1) * gs; i++)
-                    isum += (int32_t)a[i] * (int32_t)row[i];
-                acc = fmaf((float)isum, ad[grp] * rd[grp], acc);
-            }
-            s[g][t] = acc;
-        }
+    for (int j = 0; j < 4; j++) {
+        r[j] = x + (t + j) * row_stride;
+        rd[j] = xd + (t + j) * scale_stride;
     }
 }
 
@@ -182,10 +171,10 @@ static void q8_scores_scalar(const int8_t *qq, const float *qd, int G, int D, in
 SA_INLINE void q8_scores_body(const int8_t *qq, const float *qd, int G, int D, int gs,
                               const int8_t *k, const float *kd, ptrdiff_t row_stride,
                               ptrdiff_t scale_stride, int n, float *const *s,
-                              const sa_prefetch *pf, q8_group_dot_fn group_dot)
+                              const sa_prefetch *pf)
 {
     if (gs % 8) {
-        q8_scores_scalar(qq, qd, G, D, gs, k, kd, row_stride, scale_stride, n, s, pf);
+        scores_q8_scalar(qq, qd, G, D, gs, k, kd, row_stride, scale_stride, n, s, pf);
         return;
     }
     const int ng = D / gs, parts = (n + 3) / 4;
@@ -194,19 +183,16 @@ SA_INLINE void q8_scores_body(const int8_t *qq, const float *qd, int G, int D, i
         sa_prefetch_part(pf, t / 4, parts);
         const int8_t *r[4];
         const float *rd[4];
-        for (int j = 0; j < 4; j++) {
-            r[j] = k + (t + j) * row_stride;
-            rd[j] = kd + (t + j) * scale_stride;
-        }
+        q8_rows4(k, kd, row_stride, scale_stride, t, r, rd);
         for (int g = 0; g < G; g++) {
             const int8_t *a = qq + (ptrdiff_t)g * D;
             const float *ad = qd + (ptrdiff_t)g * ng;
             float32x4_t acc = vdupq_n_f32(0.0f);
             for (int grp = 0, i0 = 0; grp < ng; grp++, i0 += gs) {
-                const int32x4_t p01 = vpaddq_s32(group_dot(a + i0, r[0] + i0, gs),
-                                                 group_dot(a + i0, r[1] + i0, gs));
-                const int32x4_t p23 = vpaddq_s32(group_dot(a + i0, r[2] + i0, gs),
-                                                 group_dot(a + i0, r[3] + i0, gs));
+                const int32x4_t p01 = vpaddq_s32(q8_group_dot(a + i0, r[0] + i0, gs),
+                                                 q8_group_dot(a + i0, r[1] + i0, gs));
+                const int32x4_t p23 = vpaddq_s32(q8_group_dot(a + i0, r[2] + i0, gs),
+                                                 q8_group_dot(a + i0, r[3] + i0, gs));
                 const int32x4_t isum = vpaddq_s32(p01, p23);
                 const float32x4_t dk = {rd[0][grp], rd[1][grp], rd[2][grp], rd[3][grp]};
                 acc = vfmaq_f32(acc, vcvtq_f32_s32(isum), vmulq_n_f32(dk, ad[grp]));
@@ -224,12 +210,25 @@ SA_INLINE void q8_scores_body(const int8_t *qq, const float *qd, int G, int D, i
             const float *ad = qd + (ptrdiff_t)g * ng;
             float acc = 0.0f;
             for (int grp = 0, i0 = 0; grp < ng; grp++, i0 += gs) {
-                const int32_t isum = vaddvq_s32(group_dot(a + i0, row + i0, gs));
+                const int32_t isum = vaddvq_s32(q8_group_dot(a + i0, row + i0, gs));
                 acc = fmaf((float)isum, rd[grp] * ad[grp], acc);
             }
             s[g][t] = acc;
         }
     }
+}
+
+static void SA_FN(scores_q8)(const int8_t *qq, const float *qd, int G, int D, int gs,
+                             const int8_t *k, const float *kd, ptrdiff_t row_stride,
+                             ptrdiff_t scale_stride, int n, float *const *s,
+                             const sa_prefetch *pf)
+{
+    /* The default group size gets a copy of its own, with the group's dot
+     * unrolled and the query loads shared by the four tokens; same results. */
+    if (gs == 32)
+        q8_scores_body(qq, qd, G, D, 32, k, kd, row_stride, scale_stride, n, s, pf);
+    else
+        q8_scores_body(qq, qd, G, D, gs, k, kd, row_stride, scale_stride, n, s, pf);
 }
 
 /* ------------------------------------------------------------------ */
@@ -321,6 +320,41 @@ SA_INLINE float32x4_t fma_4tokens(float32x4_t o, float32x4_t w, float32x4_t r0,
     return vfmaq_laneq_f32(o, r3, w, 3);
 }
 
+/* out[g][d .. d + 4*NV) for every head, from NV (1, 2 or 4, constant)
+ * vectors of each of the four tokens t .. t+3 (f[j]: token t+j), loaded
+ * once for all heads: the heads' weights of the four tokens in one
+ * register, fma_4tokens. */
+SA_INLINE void add_4tokens(float *const *out, const float *const *p, int G, int t, int d, int NV,
+                           float32x4_t f[4][4])
+{
+    for (int g = 0; g < G; g++) {
+        const float32x4_t w = vld1q_f32(p[g] + t);
+        float *o = out[g] + d;
+        for (int i = 0; i < NV; i++)
+            vst1q_f32(o + 4 * i, fma_4tokens(vld1q_f32(o + 4 * i), w, f[0][i], f[1][i], f[2][i],
+                                             f[3][i]));
+    }
+}
+
+/* The same for the single token t: one fma per element. */
+SA_INLINE void add_1token(float *const *out, const float *const *p, int G, int t, int d, int NV,
+                          float32x4_t f[4])
+{
+    for (int g = 0; g < G; g++) {
+        const float w = p[g][t];
+        float *o = out[g] + d;
+        for (int i = 0; i < NV; i++)
+            vst1q_f32(o + 4 * i, vfmaq_n_f32(vld1q_f32(o + 4 * i), f[i], w));
+    }
+}
+
+/* NV (1 or 4, constant) vectors of a float row from column d. */
+SA_INLINE void f32_load(const float *row, int d, int NV, float32x4_t f[4])
+{
+    for (int i = 0; i < NV; i++)
+        f[i] = vld1q_f32(row + d + 4 * i);
+}
+
 /* Blocks of four tokens: 16 columns of the four V rows are loaded once into
  * 16 registers and serve every head (out stays in L1, it is G*D floats);
  * then 4-column steps, then scalar columns; then the remaining tokens one
@@ -333,63 +367,43 @@ static void SA_FN(accumulate_v_f32)(float *const *out, const float *const *p, in
     int t = 0;
     for (; t + 4 <= n; t += 4) {
         sa_prefetch_part(pf, t / 4, parts);
-        const float *v0 = v + t * row_stride, *v1 = v0 + row_stride;
-        const float *v2 = v1 + row_stride, *v3 = v2 + row_stride;
+        const float *r[4] = {v + t * row_stride, v + (t + 1) * row_stride,
+                             v + (t + 2) * row_stride, v + (t + 3) * row_stride};
+        float32x4_t f[4][4];
         int d = 0;
         for (; d + 16 <= D; d += 16) {
-            float32x4_t r0[4], r1[4], r2[4], r3[4];
-            for (int i = 0; i < 4; i++) {
-                r0[i] = vld1q_f32(v0 + d + 4 * i);
-                r1[i] = vld1q_f32(v1 + d + 4 * i);
-                r2[i] = vld1q_f32(v2 + d + 4 * i);
-                r3[i] = vld1q_f32(v3 + d + 4 * i);
-            }
-            for (int g = 0; g < G; g++) {
-                const float32x4_t w = vld1q_f32(p[g] + t);
-                float *o = out[g] + d;
-                for (int i = 0; i < 4; i++)
-                    vst1q_f32(o + 4 * i, fma_4tokens(vld1q_f32(o + 4 * i), w, r0[i], r1[i],
-                                                     r2[i], r3[i]));
-            }
+            for (int j = 0; j < 4; j++)
+                f32_load(r[j], d, 4, f[j]);
+            add_4tokens(out, p, G, t, d, 4, f);
         }
         for (; d + 4 <= D; d += 4) {
-            const float32x4_t r0 = vld1q_f32(v0 + d), r1 = vld1q_f32(v1 + d);
-            const float32x4_t r2 = vld1q_f32(v2 + d), r3 = vld1q_f32(v3 + d);
-            for (int g = 0; g < G; g++) {
-                float *o = out[g] + d;
-                vst1q_f32(o, fma_4tokens(vld1q_f32(o), vld1q_f32(p[g] + t), r0, r1, r2, r3));
-            }
+            for (int j = 0; j < 4; j++)
+                f32_load(r[j], d, 1, f[j]);
+            add_4tokens(out, p, G, t, d, 1, f);
         }
         for (; d < D; d++)
             for (int g = 0; g < G; g++) {
                 const float *w = p[g] + t;
                 float o = out[g][d];
-                o = fmaf(w[0], v0[d], o);
-                o = fmaf(w[1], v1[d], o);
-                o = fmaf(w[2], v2[d], o);
-                out[g][d] = fmaf(w[3], v3[d], o);
+                o = fmaf(w[0], r[0][d], o);
+                o = fmaf(w[1], r[1][d], o);
+                o = fmaf(w[2], r[2][d], o);
+                out[g][d] = fmaf(w[3], r[3][d], o);
             }
     }
     if (t < n)
         sa_prefetch_part(pf, t / 4, parts);
     for (; t < n; t++) {
         const float *row = v + t * row_stride;
+        float32x4_t f[4];
         int d = 0;
         for (; d + 16 <= D; d += 16) {
-            float32x4_t r[4];
-            for (int i = 0; i < 4; i++)
-                r[i] = vld1q_f32(row + d + 4 * i);
-            for (int g = 0; g < G; g++) {
-                const float w = p[g][t];
-                float *o = out[g] + d;
-                for (int i = 0; i < 4; i++)
-                    vst1q_f32(o + 4 * i, vfmaq_n_f32(vld1q_f32(o + 4 * i), r[i], w));
-            }
+            f32_load(row, d, 4, f);
+            add_1token(out, p, G, t, d, 4, f);
         }
         for (; d + 4 <= D; d += 4) {
-            const float32x4_t r = vld1q_f32(row + d);
-            for (int g = 0; g < G; g++)
-                vst1q_f32(out[g] + d, vfmaq_n_f32(vld1q_f32(out[g] + d), r, p[g][t]));
+            f32_load(row, d, 1, f);
+            add_1token(out, p, G, t, d, 1, f);
         }
         for (; d < D; d++)
             for (int g = 0; g < G; g++)
@@ -397,45 +411,24 @@ static void SA_FN(accumulate_v_f32)(float *const *out, const float *const *p, in
     }
 }
 
-/* int8 -> float, 16 values into four registers. */
-SA_INLINE void s8x16_to_f32(int8x16_t x, float32x4_t f[4])
+/* NV (2 or 4, constant) vectors of floats from 4*NV int8 of a q8 row, each
+ * times the row's group scale sc (one rounding, as sa_dequantize_rows). */
+SA_INLINE void q8_load(const int8_t *x, float sc, int NV, float32x4_t f[4])
 {
-    const int16x8_t lo = vmovl_s8(vget_low_s8(x)), hi = vmovl_high_s8(x);
-    f[0] = vcvtq_f32_s32(vmovl_s16(vget_low_s16(lo)));
-    f[1] = vcvtq_f32_s32(vmovl_high_s16(lo));
-    f[2] = vcvtq_f32_s32(vmovl_s16(vget_low_s16(hi)));
-    f[3] = vcvtq_f32_s32(vmovl_high_s16(hi));
-}
-
-/* 8 values into two registers. */
-SA_INLINE void s8x8_to_f32(int8x8_t x, float32x4_t f[2])
-{
-    const int16x8_t w = vmovl_s8(x);
-    f[0] = vcvtq_f32_s32(vmovl_s16(vget_low_s16(w)));
-    f[1] = vcvtq_f32_s32(vmovl_high_s16(w));
-}
-
-/* Any group size: per element the dequantised value scale * (float)q (one
- * rounding), then one fma with the head's weight: exactly the per-element
- * operations of the vector path, and of sa_dequantize_rows followed by
- * accumulate_v_f32. */
-static void q8_accumulate_scalar(float *const *out, const float *const *p, int G, int D,
-                                 int gs, const int8_t *v, const float *vd,
-                                 ptrdiff_t row_stride, ptrdiff_t scale_stride, int n,
-                                 const sa_prefetch *pf)
-{
-    for (int t = 0; t < n; t++) {
-        sa_prefetch_part(pf, t, n);
-        const int8_t *row = v + t * row_stride;
-        const float *rd = vd + t * scale_stride;
-        for (int g = 0; g < G; g++) {
-            float *o = out[g];
-            const float w = p[g][t];
-            for (int d0 = 0, grp = 0; d0 < D; d0 += gs, grp++)
-                for (int d = d0; d < d0 + gs; d++)
-                    o[d] = fmaf(w, rd[grp] * (float)row[d], o[d]);
-        }
+    if (NV == 4) {
+        const int8x16_t b = vld1q_s8(x);
+        const int16x8_t lo = vmovl_s8(vget_low_s8(b)), hi = vmovl_high_s8(b);
+        f[0] = vcvtq_f32_s32(vmovl_s16(vget_low_s16(lo)));
+        f[1] = vcvtq_f32_s32(vmovl_high_s16(lo));
+        f[2] = vcvtq_f32_s32(vmovl_s16(vget_low_s16(hi)));
+        f[3] = vcvtq_f32_s32(vmovl_high_s16(hi));
+    } else {
+        const int16x8_t w = vmovl_s8(vld1_s8(x));
+        f[0] = vcvtq_f32_s32(vmovl_s16(vget_low_s16(w)));
+        f[1] = vcvtq_f32_s32(vmovl_high_s16(w));
     }
+    for (int i = 0; i < NV; i++)
+        f[i] = vmulq_n_f32(f[i], sc);
 }
 
 /* gs a multiple of 8 (so 16- and 8-wide chunks never straddle a group):
@@ -449,7 +442,7 @@ static void SA_FN(accumulate_v_q8)(float *const *out, const float *const *p, int
                                    const sa_prefetch *pf)
 {
     if (gs % 8) {
-        q8_accumulate_scalar(out, p, G, D, gs, v, vd, row_stride, scale_stride, n, pf);
+        accumulate_v_q8_scalar(out, p, G, D, gs, v, vd, row_stride, scale_stride, n, pf);
         return;
     }
     const int parts = (n + 3) / 4;
@@ -458,47 +451,19 @@ static void SA_FN(accumulate_v_q8)(float *const *out, const float *const *p, int
         sa_prefetch_part(pf, t / 4, parts);
         const int8_t *r[4];
         const float *rd[4];
-        for (int j = 0; j < 4; j++) {
-            r[j] = v + (t + j) * row_stride;
-            rd[j] = vd + (t + j) * scale_stride;
-        }
+        q8_rows4(v, vd, row_stride, scale_stride, t, r, rd);
+        float32x4_t f[4][4];
         for (int grp = 0, d0 = 0; d0 < D; grp++, d0 += gs) {
             int d = d0;
             for (; d + 16 <= d0 + gs; d += 16) {
-                float32x4_t f0[4], f1[4], f2[4], f3[4];
-                s8x16_to_f32(vld1q_s8(r[0] + d), f0);
-                s8x16_to_f32(vld1q_s8(r[1] + d), f1);
-                s8x16_to_f32(vld1q_s8(r[2] + d), f2);
-                s8x16_to_f32(vld1q_s8(r[3] + d), f3);
-                for (int i = 0; i < 4; i++) {
-                    f0[i] = vmulq_n_f32(f0[i], rd[0][grp]), f1[i] = vmulq_n_f32(f1[i], rd[1][grp]);
-                    f2[i] = vmulq_n_f32(f2[i], rd[2][grp]), f3[i] = vmulq_n_f32(f3[i], rd[3][grp]);
-                }
-                for (int g = 0; g < G; g++) {
-                    const float32x4_t w = vld1q_f32(p[g] + t);
-                    float *o = out[g] + d;
-                    for (int i = 0; i < 4; i++)
-                        vst1q_f32(o + 4 * i, fma_4tokens(vld1q_f32(o + 4 * i), w, f0[i], f1[i],
-                                                         f2[i], f3[i]));
-                }
+                for (int j = 0; j < 4; j++)
+                    q8_load(r[j] + d, rd[j][grp], 4, f[j]);
+                add_4tokens(out, p, G, t, d, 4, f);
             }
             if (d < d0 + gs) { /* gs % 16 == 8 */
-                float32x4_t f0[2], f1[2], f2[2], f3[2];
-                s8x8_to_f32(vld1_s8(r[0] + d), f0);
-                s8x8_to_f32(vld1_s8(r[1] + d), f1);
-                s8x8_to_f32(vld1_s8(r[2] + d), f2);
-                s8x8_to_f32(vld1_s8(r[3] + d), f3);
-                for (int i = 0; i < 2; i++) {
-                    f0[i] = vmulq_n_f32(f0[i], rd[0][grp]), f1[i] = vmulq_n_f32(f1[i], rd[1][grp]);
-                    f2[i] = vmulq_n_f32(f2[i], rd[2][grp]), f3[i] = vmulq_n_f32(f3[i], rd[3][grp]);
-                }
-                for (int g = 0; g < G; g++) {
-                    const float32x4_t w = vld1q_f32(p[g] + t);
-                    float *o = out[g] + d;
-                    for (int i = 0; i < 2; i++)
-                        vst1q_f32(o + 4 * i, fma_4tokens(vld1q_f32(o + 4 * i), w, f0[i], f1[i],
-                                                         f2[i], f3[i]));
-                }
+                for (int j = 0; j < 4; j++)
+                    q8_load(r[j] + d, rd[j][grp], 2, f[j]);
+                add_4tokens(out, p, G, t, d, 2, f);
             }
         }
     }
@@ -507,31 +472,16 @@ static void SA_FN(accumulate_v_q8)(float *const *out, const float *const *p, int
     for (; t < n; t++) {
         const int8_t *row = v + t * row_stride;
         const float *rd = vd + t * scale_stride;
+        float32x4_t f[4];
         for (int grp = 0, d0 = 0; d0 < D; grp++, d0 += gs) {
             int d = d0;
             for (; d + 16 <= d0 + gs; d += 16) {
-                float32x4_t f[4];
-                s8x16_to_f32(vld1q_s8(row + d), f);
-                for (int i = 0; i < 4; i++)
-                    f[i] = vmulq_n_f32(f[i], rd[grp]);
-                for (int g = 0; g < G; g++) {
-                    const float w = p[g][t];
-                    float *o = out[g] + d;
-                    for (int i = 0; i < 4; i++)
-                        vst1q_f32(o + 4 * i, vfmaq_n_f32(vld1q_f32(o + 4 * i), f[i], w));
-                }
+                q8_load(row + d, rd[grp], 4, f);
+                add_1token(out, p, G, t, d, 4, f);
             }
             if (d < d0 + gs) {
-                float32x4_t f[2];
-                s8x8_to_f32(vld1_s8(row + d), f);
-                for (int i = 0; i < 2; i++)
-                    f[i] = vmulq_n_f32(f[i], rd[grp]);
-                for (int g = 0; g < G; g++) {
-                    const float w = p[g][t];
-                    float *o = out[g] + d;
-                    for (int i = 0; i < 2; i++)
-                        vst1q_f32(o + 4 * i, vfmaq_n_f32(vld1q_f32(o + 4 * i), f[i], w));
-                }
+                q8_load(row + d, rd[grp], 2, f);
+                add_1token(out, p, G, t, d, 2, f);
             }
         }
     }
@@ -540,30 +490,6 @@ static void SA_FN(accumulate_v_q8)(float *const *out, const float *const *p, int
 /* ------------------------------------------------------------------ */
 /* minmax_scores (Quest's bound, spec §6)                               */
 /* ------------------------------------------------------------------ */
-
-/* Any group size: the portable order, with the same fma per group as the
- * vector path. */
-static void minmax_scores_scalar(const float *qp, const float *qn, int G, int D, int gs,
-                                 const int8_t *mn, const int8_t *mx, const float *sc,
-                                 ptrdiff_t block_stride, int n, float *const *s)
-{
-    const ptrdiff_t sc_stride = block_stride / gs;
-    for (int b = 0; b < n; b++) {
-        const int8_t *lo = mn + b * block_stride, *hi = mx + b * block_stride;
-        const float *scale = sc + b * sc_stride;
-        for (int g = 0; g < G; g++) {
-            const float *p = qp + (ptrdiff_t)g * D, *m = qn + (ptrdiff_t)g * D;
-            float acc = 0.0f;
-            for (int i0 = 0, grp = 0; i0 < D; i0 += gs, grp++) {
-                float part = 0.0f;
-                for (int i = i0; i < i0 + gs; i++)
-                    part += m[i] * (float)lo[i] + p[i] * (float)hi[i];
-                acc = fmaf(scale[grp], part, acc);
-            }
-            s[g][b] = acc;
-        }
-    }
-}
 
 /* One block for NH (1 or 2, constant) heads, gs a multiple of 8: the block's
  * bounds are widened to float once, 8 channels at a time, for both heads.
@@ -634,20 +560,9 @@ static void SA_FN(minmax_scores)(const float *qp, const float *qn, int G, int D,
 /* stream_sum: the bandwidth probe                                      */
 /* ------------------------------------------------------------------ */
 
-static uint64_t SA_FN(stream_sum)(const uint64_t *buf, size_t n_words)
-{
-    uint64x2_t a0 = vdupq_n_u64(0), a1 = a0, a2 = a0, a3 = a0;
-    size_t i = 0;
-    for (; i + 8 <= n_words; i += 8) {
-        a0 = vaddq_u64(a0, vld1q_u64(buf + i));
-        a1 = vaddq_u64(a1, vld1q_u64(buf + i + 2));
-        a2 = vaddq_u64(a2, vld1q_u64(buf + i + 4));
-        a3 = vaddq_u64(a3, vld1q_u64(buf + i + 6));
-    }
-    uint64_t sum = vaddvq_u64(vaddq_u64(vaddq_u64(a0, a1), vaddq_u64(a2, a3)));
-    for (; i < n_words; i++)
-        sum += buf[i];
-    return sum;
-}
+#define SA_STREAM_BYTES 16
+#include "../stream_sum.h"
+
+SA_DEFINE_KERNELS_OF(SA_ISA_ID);
 
 #endif

@@ -10,6 +10,12 @@
 
 #include "../kernels.h"
 
+/* The q8 kernels and Quest's bound: their loops are shared with the SIMD
+ * files' fallbacks, here with a plain multiply-add (two roundings). */
+#define SA_MULADD(a, b, c) ((c) + (a) * (b))
+#define SA_SCALAR_FN(kernel) kernel##_portable
+#include "../scalar_kernels.h"
+
 #define SA_LANES 8
 
 static float dot_f32(const float *a, const float *b, int n)
@@ -35,34 +41,6 @@ static void scores_f32_portable(const float *q, int G, int D, const float *k,
         const float *row = k + (ptrdiff_t)t * row_stride;
         for (int g = 0; g < G; g++)
             s[g][t] = dot_f32(q + (ptrdiff_t)g * D, row, D);
-    }
-}
-
-static float dot_q8(const int8_t *a, const float *da, const int8_t *b,
-                    const float *db, int D, int gs)
-{
-    float acc = 0.0f;
-    for (int g = 0, i0 = 0; i0 < D; g++, i0 += gs) {
-        int32_t isum = 0;
-        for (int i = i0; i < i0 + gs; i++)
-            isum += (int32_t)a[i] * (int32_t)b[i];
-        acc += (da[g] * db[g]) * (float)isum;
-    }
-    return acc;
-}
-
-static void scores_q8_portable(const int8_t *qq, const float *qd, int G, int D, int gs,
-                               const int8_t *k, const float *kd, ptrdiff_t row_stride,
-                               ptrdiff_t scale_stride, int n, float *const *s,
-                               const sa_prefetch *pf)
-{
-    const int ng = D / gs;
-    for (int t = 0; t < n; t++) {
-        sa_prefetch_part(pf, t, n);
-        const int8_t *row = k + (ptrdiff_t)t * row_stride;
-        const float *rd = kd + (ptrdiff_t)t * scale_stride;
-        for (int g = 0; g < G; g++)
-            s[g][t] = dot_q8(qq + (ptrdiff_t)g * D, qd + (ptrdiff_t)g * ng, row, rd, D, gs);
     }
 }
 
@@ -93,50 +71,6 @@ static void accumulate_v_f32_portable(float *const *out, const float *const *p, 
             float *o = out[g];
             for (int d = 0; d < D; d++)
                 o[d] += w * row[d];
-        }
-    }
-}
-
-static void accumulate_v_q8_portable(float *const *out, const float *const *p, int G, int D,
-                                     int gs, const int8_t *v, const float *vd,
-                                     ptrdiff_t row_stride, ptrdiff_t scale_stride, int n,
-                                     const sa_prefetch *pf)
-{
-    for (int t = 0; t < n; t++) {
-        sa_prefetch_part(pf, t, n);
-        const int8_t *row = v + (ptrdiff_t)t * row_stride;
-        const float *rd = vd + (ptrdiff_t)t * scale_stride;
-        for (int g = 0; g < G; g++) {
-            const float w = p[g][t];
-            float *o = out[g];
-            for (int d0 = 0, grp = 0; d0 < D; d0 += gs, grp++) {
-                const float sc = rd[grp];
-                for (int d = d0; d < d0 + gs; d++)
-                    o[d] += w * (sc * (float)row[d]);
-            }
-        }
-    }
-}
-
-static void minmax_scores_portable(const float *qp, const float *qn, int G, int D, int gs,
-                          const int8_t *mn, const int8_t *mx, const float *sc,
-                          ptrdiff_t block_stride, int n, float *const *s)
-{
-    const ptrdiff_t sc_stride = block_stride / gs;
-    for (int b = 0; b < n; b++) {
-        const int8_t *lo = mn + (ptrdiff_t)b * block_stride;
-        const int8_t *hi = mx + (ptrdiff_t)b * block_stride;
-        const float *scale = sc + (ptrdiff_t)b * sc_stride;
-        for (int g = 0; g < G; g++) {
-            const float *p = qp + (ptrdiff_t)g * D, *m = qn + (ptrdiff_t)g * D;
-            float acc = 0.0f;
-            for (int i0 = 0, grp = 0; i0 < D; i0 += gs, grp++) {
-                float part = 0.0f;
-                for (int i = i0; i < i0 + gs; i++)
-                    part += m[i] * (float)lo[i] + p[i] * (float)hi[i];
-                acc += scale[grp] * part;
-            }
-            s[g][b] = acc;
         }
     }
 }

@@ -422,26 +422,13 @@ SA_INLINE void accv_q8_heads(float *const *out, const float *const *p, int HB, i
         accv_q8_tile1(out, p, HB, gs, v, vd, row_stride, scale_stride, t0, t1, d);
 }
 
-/* Group sizes the vector steps do not take (not a multiple of SA_VT): per
- * element the dequantised value, then one fused multiply-add (fmaf is the
- * FMA instruction under this file's target), so the result is still
- * bitwise sa_dequantize_rows followed by accumulate_v_f32 (kernels.h). */
-static void accv_q8_scalar(float *const *out, const float *const *p, int G, int D, int gs,
-                           const int8_t *v, const float *vd, ptrdiff_t row_stride,
-                           ptrdiff_t scale_stride, int n, const sa_prefetch *pf)
-{
-    for (int t = 0; t < n; t++) {
-        sa_prefetch_part(pf, t, n);
-        const int8_t *row = v + (ptrdiff_t)t * row_stride;
-        const float *rd = vd + (ptrdiff_t)t * scale_stride;
-        for (int g = 0; g < G; g++) {
-            const float w = p[g][t];
-            for (int d0 = 0, grp = 0; d0 < D; d0 += gs, grp++)
-                for (int d = d0; d < d0 + gs; d++)
-                    out[g][d] = fmaf(w, rd[grp] * (float)row[d], out[g][d]);
-        }
-    }
-}
+/* Group sizes the vector steps do not take (not a multiple of SA_VT): the
+ * scalar loop with one fused multiply-add per element (fmaf is the FMA
+ * instruction under this file's target), so the result is still bitwise
+ * sa_dequantize_rows followed by accumulate_v_f32 (kernels.h). */
+#define SA_MULADD(a, b, c) fmaf((a), (b), (c))
+#define SA_SCALAR_FN(kernel) kernel##_scalar
+#include "../scalar_kernels.h"
 
 static void SA_FN(accumulate_v_q8)(float *const *out, const float *const *p, int G, int D,
                                    int gs, const int8_t *v, const float *vd,
@@ -449,7 +436,7 @@ static void SA_FN(accumulate_v_q8)(float *const *out, const float *const *p, int
                                    const sa_prefetch *pf)
 {
     if (gs % SA_VT != 0) {
-        accv_q8_scalar(out, p, G, D, gs, v, vd, row_stride, scale_stride, n, pf);
+        accumulate_v_q8_scalar(out, p, G, D, gs, v, vd, row_stride, scale_stride, n, pf);
         return;
     }
     const int iters = (n + V_TOKENS - 1) / V_TOKENS;

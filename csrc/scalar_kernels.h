@@ -1,0 +1,99 @@
+/*
+ * The scalar loops of the q8 kernels and of Quest's bound, written once:
+ * they are the portable table's kernels (portable/kernels_portable.c) and
+ * the fallbacks of the SIMD files for group sizes their vector steps do not
+ * take (arm/neon_common.h, x86/x86_common.h).  The includer defines
+ *
+ *   SA_MULADD(a, b, c)    a * b + c as its vector path computes it: two
+ *                         roundings in the portable file; fmaf, one, in the
+ *                         SIMD files, whose vector paths fuse it, so that a
+ *                         fallback keeps the promises of kernels.h (q8 V
+ *                         accumulation is bitwise dequantisation followed by
+ *                         the float accumulation of the same ISA)
+ *   SA_SCALAR_FN(kernel)  the name of its copy of <kernel>
+ *
+ * Integer group sums are exact; every float operation is spelled out, in
+ * the portable order.  A copy the includer does not call is marked unused.
+ */
+#ifndef SA_SCALAR_KERNELS_H
+#define SA_SCALAR_KERNELS_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "kernels.h"
+
+/* Per (head, token): per group the exact int32 dot, then the term
+ * (qd * kd) * isum added in group order. */
+__attribute__((unused)) static void SA_SCALAR_FN(scores_q8)(
+    const int8_t *qq, const float *qd, int G, int D, int gs, const int8_t *k, const float *kd,
+    ptrdiff_t row_stride, ptrdiff_t scale_stride, int n, float *const *s, const sa_prefetch *pf)
+{
+    const int ng = D / gs;
+    for (int t = 0; t < n; t++) {
+        sa_prefetch_part(pf, t, n);
+        const int8_t *row = k + (ptrdiff_t)t * row_stride;
+        const float *rd = kd + (ptrdiff_t)t * scale_stride;
+        for (int g = 0; g < G; g++) {
+            const int8_t *a = qq + (ptrdiff_t)g * D;
+            const float *ad = qd + (ptrdiff_t)g * ng;
+            float acc = 0.0f;
+            for (int grp = 0, i0 = 0; i0 < D; grp++, i0 += gs) {
+                int32_t isum = 0;
+                for (int i = i0; i < i0 + gs; i++)
+                    isum += (int32_t)a[i] * (int32_t)row[i];
+                acc = SA_MULADD(ad[grp] * rd[grp], (float)isum, acc);
+            }
+            s[g][t] = acc;
+        }
+    }
+}
+
+/* Per element the dequantised value scale * (float)q (one rounding, as
+ * sa_dequantize_rows), then weighted by p[g][t] into out, tokens in order. */
+__attribute__((unused)) static void SA_SCALAR_FN(accumulate_v_q8)(
+    float *const *out, const float *const *p, int G, int D, int gs, const int8_t *v,
+    const float *vd, ptrdiff_t row_stride, ptrdiff_t scale_stride, int n, const sa_prefetch *pf)
+{
+    for (int t = 0; t < n; t++) {
+        sa_prefetch_part(pf, t, n);
+        const int8_t *row = v + (ptrdiff_t)t * row_stride;
+        const float *rd = vd + (ptrdiff_t)t * scale_stride;
+        for (int g = 0; g < G; g++) {
+            const float w = p[g][t];
+            float *o = out[g];
+            for (int d0 = 0, grp = 0; d0 < D; d0 += gs, grp++) {
+                const float sc = rd[grp];
+                for (int d = d0; d < d0 + gs; d++)
+                    o[d] = SA_MULADD(w, sc * (float)row[d], o[d]);
+            }
+        }
+    }
+}
+
+/* Per (head, block): per group the channel sum of qn * lo + qp * hi, then
+ * times the group's scale, added in group order. */
+__attribute__((unused)) static void SA_SCALAR_FN(minmax_scores)(
+    const float *qp, const float *qn, int G, int D, int gs, const int8_t *mn, const int8_t *mx,
+    const float *sc, ptrdiff_t block_stride, int n, float *const *s)
+{
+    const ptrdiff_t sc_stride = block_stride / gs;
+    for (int b = 0; b < n; b++) {
+        const int8_t *lo = mn + (ptrdiff_t)b * block_stride;
+        const int8_t *hi = mx + (ptrdiff_t)b * block_stride;
+        const float *scale = sc + (ptrdiff_t)b * sc_stride;
+        for (int g = 0; g < G; g++) {
+            const float *p = qp + (ptrdiff_t)g * D, *m = qn + (ptrdiff_t)g * D;
+            float acc = 0.0f;
+            for (int i0 = 0, grp = 0; i0 < D; i0 += gs, grp++) {
+                float part = 0.0f;
+                for (int i = i0; i < i0 + gs; i++)
+                    part += m[i] * (float)lo[i] + p[i] * (float)hi[i];
+                acc = SA_MULADD(scale[grp], part, acc);
+            }
+            s[g][b] = acc;
+        }
+    }
+}
+
+#endif
