@@ -105,21 +105,9 @@ if [ "${KEEP_WORK:-0}" = 1 ]; then note "work dir $work (kept)"; else trap 'rm -
 # _core*.so (git's list in a checkout; the tree minus builds without .git)
 . "$repo/scripts/lib/copy-source.sh"
 
-# ------------------------------------------------------------------ arm64 root
-setup_root() {
-    if ! [ -e /proc/sys/fs/binfmt_misc/register ]; then
-        mount -t binfmt_misc binfmt_misc /proc/sys/fs/binfmt_misc
-    fi
-    if ! [ -e /proc/sys/fs/binfmt_misc/qemu-aarch64 ]; then
-        update-binfmts --enable qemu-aarch64
-    fi
-    if ! [ -x "$root/usr/bin/python3" ]; then
-        note "debootstrap arm64 bookworm into $root"
-        debootstrap --arch=arm64 --variant=minbase \
-            --include=python3,python3-numpy,python3-cffi,python3-pytest,python3-ply,python3-dev,python3-setuptools,python3-pip,gcc \
-            bookworm "$root" >/dev/null
-    fi
-}
+# setup_arm64_root ROOT: qemu-aarch64 registered with binfmt_misc, and the
+# arm64 Debian root debootstrapped when missing
+. "$repo/scripts/lib/arm64-root.sh"
 
 # ------------------------------------------------------------------ build
 build_one() {   # build_one ARCH -> repaired wheel in $out
@@ -135,7 +123,7 @@ build_one() {   # build_one ARCH -> repaired wheel in $out
         envs+=(CC=gcc LDSHARED="gcc -shared")
     elif [ "$arch" = aarch64 ] && [ "$host" = x86_64 ]; then
         note "cross-building the aarch64 wheel (aarch64-linux-gnu-gcc, sysroot $root)"
-        setup_root
+        setup_arm64_root "$root"
         local scd pyinc
         scd="$(ls "$root"/usr/lib/python3.*/_sysconfigdata__aarch64-linux-gnu.py 2>/dev/null | head -1)"
         [ -n "$scd" ] || die "$root has no _sysconfigdata__aarch64-linux-gnu.py (python3 missing?)"
@@ -282,7 +270,7 @@ assert not want_isa or sa.isa() == want_isa, f"isa() {sa.isa()}, want {want_isa}
     if [ "$arch" = "$host" ]; then
         (cd "$x" && "$py" -c "$probe" "$expect_built" "" "$x/") || die "run-time check of $(basename "$whl")"
     else
-        setup_root
+        setup_arm64_root "$root"
         local rdir="/tmp/sparse_attn-wheelcheck.$$"
         rm -rf "${root:?}$rdir"; mkdir -p "$root$rdir"
         cp -r "$x/sparse_attn" "$root$rdir/"

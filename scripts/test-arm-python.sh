@@ -13,18 +13,8 @@ set -euo pipefail
 repo="$(cd "$(dirname "$0")/.." && pwd)"
 root="${1:-/opt/arm64-root}"
 
-if ! [ -e /proc/sys/fs/binfmt_misc/register ]; then
-    mount -t binfmt_misc binfmt_misc /proc/sys/fs/binfmt_misc
-fi
-if ! [ -e /proc/sys/fs/binfmt_misc/qemu-aarch64 ]; then
-    update-binfmts --enable qemu-aarch64
-fi
-if ! [ -x "$root/usr/bin/python3" ]; then
-    echo "== debootstrap arm64 bookworm into $root"
-    debootstrap --arch=arm64 --variant=minbase \
-        --include=python3,python3-numpy,python3-cffi,python3-pytest,python3-ply,python3-dev,python3-setuptools,python3-pip,gcc \
-        bookworm "$root" >/dev/null
-fi
+. "$repo/scripts/lib/arm64-root.sh"
+setup_arm64_root "$root"
 
 echo "== copying the checkout into $root/src/sparse_attn"
 . "$repo/scripts/lib/copy-source.sh"

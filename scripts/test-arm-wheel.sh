@@ -43,18 +43,8 @@ fi
 whl="$(cd "$(dirname "$whl")" && pwd)/$(basename "$whl")"
 case "$(basename "$whl")" in *manylinux*_aarch64.whl) ;; *) die "$whl is not a manylinux aarch64 wheel" ;; esac
 
-if ! [ -e /proc/sys/fs/binfmt_misc/register ]; then
-    mount -t binfmt_misc binfmt_misc /proc/sys/fs/binfmt_misc
-fi
-if ! [ -e /proc/sys/fs/binfmt_misc/qemu-aarch64 ]; then
-    update-binfmts --enable qemu-aarch64
-fi
-if ! [ -x "$root/usr/bin/python3" ]; then
-    echo "== debootstrap arm64 bookworm into $root"
-    debootstrap --arch=arm64 --variant=minbase \
-        --include=python3,python3-numpy,python3-cffi,python3-pytest,python3-ply,python3-dev,python3-setuptools,python3-pip,gcc \
-        bookworm "$root" >/dev/null
-fi
+. "$repo/scripts/lib/arm64-root.sh"
+setup_arm64_root "$root"
 
 t=/srv/sparse_attn-wheeltest          # as seen inside the root
 echo "== $root$t: the wheel, tests/, README.md, pyproject.toml (no source package)"

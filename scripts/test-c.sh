@@ -70,6 +70,17 @@ isa_sources() {  # arch (x86_64, aarch64 or other) -> prints the kernel files
 }
 common=(-std=gnu11 -Wall -Wextra -I"$repo/csrc" -pthread)
 harness="$repo/tests/c/test_kernels.c"
+cc="${CC:-gcc}"
+
+build_harness() {  # compiler, arch, exe, label, flags... : the core, arch's kernel files, the harness
+    local compiler="$1" arch="$2" exe="$3" label="$4" list
+    shift 4
+    local isa=()
+    list="$(isa_sources "$arch")"
+    [[ -z $list ]] || mapfile -t isa <<<"$list"
+    echo "== building $exe ($compiler, $label)"
+    "$compiler" "${common[@]}" "$@" "${core[@]}" "${isa[@]}" "$harness" -o "$exe" -lm
+}
 
 # The kernels prefetch the rows rows.c names next (the next stretch of a run,
 # the first rows of the next chosen run): a third faster sparse decode from
@@ -101,15 +112,9 @@ run() {  # label, command... ; prints the result line, returns the status
 }
 
 if [[ $mode == native ]]; then
-    cc="${CC:-gcc}"
-    isa_list="$(isa_sources "$(uname -m)")"
-    isa=()
-    [[ -z $isa_list ]] || mapfile -t isa <<<"$isa_list"
     exe="$build/test_kernels_native"
-    echo "== building $exe ($cc, ASan + UBSan)"
-    "$cc" "${common[@]}" -O1 -g -fno-omit-frame-pointer \
-        -fsanitize=address,undefined -fno-sanitize-recover=all \
-        "${core[@]}" "${isa[@]}" "$harness" -o "$exe" -lm
+    build_harness "$cc" "$(uname -m)" "$exe" "ASan + UBSan" -O1 -g -fno-omit-frame-pointer \
+        -fsanitize=address,undefined -fno-sanitize-recover=all
     status=0
     ASAN_OPTIONS="${ASAN_OPTIONS:-detect_leaks=1}" \
     UBSAN_OPTIONS="${UBSAN_OPTIONS:-print_stacktrace=1:halt_on_error=1}" \
@@ -122,21 +127,14 @@ if [[ $mode == native ]]; then
 fi
 
 if [[ $mode == tsan ]]; then
-    cc="${CC:-gcc}"
-    isa_list="$(isa_sources "$(uname -m)")"
-    isa=()
-    [[ -z $isa_list ]] || mapfile -t isa <<<"$isa_list"
     exe="$build/test_kernels_tsan"
-    echo "== building $exe ($cc, ThreadSanitizer)"
-    "$cc" "${common[@]}" -O1 -g -fsanitize=thread "${core[@]}" "${isa[@]}" "$harness" \
-        -o "$exe" -lm
+    build_harness "$cc" "$(uname -m)" "$exe" "ThreadSanitizer" -O1 -g -fsanitize=thread
     TSAN_OPTIONS="${TSAN_OPTIONS:-halt_on_error=1:second_deadlock_stack=1}" \
         run "native $(uname -m), ThreadSanitizer" "$exe" --threads-only
     exit $?
 fi
 
 if [[ $mode == avx512-emulated ]]; then
-    cc="${CC:-gcc}"
     if [[ $(uname -m) != x86_64 ]]; then
         echo "test-c.sh: --avx512-emulated needs an x86-64 host (this is $(uname -m))" >&2
         exit 1
@@ -199,11 +197,8 @@ for tool in "$arm_cc" qemu-aarch64; do
         exit 1
     fi
 done
-isa_list="$(isa_sources aarch64)"
-mapfile -t isa <<<"$isa_list"
 exe="$build/test_kernels_aarch64"
-echo "== building $exe ($arm_cc -O2 -static)"
-"$arm_cc" "${common[@]}" -O2 -static "${core[@]}" "${isa[@]}" "$harness" -o "$exe" -lm
+build_harness "$arm_cc" aarch64 "$exe" "-O2 -static" -O2 -static
 
 failed=0
 check_prefetch "$arm_cc" arm/kernels_neon_dotprod.c 'prfm' "aarch64" || failed=1
@@ -223,9 +218,8 @@ probe="$build/ubsan_probe"
 printf 'int main(int c, char **v) { (void)v; return c << 1 == 99; }\n' >"$probe.c"
 if "$arm_cc" -O1 -static -fsanitize=undefined "$probe.c" -o "$probe" 2>/dev/null &&
    qemu-aarch64 -cpu cortex-a53 "$probe"; then
-    echo "== building $ubsan ($arm_cc -O1 -static -fsanitize=undefined)"
-    "$arm_cc" "${common[@]}" -O1 -g -static -fsanitize=undefined -fno-sanitize-recover=all \
-        "${core[@]}" "${isa[@]}" "$harness" -o "$ubsan" -lm
+    build_harness "$arm_cc" aarch64 "$ubsan" "-O1 -static -fsanitize=undefined" -O1 -g -static \
+        -fsanitize=undefined -fno-sanitize-recover=all
     for entry in "${cpus[@]}"; do
         read -r cpu want <<<"$entry"
         UBSAN_OPTIONS="print_stacktrace=1:halt_on_error=1" \
