@@ -36,19 +36,20 @@ static inline simde__m512i emu_shuffle_i64x2(simde__m512i a, simde__m512i b, int
 #undef _mm512_shuffle_i64x2
 #define _mm512_shuffle_i64x2(a, b, imm) emu_shuffle_i64x2(a, b, imm)
 
-static inline simde__m512i emu_maskz_loadu_epi8(uint64_t k, const void *p) {
-    simde__m512i_private R; const int8_t *x = p;
-    for (int i = 0; i < 64; i++) R.i8[i] = (k >> i) & 1 ? x[i] : 0;
-    return simde__m512i_from_private(R);
-}
+/* A zero-masking load of LANES elements of type T into field F: lane i is
+ * p[i] when bit i of k is set, else 0, and p[i] is read only then. */
+#define SA_EMU_MASKZ_LOAD(name, vec, T, F, LANES)                               \
+    static inline simde__##vec emu_##name(uint64_t k, const void *p) {          \
+        simde__##vec##_private R; const T *x = p;                               \
+        for (int i = 0; i < LANES; i++) R.F[i] = (k >> i) & 1 ? x[i] : 0;       \
+        return simde__##vec##_from_private(R);                                  \
+    }
+
+SA_EMU_MASKZ_LOAD(maskz_loadu_epi8, m512i, int8_t, i8, 64)
 #undef _mm512_maskz_loadu_epi8
 #define _mm512_maskz_loadu_epi8(k, p) emu_maskz_loadu_epi8(k, p)
 
-static inline simde__m512 emu_maskz_loadu_ps(uint16_t k, const void *p) {
-    simde__m512_private R; const float *x = p;
-    for (int i = 0; i < 16; i++) R.f32[i] = (k >> i) & 1 ? x[i] : 0.0f;
-    return simde__m512_from_private(R);
-}
+SA_EMU_MASKZ_LOAD(maskz_loadu_ps, m512, float, f32, 16)
 #undef _mm512_maskz_loadu_ps
 #define _mm512_maskz_loadu_ps(k, p) emu_maskz_loadu_ps(k, p)
 
@@ -67,27 +68,25 @@ static inline simde__m512 emu_i32gather_ps(simde__m512i idx, const void *base, i
 #undef _mm512_i32gather_ps
 #define _mm512_i32gather_ps(idx, base, scale) emu_i32gather_ps(idx, base, scale)
 
-static inline simde__m512 emu_cvtepi32_ps(simde__m512i a) {
-    simde__m512i_private A = simde__m512i_to_private(a); simde__m512_private R;
-    for (int i = 0; i < 16; i++) R.f32[i] = (float)A.i32[i];
-    return simde__m512_from_private(R);
-}
+/* A conversion lane by lane: lane i of the IN vector's field FI, converted
+ * to the OUT vector's field FO, for LANES lanes. */
+#define SA_EMU_CONVERT(name, OUT, FO, IN, FI, LANES)                            \
+    static inline simde__##OUT emu_##name(simde__##IN a) {                      \
+        simde__##IN##_private A = simde__##IN##_to_private(a);                  \
+        simde__##OUT##_private R;                                               \
+        for (int i = 0; i < LANES; i++) R.FO[i] = A.FI[i];                      \
+        return simde__##OUT##_from_private(R);                                  \
+    }
+
+SA_EMU_CONVERT(cvtepi32_ps, m512, f32, m512i, i32, 16)
 #undef _mm512_cvtepi32_ps
 #define _mm512_cvtepi32_ps(a) emu_cvtepi32_ps(a)
 
-static inline simde__m512i emu_cvtepi8_epi32(simde__m128i a) {
-    simde__m128i_private A = simde__m128i_to_private(a); simde__m512i_private R;
-    for (int i = 0; i < 16; i++) R.i32[i] = A.i8[i];
-    return simde__m512i_from_private(R);
-}
+SA_EMU_CONVERT(cvtepi8_epi32, m512i, i32, m128i, i8, 16)
 #undef _mm512_cvtepi8_epi32
 #define _mm512_cvtepi8_epi32(a) emu_cvtepi8_epi32(a)
 
-static inline simde__m512d emu_cvtps_pd(simde__m256 a) {
-    simde__m256_private A = simde__m256_to_private(a); simde__m512d_private R;
-    for (int i = 0; i < 8; i++) R.f64[i] = A.f32[i];
-    return simde__m512d_from_private(R);
-}
+SA_EMU_CONVERT(cvtps_pd, m512d, f64, m256, f32, 8)
 #undef _mm512_cvtps_pd
 #define _mm512_cvtps_pd(a) emu_cvtps_pd(a)
 
