@@ -72,7 +72,7 @@ common=(-std=gnu11 -Wall -Wextra -I"$repo/csrc" -pthread)
 harness="$repo/tests/c/test_kernels.c"
 cc="${CC:-gcc}"
 
-build_harness() {  # compiler, arch, exe, label, flags... : the core, arch's kernel files, the harness
+build_harness() {  # compiler, arch, exe, label, flags...: core, the arch's kernel files, harness
     local compiler="$1" arch="$2" exe="$3" label="$4" list
     shift 4
     local isa=()
