@@ -5,6 +5,7 @@ head_dim 128 and GQA (4 query heads, 2 KV heads), float32 unless stated.
 Skipped as a whole when torch or transformers is not installed
 (``bash scripts/install-transformers-extras.sh`` installs them)."""
 import copy
+import functools
 import doctest
 
 import numpy as np
@@ -385,6 +386,42 @@ def test_refuses_tensors_off_the_cpu(eager):
         sat.sparse_topk_attention(module, q, kv, kv, None, scaling=module.scaling)
     with pytest.raises(sat.UnsupportedError, match="CPU"):
         sat.enable(copy.deepcopy(eager).to("meta"))
+
+
+def test_refusals_hold_after_a_good_call(eager):
+    """The backend's per-call test is one cheap predicate once a module has
+    been checked; each thing it guards must still be refused after a good
+    call, with the full check's message."""
+    model = sparse_copy(eager)
+    module = model.model.layers[0].self_attn
+    g = torch.Generator().manual_seed(0)
+    q = torch.randn(1, 4, 1, 128, generator=g)
+    kv = torch.randn(1, 2, 41, 128, generator=g)
+    call = functools.partial(sat.sparse_topk_attention, module, scaling=module.scaling)
+    with torch.no_grad():
+        call(torch.randn(1, 4, 40, 128, generator=g), kv[:, :, :40], kv[:, :, :40], None)
+        good, _ = call(q, kv, kv, None)                 # a decode step after that prefill
+        assert good.shape == (1, 1, 4, 128)
+        bad = [(dict(attention_mask=torch.zeros(1, 1, 1, 41)), "mask"),
+               (dict(dropout=0.1), "dropout"),
+               (dict(query=torch.randn(2, 4, 1, 128)), "batch"),
+               (dict(query=q.to(torch.float64)), "float32/bfloat16/float16"),
+               (dict(key=torch.randn(1, 2, 41, 64)), "head_dim"),
+               (dict(query=torch.empty(1, 4, 1, 128, device="meta")), "CPU"),
+               (dict(sliding_window=16), "sliding"),
+               (dict(softcap=30.0), "softcap")]
+        for change, match in bad:
+            args = dict(query=q, key=kv, value=kv, attention_mask=None)
+            args.update(change)
+            with pytest.raises(sat.UnsupportedError, match=match):
+                call(**args)
+    qg = q.clone().requires_grad_(True)
+    with pytest.raises(sat.UnsupportedError, match="no_grad"):
+        call(qg, kv, kv, None)
+    kv2 = torch.cat([kv, torch.randn(1, 2, 1, 128, generator=g)], dim=2)
+    with torch.no_grad():                       # the next step still runs
+        again, _ = call(q, kv2, kv2, None)
+    assert again.shape == good.shape and torch.isfinite(again).all()
 
 
 def test_refuses_training(eager, prompt):
