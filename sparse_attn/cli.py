@@ -11,6 +11,7 @@
 Every subcommand takes --help.
 """
 import json
+import os
 import sys
 
 SUBCOMMANDS = ("bench", "kernels", "eval", "info")
@@ -49,6 +50,16 @@ def _info(argv):
 
 
 def main(argv=None):
+    try:
+        return _main(argv)
+    except BrokenPipeError:
+        # the reader went away (`sparse-attn info | head`): stop quietly, as
+        # a Unix tool does, without a traceback at interpreter exit
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return 141
+
+
+def _main(argv):
     argv = sys.argv[1:] if argv is None else list(argv)
     if not argv or argv[0] in ("-h", "--help"):
         print(__doc__.strip())

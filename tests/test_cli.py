@@ -2,6 +2,7 @@
 subcommands answer --help, `info` tells what runs, and importing the package
 from a source folder without a built core says what to do."""
 import json
+import os
 import shutil
 import subprocess
 import sys
@@ -66,3 +67,19 @@ def test_importing_from_a_source_folder_without_the_core_says_what_to_do(tmp_pat
                          text=True, timeout=60)
     assert res.returncode != 0
     assert "source folder" in res.stderr and "pip install -e ." in res.stderr
+
+
+def test_a_closed_pipe_ends_quietly():
+    """`sparse-attn info | head -1`: the reader leaves early; the command
+    stops with the shell's SIGPIPE status and no traceback.  The read end is
+    closed before the child has imported anything, so every write fails."""
+    r, w = os.pipe()
+    p = subprocess.Popen([sys.executable, "-c", "import sys; from sparse_attn import cli; "
+                          "sys.exit(cli.main(['info']))"],
+                         stdout=w, stderr=subprocess.PIPE, cwd="/")
+    os.close(w)
+    os.close(r)
+    err = p.stderr.read().decode()
+    p.wait(timeout=60)
+    assert "Traceback" not in err, err
+    assert p.returncode == 141
