@@ -42,6 +42,16 @@ def needle_cell(found):
     return "YES" if found == 1 else ("NO" if found == 0 else f"{found:.0%}")
 
 
+def config_cell(config, full):
+    """``full`` ("dense" / "exact") as it is, a block budget as ``k=N``."""
+    return config if config == full else f"k={config}"
+
+
+def ratio_cell(x):
+    """``1.23x``, or ``-`` when there is no ratio."""
+    return "-" if x is None else f"{x:.2f}x"
+
+
 def pyplot():
     """matplotlib.pyplot on the Agg backend, or None (logged) when
     matplotlib is not installed."""

@@ -22,7 +22,7 @@ import numpy as np
 import sparse_attn as sa
 from sparse_attn.selection import selection
 
-from .common import log, needle_cell, print_grouped
+from .common import config_cell, log, needle_cell, print_grouped, ratio_cell
 
 
 def needle_after_sparse_prefill(bases, kb, knobs, args):
@@ -121,10 +121,8 @@ def print_prefill_table(rows, args):
             f"{'prefill s':>10} {'vs exact':>8} {'vs torch':>8}")
 
     def line(r):
-        cfg = r["config"] if r["config"] == "exact" else f"k={r['config']}"
-        vs = "-" if r["speedup_vs_exact"] is None else f"{r['speedup_vs_exact']:.2f}x"
-        vt = "-" if r["vs_torch_f32"] is None else f"{r['vs_torch_f32']:.2f}x"
-        return (f"{r['length']:>6} {r['impl']:<12} {r['dtype']:<9} {cfg:<6} "
-                f"{r['policy'] or '-':<8} {needle_cell(r['needle']):>6} {r['s']:10.2f} {vs:>8} "
-                f"{vt:>8}")
+        return (f"{r['length']:>6} {r['impl']:<12} {r['dtype']:<9} "
+                f"{config_cell(r['config'], 'exact'):<6} {r['policy'] or '-':<8} "
+                f"{needle_cell(r['needle']):>6} {r['s']:10.2f} "
+                f"{ratio_cell(r['speedup_vs_exact']):>8} {ratio_cell(r['vs_torch_f32']):>8}")
     print_grouped(head, rows, line)

@@ -24,8 +24,8 @@ from sparse_attn.q8 import Q8
 from sparse_attn.selection import selection
 from sparse_attn.synthetic import needle_context
 
-from .common import (available_memory, distinct_buffers, log, needle_cell, print_grouped, pyplot,
-                     timed)
+from .common import (available_memory, config_cell, distinct_buffers, log, needle_cell,
+                     print_grouped, pyplot, ratio_cell, timed)
 
 QWEN3_VL_2B = dict(n_layers=28, n_heads=16, n_kv_heads=8, head_dim=128)
 DEFAULT_LENGTHS = (2061, 4096, 8192, 32768)
@@ -284,13 +284,12 @@ def print_table(rows, args, floor, notes):
             f"{'floor ms':>8} {'x floor':>7}")
 
     def line(r):
-        cfg = r["config"] if r["config"] == "dense" else f"k={r['config']}"
         err = "-" if r["rel_err"] is None else f"{r['rel_err']:.1e}"
-        vs = "-" if r["speedup_vs_dense"] is None else f"{r['speedup_vs_dense']:.2f}x"
-        return (f"{r['length']:>6} {r['impl']:<12} {r['dtype']:<8} {cfg:<6} "
-                f"{r['policy'] or '-':<8} {needle_cell(r['recall']):>6} {err:>8} "
-                f"{fmt_ms(r):>24} {vs:>8} {r['bytes'] / 1e6:8.1f} {r['floor_ms']:8.2f} "
-                f"{r['x_floor']:7.2f}")
+        return (f"{r['length']:>6} {r['impl']:<12} {r['dtype']:<8} "
+                f"{config_cell(r['config'], 'dense'):<6} {r['policy'] or '-':<8} "
+                f"{needle_cell(r['recall']):>6} {err:>8} {fmt_ms(r):>24} "
+                f"{ratio_cell(r['speedup_vs_dense']):>8} {r['bytes'] / 1e6:8.1f} "
+                f"{r['floor_ms']:8.2f} {r['x_floor']:7.2f}")
     print_grouped(head, rows, line)
     if any(r["config"] == "1" and r["recall"] == 0 and r["policy"] == "seed" for r in rows):
         print("\n" + WHY_K1)
