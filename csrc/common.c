@@ -29,6 +29,8 @@ const char *sa_strerror(int status)
     case SA_ERR_K_VALUES: return "the appended K rows hold NaN, Inf or magnitudes >= 2^48";
     case SA_ERR_V_VALUES: return "the appended V rows hold NaN, Inf or magnitudes >= 2^48";
     case SA_ERR_SIZE: return "the sizes need more scratch than size_t can address";
+    case SA_ERR_CHANNELS:
+        return "the channel copy is missing or was not made for this K, seq_len and block_size";
     default: return "unknown status";
     }
 }
@@ -109,7 +111,9 @@ int sa_check_select_params(const sa_select_params *p)
     if (p->block_size < 1 || p->k_blocks < 1 || p->n_probe < 1 || p->importance_blocks < 0 ||
         p->sink_blocks < 0 || (p->recency != 0 && p->recency != 1) ||
         (p->share != SA_SHARE_HEAD && p->share != SA_SHARE_GROUP) ||
-        (p->scoring != SA_SCORING_PROBE && p->scoring != SA_SCORING_MINMAX))
+        (p->scoring != SA_SCORING_PROBE && p->scoring != SA_SCORING_MINMAX &&
+         p->scoring != SA_SCORING_CHANNELS) ||
+        (p->scoring == SA_SCORING_CHANNELS && p->n_channels < 1))
         return SA_ERR_PARAM;
     return SA_OK;
 }

@@ -10,6 +10,7 @@
 
 #include "attend.h"
 #include "bounds.h"
+#include "channels.h"
 #include "choose.h"
 #include "probe.h"
 #include "probe_rows.h"
@@ -60,6 +61,9 @@ static int decode_item(void *arg, int kh, int worker)
         if (c->params->scoring == SA_SCORING_MINMAX)
             sa_minmax_group(c->kern, s, c->params->bounds, kh, qf,
                             c->params->share == SA_SHARE_GROUP);
+        else if (c->params->scoring == SA_SCORING_CHANNELS)
+            sa_channels_group(c->kern, s, c->params->channels, c->params->n_channels, kh, qf,
+                              c->seq_len);
         else
             sa_probe_group(c->kern, s, c->k, kh, qf, c->seq_len, c->block_size, c->n_probe,
                            c->params->probe_rows);
@@ -91,6 +95,9 @@ static int run(decode_ctx *c, int n_heads, int threads, const float *importance,
         return rc;
     if (c->mode != PROBE_ONLY && c->params && c->params->scoring == SA_SCORING_MINMAX &&
         (rc = sa_check_bounds(c->params->bounds, k, c->seq_len, c->block_size)))
+        return rc;
+    if (c->mode != PROBE_ONLY && c->params && c->params->scoring == SA_SCORING_CHANNELS &&
+        (rc = sa_check_channels(c->params->channels, k, c->seq_len, c->block_size)))
         return rc;
     if (c->mode != PROBE_ONLY && c->params && c->params->scoring == SA_SCORING_PROBE &&
         c->params->probe_rows &&
@@ -128,7 +135,11 @@ static int run(decode_ctx *c, int n_heads, int threads, const float *importance,
         .G = G, .D = D, .group_size = gs, .NB = NB, .n_sel = n_sel,
         .max_tok = c->mode == ATTEND ? max_tok : 1,
         .probe_tmp_per_head =
-            probes ? sa_probe_tmp_floats(c->seq_len, c->block_size, c->n_probe) : 0};
+            probes ? sa_probe_tmp_floats(c->seq_len, c->block_size, c->n_probe) : 0,
+        .channel_rows = c->mode != PROBE_ONLY && c->params && n_sel < NB &&
+                                c->params->scoring == SA_SCORING_CHANNELS
+                            ? sa_min(c->block_size, c->seq_len)
+                            : 0};
     if ((rc = sa_scratch_array(workers, &sizes, &c->scratch))) {
         free(reserve.blocks);
         return rc;

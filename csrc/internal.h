@@ -42,6 +42,23 @@ static inline int sa_block_end(int b, int bs, int seq_len)
     return e < seq_len ? (int)e : seq_len;
 }
 
+/* roundf(v) (halfway cases away from zero) clamped to [-127, 127], without
+ * a libm call or a branch per element (the call and its mispredicted
+ * branches dominated a decode step's fixed cost): after the clamp,
+ * t = (int)v truncates and v - t is exact (|v| <= 127), so comparing the
+ * fraction with +-0.5 rounds exactly as roundf does (checked against roundf
+ * for every float of magnitude < 200).  NaN, which every caller rejects
+ * before quantising, clamps to -127 rather than reaching an undefined
+ * conversion. */
+static inline int8_t sa_round_q8(float v)
+{
+    v = v > -127.0f ? v : -127.0f;
+    v = v < 127.0f ? v : 127.0f;
+    const int t = (int)v;
+    const float f = v - (float)t;
+    return (int8_t)(t + (f >= 0.5f) - (f <= -0.5f));
+}
+
 /* Row pointers into a KV tensor. */
 static inline const float *sa_kv_f32_row(const sa_kv *kv, int kh, int row)
 {

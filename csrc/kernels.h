@@ -95,6 +95,18 @@ typedef struct sa_kernels {
                           const int8_t *mn, const int8_t *mx, const float *sc,
                           ptrdiff_t block_stride, int n, float *const *s);
 
+    /* scoring="channels" (spec §6) over n blocks of a channel copy that
+     * keeps cs values per block and channel: block b's int8 values at
+     * d + b*D*cs (channel i's at + i*cs), its scales at sc + b*D.  s[g][b] = the max over the block's rows t (bs of
+     * them, last_rows for block n-1) of the sum over j < r, from 0 in j
+     * order, of (q[g][idx[j]] * sc[b][idx[j]]) * (float)d[b][idx[j]][t]:
+     * per (head, row) one product rounding, then the add (or the fused
+     * multiply-add of the SIMD files).  acc: G * (n > 1 ? bs : last_rows)
+     * floats of scratch. */
+    void (*channel_scores)(const float *q, int G, int D, const int32_t *idx, int r,
+                           const int8_t *d, const float *sc, int cs, int bs, int n,
+                           int last_rows, float *acc, float *const *s);
+
     /* The sum of the n_words 64-bit words at buf (8-byte aligned), read once
      * front to back with the widest loads of the ISA: the bandwidth probe. */
     uint64_t (*stream_sum)(const uint64_t *buf, size_t n_words);
@@ -112,7 +124,7 @@ typedef struct sa_kernels {
         .scores_f32 = scores_f32_##id, .scores_q8 = scores_q8_##id,                   \
         .softmax_exp = softmax_exp_##id, .accumulate_v_f32 = accumulate_v_f32_##id,   \
         .accumulate_v_q8 = accumulate_v_q8_##id, .minmax_scores = minmax_scores_##id, \
-        .stream_sum = stream_sum_##id,                                                \
+        .channel_scores = channel_scores_##id, .stream_sum = stream_sum_##id,          \
     }
 
 /* The same, for an id that is itself a macro (SA_ISA_ID). */

@@ -1,12 +1,13 @@
 /*
  * Appending tokens to a cache (sa_kv_append): K and V rows, the key bounds
- * of the blocks they touch, the probe-row copies.  Everything is checked
+ * of the blocks they touch, the probe-row copies, the channel copy.  Everything is checked
  * (arguments, then both inputs' values) before the first byte is written,
  * and nothing allocates, so a refused append leaves the cache as it was.
  */
 #include <string.h>
 
 #include "bounds.h"
+#include "channels.h"
 #include "probe_rows.h"
 
 /* Rows [at, at + T) of every KV head of dst from src [n_kv_heads, T, D]. */
@@ -31,7 +32,8 @@ static void write_rows(const sa_kv *dst, int at, const float *src, int T)
 }
 
 int sa_kv_append(const sa_kv *k, const sa_kv *v, int at, const float *k_new,
-                 const float *v_new, int T, sa_bounds *bounds, sa_probe_rows *probe_rows)
+                 const float *v_new, int T, sa_bounds *bounds, sa_probe_rows *probe_rows,
+                 sa_channels *channels)
 {
     int rc = sa_check_kv_pair(k, v);
     if (rc)
@@ -49,6 +51,12 @@ int sa_kv_append(const sa_kv *k, const sa_kv *v, int at, const float *k_new,
     }
     if (probe_rows && (rc = sa_check_probe_rows_update(k, at, end, probe_rows)))
         return rc;
+    if (channels) {
+        if ((rc = sa_check_channels_update(k, at, end, channels)))
+            return rc;
+        if (channels->k_rows != at)
+            return SA_ERR_CHANNELS;
+    }
     const int64_t n = (int64_t)k->n_kv_heads * T * k->head_dim;
     if (!sa_values_ok(k_new, n))
         return SA_ERR_K_VALUES;
@@ -60,5 +68,7 @@ int sa_kv_append(const sa_kv *k, const sa_kv *v, int at, const float *k_new,
         sa_bounds_compute(k, at, end, bounds);
     if (probe_rows)
         sa_probe_rows_copy(k, at, end, probe_rows);
+    if (channels)
+        sa_channels_compute(k, at, end, channels);
     return SA_OK;
 }

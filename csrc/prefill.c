@@ -38,6 +38,7 @@
 
 #include "attend.h"
 #include "bounds.h"
+#include "channels.h"
 #include "choose.h"
 #include "probe.h"
 #include "probe_rows.h"
@@ -208,6 +209,10 @@ static void choose_blocks(const prefill_ctx *c, worker *w, int kh, int block)
     }
     if (sp->scoring == SA_SCORING_MINMAX) {
         sa_minmax_group(c->kern, ss, sp->bounds, kh, w->rep, sp->share == SA_SHARE_GROUP);
+    } else if (sp->scoring == SA_SCORING_CHANNELS) {
+        /* blocks [0, block) are whole */
+        sa_channels_group(c->kern, ss, sp->channels, sp->n_channels, kh, w->rep,
+                          sa_block_start(block, bs));
     } else {
         if (c->k->dtype == SA_DTYPE_Q8)
             sa_quantize_group(ss, w->rep, c->k->group_size);
@@ -448,6 +453,9 @@ static int check_prefill(const float *q, int n_heads, int T, const sa_kv *k, con
     if (sp->scoring == SA_SCORING_MINMAX &&
         (rc = sa_check_bounds(sp->bounds, k, (int)S, sp->block_size)))
         return rc;
+    if (sp->scoring == SA_SCORING_CHANNELS &&
+        (rc = sa_check_channels(sp->channels, k, (int)S, sp->block_size)))
+        return rc;
     if (sp->scoring == SA_SCORING_PROBE && sp->probe_rows &&
         (rc = sa_check_probe_rows(sp->probe_rows, k, (int)S, sp->block_size, sp->n_probe)))
         return rc;
@@ -519,7 +527,9 @@ int sa_prefill(const float *q, int n_heads, int T, const sa_kv *k, const sa_kv *
         const sa_scratch_sizes zs = {
             .G = G, .D = D, .group_size = gs, .NB = NB, .n_sel = sa_max(n_sel, 1),
             .max_tok = 1,
-            .probe_tmp_per_head = probes ? sa_probe_tmp_floats(S, bs, params->n_probe) : 0};
+            .probe_tmp_per_head = probes ? sa_probe_tmp_floats(S, bs, params->n_probe) : 0,
+            .channel_rows = params->scoring == SA_SCORING_CHANNELS && n_sel > 0
+                                ? sa_min(bs, S) : 0};
         if ((rc = sa_scratch_array(workers, &zs, &sel)))
             goto done;
     }

@@ -10,24 +10,7 @@
 #include <arm_neon.h>
 #endif
 
-/* roundf(v) (halfway cases away from zero) clamped to [-127, 127], without
- * a libm call or a branch per element (the call and its mispredicted
- * branches dominated a decode step's fixed cost): after the clamp,
- * t = (int)v truncates and v - t is exact (|v| <= 127), so comparing the
- * fraction with +-0.5 rounds exactly as roundf does (checked against roundf
- * for every float of magnitude < 200).  NaN, which every caller rejects
- * before quantising, clamps to -127 rather than reaching an undefined
- * conversion. */
-static inline int8_t round_q8(float v)
-{
-    v = v > -127.0f ? v : -127.0f;
-    v = v < 127.0f ? v : 127.0f;
-    const int t = (int)v;
-    const float f = v - (float)t;
-    return (int8_t)(t + (f >= 0.5f) - (f <= -0.5f));
-}
-
-/* q[i] = round_q8(x[i] * id) for i < n, four at a time where the baseline
+/* q[i] = sa_round_q8(x[i] * id) for i < n, four at a time where the baseline
  * ISA has vectors (SSE2 on x86-64, NEON on AArch64), with the same result:
  * NaN becomes -127 as in the scalar code (maxps returns its second operand;
  * NEON selects it explicitly), and after the clamp vcvta rounds halfway
@@ -62,7 +45,7 @@ static void round_group(const float *x, float id, int n, int8_t *q)
     }
 #endif
     for (; i < n; i++)
-        q[i] = round_q8(x[i] * id);
+        q[i] = sa_round_q8(x[i] * id);
 }
 
 /* max(0, |x[i]|) over i < n, NaN ignored (a NaN never beats the running max,

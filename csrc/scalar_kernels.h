@@ -1,5 +1,6 @@
 /*
- * The scalar loops of the q8 kernels and of Quest's bound, written once:
+ * The scalar loops of the q8 kernels, of Quest's bound and of the channel
+ * scores, written once:
  * they are the portable table's kernels (portable/kernels_portable.c) and
  * the fallbacks of the SIMD files for group sizes their vector steps do not
  * take (arm/neon_common.h, x86/x86_common.h).  The includer defines
@@ -92,6 +93,41 @@ __attribute__((unused)) static void SA_SCALAR_FN(minmax_scores)(
                 acc = SA_MULADD(scale[grp], part, acc);
             }
             s[g][b] = acc;
+        }
+    }
+}
+
+/* Per block: each head's row sums over the chosen channels, channel by
+ * channel (the loop over rows vectorises; one channel's bytes serve every
+ * head), then the max over the block's rows. */
+__attribute__((unused)) static void SA_SCALAR_FN(channel_scores)(
+    const float *q, int G, int D, const int32_t *idx, int r, const int8_t *d, const float *sc,
+    int cs, int bs, int n, int last_rows, float *acc, float *const *s)
+{
+    /* a head's row sums: bs of them, or last_rows when that is the only block */
+    const int stride = n > 1 ? bs : last_rows;
+    for (int b = 0; b < n; b++) {
+        const int8_t *db = d + (ptrdiff_t)b * D * cs;
+        const float *sb = sc + (ptrdiff_t)b * D;
+        const int rows = b == n - 1 ? last_rows : bs;
+        for (ptrdiff_t i = 0; i < (ptrdiff_t)G * stride; i++)
+            acc[i] = 0.0f;
+        for (int j = 0; j < r; j++) {
+            const int c = idx[j];
+            const int8_t *x = db + (ptrdiff_t)c * cs;
+            for (int g = 0; g < G; g++) {
+                const float w = q[(ptrdiff_t)g * D + c] * sb[c];
+                float *a = acc + (ptrdiff_t)g * stride;
+                for (int t = 0; t < rows; t++)
+                    a[t] = SA_MULADD(w, (float)x[t], a[t]);
+            }
+        }
+        for (int g = 0; g < G; g++) {
+            const float *a = acc + (ptrdiff_t)g * stride;
+            float m = a[0];
+            for (int t = 1; t < rows; t++)
+                m = a[t] > m ? a[t] : m;
+            s[g][b] = m;
         }
     }
 }

@@ -58,6 +58,8 @@ static int scratch_new(const sa_scratch_sizes *z, sa_scratch **out)
     size_t o_op = take(&l, g, sizeof(float *)), o_z = take(&l, g, sizeof(float));
     size_t o_off = take(&l, g, sizeof(int)), o_heads = take(&l, g, sizeof(int));
     size_t o_heads2 = take(&l, g, sizeof(int));
+    size_t o_csum = take(&l, d, sizeof(float)), o_cidx = take(&l, d, sizeof(int32_t));
+    size_t o_cacc = take(&l, times(&l, g, (size_t)z->channel_rows), sizeof(float));
     const size_t total = take(&l, 0, 1);
     if (l.overflow)
         return SA_ERR_SIZE;
@@ -79,7 +81,8 @@ static int scratch_new(const sa_scratch_sizes *z, sa_scratch **out)
         .sp = (float **)(base + o_sp), .pp = (const float **)(base + o_pp),
         .op = (float **)(base + o_op), .z = (float *)(base + o_z),
         .off = (int *)(base + o_off), .heads = (int *)(base + o_heads),
-        .heads2 = (int *)(base + o_heads2),
+        .heads2 = (int *)(base + o_heads2), .chan_sum = (float *)(base + o_csum),
+        .chan_idx = (int32_t *)(base + o_cidx), .chan_acc = (float *)(base + o_cacc),
     };
     *out = s;
     return SA_OK;

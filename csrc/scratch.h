@@ -36,14 +36,19 @@ typedef struct sa_scratch {
     int *off;          /* G tokens scored so far per head */
     int *heads;        /* G heads of the current run */
     int *heads2;       /* G heads of the run after it */
+    float *chan_sum;   /* D     the group's summed |q| per channel (channels) */
+    int32_t *chan_idx; /* D     the channels scored, ascending */
+    float *chan_acc;   /* G*channel_rows  per-row channel sums of a block */
 } sa_scratch;
 
 /* What a call needs per worker: probe_tmp_per_head is
  * sa_probe_tmp_floats() when the call probes, else 0; max_tok the most
- * tokens one head attends to. */
+ * tokens one head attends to; channel_rows min(block_size, seq_len) when
+ * the call scores channels, else 0. */
 typedef struct sa_scratch_sizes {
     int G, D, group_size, NB, n_sel, max_tok;
     size_t probe_tmp_per_head;
+    int channel_rows;
 } sa_scratch_sizes;
 
 /* One arena per worker into *out.  SA_OK, SA_ERR_NOMEM, or SA_ERR_SIZE when

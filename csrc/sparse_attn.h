@@ -59,7 +59,9 @@ enum sa_status {
     SA_ERR_K_VALUES = 18,     /* the K rows appended hold NaN, Inf or magnitudes
                                  >= SA_VALUE_LIMIT */
     SA_ERR_V_VALUES = 19,     /* the V rows appended likewise */
-    SA_ERR_SIZE = 20          /* sizes whose scratch would not fit size_t */
+    SA_ERR_SIZE = 20,         /* sizes whose scratch would not fit size_t */
+    SA_ERR_CHANNELS = 21      /* channel copy missing, or not made for this K,
+                                 seq_len and block_size */
 };
 
 /* SA_VALUE_LIMIT = 2^48: |q|, |k| < 2^48 keep any dot over < 2^31 channels
@@ -68,7 +70,7 @@ enum sa_status {
 
 enum sa_dtype { SA_DTYPE_F32 = 0, SA_DTYPE_Q8 = 1 };
 enum sa_share { SA_SHARE_HEAD = 0, SA_SHARE_GROUP = 1 };
-enum sa_scoring { SA_SCORING_PROBE = 0, SA_SCORING_MINMAX = 1 };
+enum sa_scoring { SA_SCORING_PROBE = 0, SA_SCORING_MINMAX = 1, SA_SCORING_CHANNELS = 2 };
 
 /* A K or V tensor.  For SA_DTYPE_F32 `f32` is used; for SA_DTYPE_Q8 `q8` and
  * `scales` ([n_kv_heads, head_stride, head_dim / group_size]) are. */
@@ -122,6 +124,29 @@ typedef struct sa_probe_rows {
     int k_rows;
 } sa_probe_rows;
 
+/* The channel-major copy of K for scoring="channels" (spec §6, after
+ * SparQ): for KV head kh, block b and channel i, the block's values of that
+ * channel, K[kh, b*bs + t, i] for the block's valid rows t (dequantised
+ * for q8), quantised as one q8 group (the rows a partial block lacks count
+ * as zeros; their bytes are never read or written):
+ *   q8      int8  [n_kv_heads, head_stride, head_dim, block_rows]
+ *   scales  float [n_kv_heads, head_stride, head_dim]
+ * so that a score over a few channels reads those channels' bytes only.
+ * head_stride is in blocks; block_rows, the values kept per block and
+ * channel, is block_size or, for a copy of fewer rows than a block, at
+ * least those rows; k_rows is the number of K rows the copy was made from
+ * (the last block may be partial). */
+typedef struct sa_channels {
+    int n_kv_heads;
+    int head_dim;
+    int block_size;
+    int block_rows;
+    int head_stride;
+    int k_rows;
+    int8_t *q8;
+    float *scales;
+} sa_channels;
+
 /* Block selection (spec §2 and §6).  The seed's rule is block_size 32,
  * k_blocks 32, n_probe 8, recency 1, importance_blocks (k_blocks+1)/2,
  * sink_blocks 0, share SA_SHARE_HEAD. */
@@ -142,6 +167,10 @@ typedef struct sa_select_params {
                                  least seq_len rows, same block_size and
                                  n_probe; the scores are bitwise those read
                                  from K.  NULL probes K directly. */
+    int n_channels;           /* scoring == SA_SCORING_CHANNELS: channels scored
+                                 (min(n_channels, head_dim) of them) */
+    const sa_channels *channels; /* scoring == SA_SCORING_CHANNELS: the copy of
+                                 K over exactly seq_len rows, same block_size */
 } sa_select_params;
 
 const char *sa_strerror(int status);
@@ -191,7 +220,8 @@ int sa_dense_decode(const float *q, int n_heads, const sa_kv *k, const sa_kv *v,
  * among blocks 0 .. b-1, scored by each head's mean query row over block
  * b's rows in this call.  `prior` (may be NULL; read only with params) is
  * the importance recorded before this call: the reserve ranks the block
- * sums of prior[0, start).  minmax needs params->bounds over start+T rows.
+ * sums of prior[0, start).  minmax needs params->bounds, channels
+ * params->channels, over start+T rows.
  * out [n_heads, T, head_dim]; importance [start+T] receives the sum over
  * heads and query rows of the softmax weights each key got. */
 int sa_prefill(const float *q, int n_heads, int T, const sa_kv *k, const sa_kv *v, int start,
@@ -201,19 +231,27 @@ int sa_prefill(const float *q, int n_heads, int T, const sa_kv *k, const sa_kv *
 /* Append T tokens to a cache: rows [at, at+T) of every KV head of k and v
  * from k_new / v_new [n_kv_heads, T, head_dim] (quantised when the cache is
  * q8), then the bounds (if not NULL) of every block those rows touch and
- * the probe-row copies (if not NULL) of the new rows; bounds->k_rows and
- * probe_rows->k_rows become at + T.  Both inputs are scanned before
- * anything is written (SA_ERR_K_VALUES / SA_ERR_V_VALUES), and nothing here
- * allocates, so a refused call leaves every buffer as it was.  The bounds
- * must be current for `at` rows and the copies must cover them. */
+ * the probe-row copies (if not NULL) of the new rows and the channel copy
+ * (if not NULL) of every block they touch; the k_rows of each become
+ * at + T.  Both inputs are scanned before anything is written
+ * (SA_ERR_K_VALUES / SA_ERR_V_VALUES), and nothing here allocates, so a
+ * refused call leaves every buffer as it was.  The bounds and the channel
+ * copy must be current for `at` rows and the probe-row copies must cover
+ * them. */
 int sa_kv_append(const sa_kv *k, const sa_kv *v, int at, const float *k_new,
-                 const float *v_new, int T, sa_bounds *bounds, sa_probe_rows *probe_rows);
+                 const float *v_new, int T, sa_bounds *bounds, sa_probe_rows *probe_rows,
+                 sa_channels *channels);
 
 /* Recompute the bounds of every block that holds a row in [from_row, to_row)
  * from K's rows [block start, to_row), and set b->k_rows = to_row.
  * from_row = 0 computes bounds from scratch; a cache that drops rows
  * recomputes its new partial last block. */
 int sa_bounds_update(const sa_kv *k, int from_row, int to_row, sa_bounds *b);
+
+/* Recompute the channel copy of every block that holds a row in
+ * [from_row, to_row) from K's rows [block start, to_row), and set
+ * c->k_rows = to_row (from_row = 0: from scratch). */
+int sa_channels_update(const sa_kv *k, int from_row, int to_row, sa_channels *c);
 
 /* Copy into p the sampled rows of [from_row, to_row) (those of blocks that
  * fit in p's rows) and set p->k_rows = to_row.  from_row must not be

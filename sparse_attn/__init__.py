@@ -14,7 +14,7 @@ from .attention import (accumulate_v, dense_decode, prefill, probe_scores, q8_do
                         select_blocks, sparse_decode)
 from .cache import KVCache
 from .isa import available_isas, built_isas, isa, set_isa
-from .metadata import BlockBounds, ProbeRows, block_bounds, probe_rows
+from .metadata import BlockBounds, ChannelCopy, ProbeRows, block_bounds, channel_copy, probe_rows
 from .q8 import Q8, quantize_q8
 from .selection import POLICIES
 
@@ -22,7 +22,7 @@ __version__ = "0.2.0"
 
 __all__ = [
     "POLICIES", "Q8", "KVCache", "BlockBounds", "quantize_q8", "probe_scores", "select_blocks",
-    "block_bounds", "ProbeRows", "probe_rows", "sparse_decode",
+    "block_bounds", "ProbeRows", "probe_rows", "ChannelCopy", "channel_copy", "sparse_decode",
     "dense_decode", "prefill", "q8_dot", "accumulate_v", "isa", "set_isa",
     "available_isas", "built_isas", "SparseAttnError", "ArgumentError",
     "ArgumentTypeError", "KernelError",

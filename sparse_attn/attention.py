@@ -17,19 +17,35 @@ from ._checks import ArgumentError, ArgumentTypeError
 from ._ffi import ffi, lib
 from ._operands import (check_pair, check_seq_len, importance_array, kv_operand, kv_pair,
                         query, scale_value)
-from .metadata import BlockBounds, ProbeRows, block_bounds
+from .metadata import BlockBounds, ChannelCopy, ProbeRows, block_bounds, channel_copy
 from .q8 import Q8
 from .selection import n_probe_value, selection
 
 
-def metadata_structs(sel, k, kop, seq_len, bounds, probe_rows):
-    """The sa_bounds / sa_probe_rows (or None) a selection reads in this
-    call, from the caller's objects, checked against the call; minmax
-    without bounds computes them now (a read of all of K).  Returns
-    (bounds struct, probe-rows struct, what keeps them alive)."""
+_READS = {"bounds": "minmax", "probe_rows": "probe", "channels": "channels"}
+
+
+def metadata_structs(sel, k, kop, seq_len, bounds, probe_rows, channels=None):
+    """The metadata struct (sa_bounds for minmax, sa_channels for channels)
+    and the sa_probe_rows (or None) a selection reads in this call, from
+    the caller's objects, checked against the call; minmax without bounds
+    computes them now, and channel scoring without a channel copy makes it
+    (each a read of K's seq_len rows).  Returns (metadata struct,
+    probe-rows struct, what keeps them alive)."""
+    given = dict(bounds=bounds, probe_rows=probe_rows, channels=channels)
+    for name, value in given.items():
+        if value is not None and sel.scoring != _READS[name]:
+            raise ArgumentError(f"{name}= is only read with scoring={_READS[name]!r}")
+    if sel.scoring == "channels":
+        if channels is None:
+            channels = channel_copy(k, block_size=sel.block_size, seq_len=seq_len)
+        elif not isinstance(channels, ChannelCopy):
+            raise ArgumentTypeError(f"channels must be a ChannelCopy (see channel_copy), got "
+                                    f"{type(channels).__name__}")
+        else:
+            channels.check_for(kop, seq_len, sel.block_size)
+        return channels.struct(), None, channels
     if sel.scoring == "minmax":
-        if probe_rows is not None:
-            raise ArgumentError("probe_rows= is only read with scoring='probe'")
         if bounds is None:
             bounds = block_bounds(k, block_size=sel.block_size, seq_len=seq_len)
         elif not isinstance(bounds, BlockBounds):
@@ -38,8 +54,6 @@ def metadata_structs(sel, k, kop, seq_len, bounds, probe_rows):
         else:
             bounds.check_for(kop, seq_len, sel.block_size)
         return bounds.struct(), None, bounds
-    if bounds is not None:
-        raise ArgumentError("bounds= is only read with scoring='minmax'")
     if probe_rows is None:
         return None, None, None
     if not isinstance(probe_rows, ProbeRows):
@@ -105,8 +119,8 @@ def probe_scores(q, k, *, seq_len=None, block_size=32, n_probe=8, threads=None):
 
 def select_blocks(q, k, *, seq_len=None, k_blocks=32, block_size=32, n_probe=None,
                   importance=None, recency=True, policy="seed", importance_fraction=None,
-                  sink_blocks=None, share=None, scoring=None, bounds=None, probe_rows=None,
-                  threads=None):
+                  sink_blocks=None, share=None, scoring=None, n_channels=None, bounds=None,
+                  probe_rows=None, channels=None, threads=None):
     """Choose the blocks each query head attends to (spec §2 steps 1-5, §6).
 
     In order, with ``total = min(k_blocks, NB)``:
@@ -175,8 +189,8 @@ def select_blocks(q, k, *, seq_len=None, k_blocks=32, block_size=32, n_probe=Non
     seq_len = check_seq_len(seq_len, kop)
     sel = selection(policy, k_blocks=k_blocks, block_size=block_size, n_probe=n_probe,
                     recency=recency, importance_fraction=importance_fraction,
-                    sink_blocks=sink_blocks, share=share, scoring=scoring)
-    bst, pst, keep = metadata_structs(sel, k, kop, seq_len, bounds, probe_rows)
+                    sink_blocks=sink_blocks, share=share, scoring=scoring, n_channels=n_channels)
+    bst, pst, keep = metadata_structs(sel, k, kop, seq_len, bounds, probe_rows, channels)
     importance = importance_array(importance, seq_len)
     threads = ck.check_threads(threads)
     blocks = np.empty((n_heads, sel.n_selected(seq_len)), np.int32)
@@ -192,7 +206,8 @@ def select_blocks(q, k, *, seq_len=None, k_blocks=32, block_size=32, n_probe=Non
 def sparse_decode(q, k, v, *, seq_len=None, k_blocks=32, block_size=32, n_probe=None,
                   importance=None, recency=True, scale=None, policy="seed",
                   importance_fraction=None, sink_blocks=None, share=None, scoring=None,
-                  bounds=None, probe_rows=None, threads=None, return_blocks=False):
+                  n_channels=None, bounds=None, probe_rows=None, channels=None, threads=None,
+                  return_blocks=False):
     """One decode step of one layer over the blocks :func:`select_blocks` picks.
 
     Equivalent to (the numpy reference, ``sparse_attn.reference``)::
@@ -224,8 +239,8 @@ def sparse_decode(q, k, v, *, seq_len=None, k_blocks=32, block_size=32, n_probe=
     q, n_heads = query(q, kop, 2)
     sel = selection(policy, k_blocks=k_blocks, block_size=block_size, n_probe=n_probe,
                     recency=recency, importance_fraction=importance_fraction,
-                    sink_blocks=sink_blocks, share=share, scoring=scoring)
-    bst, pst, keep = metadata_structs(sel, k, kop, seq_len, bounds, probe_rows)
+                    sink_blocks=sink_blocks, share=share, scoring=scoring, n_channels=n_channels)
+    bst, pst, keep = metadata_structs(sel, k, kop, seq_len, bounds, probe_rows, channels)
     importance = importance_array(importance, seq_len)
     scale = scale_value(scale, kop.head_dim)
     threads = ck.check_threads(threads)
@@ -269,8 +284,8 @@ def dense_decode(q, k, v, *, seq_len=None, scale=None, threads=None):
 
 def prefill(q, k, v, *, start=0, scale=None, k_blocks=None, block_size=32, n_probe=None,
             importance=None, recency=True, policy="seed", importance_fraction=None,
-            sink_blocks=None, share=None, scoring=None, bounds=None, probe_rows=None,
-            threads=None):
+            sink_blocks=None, share=None, scoring=None, n_channels=None, bounds=None,
+            probe_rows=None, channels=None, threads=None):
     """Causal attention for T query tokens, exact (spec §3) or sparse (§7),
     and the importance of what ran.
 
@@ -323,14 +338,14 @@ def prefill(q, k, v, *, start=0, scale=None, k_blocks=None, block_size=32, n_pro
     threads = ck.check_threads(threads)
     if k_blocks is None:
         for name, value in (("importance", importance), ("bounds", bounds),
-                            ("probe_rows", probe_rows)):
+                            ("probe_rows", probe_rows), ("channels", channels)):
             if value is not None:
                 raise ArgumentError(f"{name}= is only read by sparse prefill (k_blocks=...)")
         return prefill_call(q, n_heads, kop, vop, start, None, None, scale, threads)
     sel = selection(policy, k_blocks=k_blocks, block_size=block_size, n_probe=n_probe,
                     recency=recency, importance_fraction=importance_fraction,
-                    sink_blocks=sink_blocks, share=share, scoring=scoring)
-    bst, pst, keep = metadata_structs(sel, k, kop, start + T, bounds, probe_rows)
+                    sink_blocks=sink_blocks, share=share, scoring=scoring, n_channels=n_channels)
+    bst, pst, keep = metadata_structs(sel, k, kop, start + T, bounds, probe_rows, channels)
     importance = importance_array(importance, start, "start")
     result = prefill_call(q, n_heads, kop, vop, start, sel.params(bst, pst), importance,
                           scale, threads)

@@ -9,8 +9,9 @@ from ._checks import ArgumentError
 from ._ffi import ffi, lib
 from ._operands import importance_array, kv_operand, query, scale_value
 from .attention import dense_call, metadata_structs, prefill_call, sparse_call
-from .metadata import (BlockBounds, ProbeRows, block_bounds, bounds_struct, default_scale_group,
-                       empty_bounds, empty_probe_rows, probe_rows_struct)
+from .metadata import (BlockBounds, ChannelCopy, ProbeRows, bounds_struct, channels_struct,
+                       default_scale_group, empty_bounds, empty_channels, empty_probe_rows,
+                       probe_rows_struct)
 from .q8 import Q8
 from .selection import n_probe_value, selection
 
@@ -64,7 +65,7 @@ class _Buffers:
     only when the append into it has succeeded."""
 
     __slots__ = ("capacity", "karr", "varr", "k", "v", "kop", "vop", "importance", "bounds",
-                 "bounds_st", "probe", "probe_st")
+                 "bounds_st", "probe", "probe_st", "channels", "channels_st")
 
 
 class KVCache:
@@ -105,6 +106,12 @@ class KVCache:
         is tighter than time, or when only ``scoring="minmax"`` or a probe of
         every row (``n_probe="all"``, the ``recall`` policy) is used.  None
         are kept when ``n_probe >= block_size``
+    copy_channels : bool, default False; keep the channel-major copy of K
+        that ``scoring="channels"`` (the ``balanced`` policy) reads at this
+        block_size: ``head_dim * (block_size + 4)`` bytes per block and KV
+        head, about K's own size for q8 K (a quarter of it for float32).
+        Without it such a decode makes the copy for the call, reading all of
+        K
 
     Examples
     --------
@@ -121,7 +128,7 @@ class KVCache:
     """
 
     def __init__(self, n_kv_heads, head_dim, *, capacity=4096, dtype="q8", group_size=32,
-                 block_size=32, n_probe=8, copy_probe_rows=True):
+                 block_size=32, n_probe=8, copy_probe_rows=True, copy_channels=False):
         self.n_kv_heads = ck.check_int("n_kv_heads", n_kv_heads, minimum=1)
         self.head_dim = ck.check_int("head_dim", head_dim, minimum=1)
         capacity = ck.check_int("capacity", capacity, minimum=1)
@@ -138,6 +145,7 @@ class KVCache:
         # A probe of every row (n_probe >= block_size) reads K itself.
         self.copy_probe_rows = ck.check_bool("copy_probe_rows", copy_probe_rows) and \
             self.n_probe < self.block_size
+        self.copy_channels = ck.check_bool("copy_channels", copy_channels)
         self._scale_group = default_scale_group(self.group_size, self.head_dim)
         self._lock = _RWLock()
         self._n = 0
@@ -168,6 +176,10 @@ class KVCache:
             b.probe = empty_probe_rows(self.n_kv_heads, capacity, self.head_dim, self.dtype,
                                        self.group_size, self.block_size, self.n_probe,
                                        zeros=_zeros)
+        b.channels = None
+        if self.copy_channels:
+            b.channels = empty_channels(self.n_kv_heads, nb, self.head_dim, self.block_size,
+                                        zeros=_zeros)
         # Everything is allocated: copying cannot fail any more.
         probe_rows_done = 0
         if old is not None:
@@ -177,12 +189,18 @@ class KVCache:
             onb = -(-n // self.block_size)
             for src, dst in zip(old.bounds, b.bounds):
                 dst[:, :onb] = src[:, :onb]
+            if b.channels is not None:
+                for src, dst in zip(old.channels, b.channels):
+                    dst[:, :onb] = src[:, :onb]
             if b.probe is not None:
                 # every old copy row, including a partial block's copies so far
                 _copy_rows(_arrays(old.probe), _arrays(b.probe), _arrays(old.probe)[0].shape[1])
                 probe_rows_done = old.probe_st.k_rows
         b.kop, b.vop = kv_operand("k", b.k), kv_operand("v", b.v)
         b.bounds_st = bounds_struct(b.bounds, self.block_size, self._scale_group, n)
+        b.channels_st = None
+        if b.channels is not None:
+            b.channels_st = channels_struct(b.channels, self.block_size, n)
         b.probe_st = None
         if b.probe is not None:
             b.probe_st = probe_rows_struct(b.probe, self.group_size, self.block_size,
@@ -233,6 +251,18 @@ class KVCache:
                                  buf.bounds[0].shape[1])
 
     @property
+    def channels(self):
+        """The channel-major copy of the valid rows (:class:`ChannelCopy`,
+        views) for ``scoring="channels"``, kept up to date by :meth:`append`,
+        or None without ``copy_channels=True``."""
+        buf, n = self._buf, self._n
+        if buf.channels is None:
+            return None
+        nb = -(-n // self.block_size)
+        return ChannelCopy._wrap(buf.channels[0][:, :nb], buf.channels[1][:, :nb],
+                                 self.block_size, n)
+
+    @property
     def probe_rows(self):
         """The copies of the probe's rows (:class:`ProbeRows`, current for
         the valid rows), or None with ``copy_probe_rows=False``."""
@@ -252,10 +282,11 @@ class KVCache:
     @property
     def metadata_nbytes(self):
         """Bytes held at the current capacity by what selection reads beside
-        K and V: the key bounds and the probe-row copies."""
+        K and V: the key bounds, the probe-row copies and the channel copy."""
         buf = self._buf
         probe = 0 if buf.probe is None else sum(a.nbytes for a in _arrays(buf.probe))
-        return sum(a.nbytes for a in buf.bounds) + probe
+        channels = 0 if buf.channels is None else sum(a.nbytes for a in buf.channels)
+        return sum(a.nbytes for a in buf.bounds) + probe + channels
 
     # ----------------------------------------------------------------- updates
     def append(self, k, v):
@@ -291,7 +322,8 @@ class KVCache:
                 buf = self._allocate(min(max(n + T, 2 * buf.capacity), ck.INT_MAX), buf, n)
             rc = lib.sa_kv_append(buf.kop.struct, buf.vop.struct, n, _ffi.ptr(k, "float"),
                                   _ffi.ptr(v, "float"), T, buf.bounds_st,
-                                  buf.probe_st if buf.probe_st is not None else ffi.NULL)
+                                  buf.probe_st if buf.probe_st is not None else ffi.NULL,
+                                  buf.channels_st if buf.channels_st is not None else ffi.NULL)
             _ffi.check(rc, "KVCache.append")
             self._buf, self._n = buf, n + T
         finally:
@@ -319,7 +351,8 @@ class KVCache:
         """Keep the first ``seq_len`` tokens (roll back appended tokens).  The
         importance the kept tokens received stays as recorded (including what
         prefill queries of removed tokens gave them); removed tokens' entries
-        are cleared and the bounds of a now partial last block recomputed."""
+        are cleared and the bounds (and channel copy) of a now partial last
+        block recomputed."""
         self._lock.acquire_write()
         try:
             seq_len = ck.check_int("seq_len", seq_len, minimum=0, maximum=self._n)
@@ -330,6 +363,9 @@ class KVCache:
                        "KVCache.truncate")
             if buf.probe_st is not None:
                 buf.probe_st.k_rows = seq_len    # the copies of kept rows stay valid
+            if buf.channels_st is not None:
+                _ffi.check(lib.sa_channels_update(buf.kop.struct, start, seq_len,
+                                                  buf.channels_st), "KVCache.truncate")
             self._n = seq_len
             self._has_importance = bool(buf.importance[:seq_len].any())
         finally:
@@ -344,6 +380,8 @@ class KVCache:
             buf.bounds_st.k_rows = 0
             if buf.probe_st is not None:
                 buf.probe_st.k_rows = 0
+            if buf.channels_st is not None:
+                buf.channels_st.k_rows = 0
             self._n = 0
             self._has_importance = False
         finally:
@@ -352,7 +390,7 @@ class KVCache:
     # ----------------------------------------------------------------- attention
     def prefill(self, q, *, k_blocks=None, block_size=None, n_probe=None, recency=True,
                 policy="seed", importance_fraction=None, sink_blocks=None, share=None,
-                scoring=None, scale=None, threads=None):
+                scoring=None, n_channels=None, scale=None, threads=None):
         """Causal prefill of the last T appended tokens' queries
         (``q`` float32 ``[H, T, head_dim]``); adds their importance to the
         cache's record.  Returns the attention output ``[H, T, head_dim]``.
@@ -371,7 +409,7 @@ class KVCache:
                             block_size=self.block_size if block_size is None else block_size,
                             n_probe=n_probe, recency=recency,
                             importance_fraction=importance_fraction, sink_blocks=sink_blocks,
-                            share=share, scoring=scoring)
+                            share=share, scoring=scoring, n_channels=n_channels)
         self._lock.acquire_write()
         try:
             buf, n = self._buf, self._n
@@ -386,9 +424,11 @@ class KVCache:
                 kind = self._own_metadata(sel, n, n, None, None)
                 if kind == "bounds":
                     bst = buf.bounds_st
+                elif kind == "channels":
+                    bst = buf.channels_st
                 elif kind == "probe_rows":
                     pst = buf.probe_st
-                elif sel.scoring == "minmax":
+                elif sel.scoring in ("minmax", "channels"):
                     bst, pst, keep = metadata_structs(sel, self._view(buf.k, n), buf.kop, n,
                                                       None, None)
                 params = sel.params(bst, pst)
@@ -405,7 +445,8 @@ class KVCache:
     def decode(self, q, *, seq_len=None, k_blocks=32, block_size=None, n_probe=None,
                importance=_RECORDED, recency=True, scale=None, policy="seed",
                importance_fraction=None, sink_blocks=None, share=None, scoring=None,
-               bounds=None, probe_rows=None, threads=None, return_blocks=False):
+               n_channels=None, bounds=None, probe_rows=None, channels=None, threads=None,
+               return_blocks=False):
         """:func:`sparse_attn.sparse_decode` over the cache (same arguments),
         with its recorded importance unless ``importance=`` is given
         (``None``: no reserve), its key bounds for ``scoring="minmax"`` and
@@ -416,7 +457,7 @@ class KVCache:
                         block_size=self.block_size if block_size is None else block_size,
                         n_probe=n_probe, recency=recency,
                         importance_fraction=importance_fraction, sink_blocks=sink_blocks,
-                        share=share, scoring=scoring)
+                        share=share, scoring=scoring, n_channels=n_channels)
         scale = scale_value(scale, self.head_dim)
         threads = ck.check_threads(threads)
         return_blocks = ck.check_bool("return_blocks", return_blocks)
@@ -433,14 +474,17 @@ class KVCache:
             else:
                 imp = importance_array(importance, seq)
             keep = bst = pst = None
-            kind = self._own_metadata(sel, seq, n, bounds, probe_rows)
+            kind = self._own_metadata(sel, seq, n, bounds, probe_rows, channels)
             if kind == "bounds":
                 bst = buf.bounds_st
+            elif kind == "channels":
+                bst = buf.channels_st
             elif kind == "probe_rows":
                 pst = buf.probe_st
-            elif bounds is not None or probe_rows is not None or sel.scoring == "minmax":
+            elif bounds is not None or probe_rows is not None or channels is not None or \
+                    sel.scoring in ("minmax", "channels"):
                 bst, pst, keep = metadata_structs(sel, self._view(buf.k, seq), buf.kop, seq,
-                                                  bounds, probe_rows)
+                                                  bounds, probe_rows, channels)
             result = sparse_call(q, n_heads, buf.kop, buf.vop, seq, sel, imp, bst, pst, scale,
                                  threads, return_blocks)
             del keep
@@ -450,7 +494,8 @@ class KVCache:
 
     def decoder(self, *, k_blocks=32, block_size=None, n_probe=None, recency=True,
                 policy="seed", importance_fraction=None, sink_blocks=None, share=None,
-                scoring=None, scale=None, threads=None, dense=False, return_blocks=False):
+                scoring=None, n_channels=None, scale=None, threads=None, dense=False,
+                return_blocks=False):
         """A decode call prepared for these settings (those of :meth:`decode`;
         ``dense=True`` for exact attention): calling it with ``q`` (float32
         ``[H, head_dim]``) gives bitwise what :meth:`decode` (or
@@ -463,7 +508,7 @@ class KVCache:
                         block_size=self.block_size if block_size is None else block_size,
                         n_probe=n_probe, recency=recency,
                         importance_fraction=importance_fraction, sink_blocks=sink_blocks,
-                        share=share, scoring=scoring)
+                        share=share, scoring=scoring, n_channels=n_channels)
         return _Decoder(self, sel, scale_value(scale, self.head_dim),
                         ck.check_threads(threads), ck.check_bool("dense", dense),
                         ck.check_bool("return_blocks", return_blocks))
@@ -482,33 +527,40 @@ class KVCache:
         finally:
             self._lock.release_read()
 
-    def _own_metadata(self, sel, seq, n, bounds, probe_rows):
+    def _own_metadata(self, sel, seq, n, bounds, probe_rows, channels=None):
         """Which of the cache's own metadata a decode with selection `sel`
-        over `seq` of its n rows reads: "bounds", "probe_rows" or None (the
+        over `seq` of its n rows reads: "bounds", "channels", "probe_rows" or
+        None (the
         caller passed its own, or none fits and K is probed or the bounds
         computed for the call)."""
-        if bounds is not None or probe_rows is not None or seq != n:
+        if bounds is not None or probe_rows is not None or channels is not None or seq != n:
             return None
         if sel.scoring == "minmax":
             return "bounds" if sel.block_size == self.block_size else None
+        if sel.scoring == "channels":
+            return "channels" if self.copy_channels and sel.block_size == self.block_size \
+                else None
         if self.copy_probe_rows and (sel.block_size, sel.n_probe) == \
                 (self.block_size, self.n_probe):
             return "probe_rows"
         return None
 
     def metadata_for(self, *, seq_len=None, k_blocks=32, block_size=None, n_probe=None,
-                     policy="seed", scoring=None, bounds=None, probe_rows=None, **knobs):
+                     policy="seed", scoring=None, n_channels=None, bounds=None,
+                     probe_rows=None, channels=None, **knobs):
         """Which of its own metadata :meth:`decode` with these arguments
-        reads: ``"bounds"`` (its key bounds), ``"probe_rows"`` (its
-        probe-row copies) or None (the caller's, or none: K is probed, or
-        the bounds are computed for the call)."""
+        reads: ``"bounds"`` (its key bounds), ``"channels"`` (its channel
+        copy), ``"probe_rows"`` (its probe-row copies) or None (the
+        caller's, or none: K is probed, or the bounds or channel copy are
+        made for the call)."""
         sel = selection(policy, k_blocks=k_blocks,
                         block_size=self.block_size if block_size is None else block_size,
-                        n_probe=n_probe, scoring=scoring,
+                        n_probe=n_probe, scoring=scoring, n_channels=n_channels,
                         **{k: v for k, v in knobs.items() if k in
                            ("recency", "importance_fraction", "sink_blocks", "share")})
         n = self._n
-        return self._own_metadata(sel, n if seq_len is None else seq_len, n, bounds, probe_rows)
+        return self._own_metadata(sel, n if seq_len is None else seq_len, n, bounds, probe_rows,
+                                  channels)
 
     def __repr__(self):
         return (f"KVCache(n_kv_heads={self.n_kv_heads}, head_dim={self.head_dim}, "
@@ -531,14 +583,18 @@ class _Decoder:
         self.buf = self.qshape = None
         # minmax at another block size than the cache's needs bounds made
         # per call: the general path
-        self.slow = not dense and sel.scoring == "minmax" and sel.block_size != cache.block_size
+        # (or channel scoring without the cache's copy at its block size)
+        self.slow = not dense and (
+            (sel.scoring == "minmax" and sel.block_size != cache.block_size) or
+            (sel.scoring == "channels" and _own_full(cache, sel) is None))
 
     def _bind(self, buf):
         c, sel = self.cache, self.sel
         kind = None if self.dense else c._own_metadata(sel, 1, 1, None, None)
+        meta = buf.bounds_st if kind == "bounds" else \
+            buf.channels_st if kind == "channels" else None
         self.params = None if self.dense else sel.params(
-            buf.bounds_st if kind == "bounds" else None,
-            buf.probe_st if kind == "probe_rows" else None)
+            meta, buf.probe_st if kind == "probe_rows" else None)
         self.imp = _ffi.ptr(buf.importance, "float")
         self.buf = buf
 
@@ -549,7 +605,7 @@ class _Decoder:
                       n_probe=self.sel.n_probe, recency=self.sel.recency,
                       importance_fraction=self.sel.importance_fraction,
                       sink_blocks=self.sel.sink_blocks, share=self.sel.share,
-                      scoring=self.sel.scoring)
+                      scoring=self.sel.scoring, n_channels=self.sel.n_channels)
             return c.decode(q, scale=self.scale, threads=self.threads,
                             return_blocks=self.return_blocks, **kw)
         c._lock.acquire_read()
@@ -583,6 +639,11 @@ class _Decoder:
             return (out, blocks) if self.return_blocks else out
         finally:
             c._lock.release_read()
+
+
+def _own_full(cache, sel):
+    """The cache's own metadata a full-length decode with `sel` reads."""
+    return cache._own_metadata(sel, 1, 1, None, None)
 
 
 def _arrays(t):

@@ -80,8 +80,12 @@ class Runner:
         """Prefill all but the last token into a fresh cache: exact, or with
         `settings` (a sparse prefill's knobs and k_blocks)."""
         torch = self.torch
+        # one cache serves every configuration: it keeps the channel copy
+        # when a policy scores channels
+        channels = any(knobs.get("scoring") == "channels" for _, knobs in self.args.policies)
         self.cache = self.sat.SparseKVCache(self.model, dtype=self.args.kv_dtype,
-                                            capacity=len(ids) + self.args.max_new_tokens + 8)
+                                            capacity=len(ids) + self.args.max_new_tokens + 8,
+                                            copy_channels=channels)
         self._enable(settings or dict(k_blocks=1 << 20))
         start = time.perf_counter()
         with torch.no_grad():

@@ -342,3 +342,158 @@ def probe_rows(k, *, block_size=32, n_probe=8, seq_len=None):
     _ffi.check(lib.sa_probe_rows_update(kop.struct, 0, seq_len, st), "probe_rows")
     rows = Q8._wrap(*arrays, kop.group_size) if isinstance(arrays, tuple) else arrays
     return ProbeRows(rows, block_size, n_probe, seq_len)
+
+
+# --------------------------------------------------------------------------- channel copy
+
+# A channel copy stores every block at full block_size; refuse sizes no
+# machine holds before asking numpy for them.
+MAX_CHANNEL_COPY_BYTES = 1 << 40
+
+
+def empty_channels(n_kv_heads, n_blocks, head_dim, block_rows, zeros=np.zeros):
+    """Zeroed channel-copy arrays (q8 ``[Hkv, NB, D, block_rows]`` int8,
+    scales ``[Hkv, NB, D]`` float32) for a cache or a call to fill."""
+    if n_kv_heads * n_blocks * head_dim * (block_rows + 4) > MAX_CHANNEL_COPY_BYTES:
+        raise ArgumentError(f"a channel copy of {n_blocks} blocks of {block_rows} rows "
+                            f"({n_kv_heads} KV heads, head_dim {head_dim}) would take more "
+                            f"than {MAX_CHANNEL_COPY_BYTES} bytes; use a smaller block_size")
+    return (zeros((n_kv_heads, n_blocks, head_dim, block_rows), np.int8),
+            zeros((n_kv_heads, n_blocks, head_dim), np.float32))
+
+
+def channels_struct(arrays, block_size, k_rows):
+    """A writable sa_channels over channel-copy arrays (q8, scales)."""
+    q, sc = arrays
+    return ffi.new("sa_channels *", {
+        "n_kv_heads": q.shape[0], "head_dim": q.shape[2], "block_size": block_size,
+        "block_rows": q.shape[3], "head_stride": q.shape[1], "k_rows": k_rows,
+        "q8": _ffi.out_ptr(q, "int8_t"), "scales": _ffi.out_ptr(sc, "float")})
+
+
+class ChannelCopy:
+    """The channel-major copy of K that ``scoring="channels"`` (the
+    ``balanced`` policy, spec §6) reads.
+
+    For KV head ``kh``, block ``b`` and channel ``i``, ``data[kh, b, i, t]``
+    times ``scales[kh, b, i]`` is K[kh, b*block_size + t, i] (dequantised
+    for q8) as one q8 group of the block's rows of that channel, for the
+    block's valid rows ``t``.  A score over r of D channels then reads r/D
+    of a block's copy.  ``block_rows`` is ``block_size``, or the rows there
+    are for a copy of fewer rows than one block.
+
+    Attributes (read-only)
+    ----------------------
+    data : int8 ``[Hkv, NB, D, block_rows]``
+    scales : float32 ``[Hkv, NB, D]``
+    block_size : int
+    k_rows : int, the rows of K the copy was made from
+    """
+
+    __slots__ = ("_data", "_scales", "_block_size", "_k_rows", "_struct")
+
+    def __init__(self, data, scales, block_size, k_rows):
+        block_size = ck.check_int("block_size", block_size, minimum=1)
+        k_rows = ck.check_int("k_rows", k_rows, minimum=0)
+        ck.check_array("channels.data", data, dtype=np.int8, ndim=4)
+        ck.check_array("channels.scales", scales, dtype=np.float32, ndim=3)
+        hkv, nb, dim, rows = data.shape
+        if scales.shape != (hkv, nb, dim):
+            raise ArgumentError(f"channels.scales must have shape {(hkv, nb, dim)}, got "
+                                f"{scales.shape}")
+        if -(-k_rows // block_size) > nb:
+            raise ArgumentError(f"the channel copy holds {nb} blocks, fewer than the "
+                                f"{-(-k_rows // block_size)} of k_rows {k_rows}")
+        if rows < min(block_size, k_rows) or (nb > 1 and rows < block_size):
+            raise ArgumentError(f"the channel copy keeps {rows} rows per block, fewer than "
+                                f"its block_size {block_size}")
+        if not np.isfinite(scales).all():
+            raise ArgumentError("channels.scales holds NaN or Inf values")
+        self._init(np.ascontiguousarray(data), np.ascontiguousarray(scales), block_size, k_rows)
+
+    def _init(self, data, scales, block_size, k_rows):
+        for name, value in (("_data", _read_only(data)), ("_scales", _read_only(scales)),
+                            ("_block_size", block_size), ("_k_rows", k_rows), ("_struct", None)):
+            object.__setattr__(self, name, value)
+
+    @classmethod
+    def _wrap(cls, data, scales, block_size, k_rows):
+        """A copy this package made (channel_copy, KVCache views)."""
+        self = cls.__new__(cls)
+        self._init(data, scales, block_size, k_rows)
+        return self
+
+    def __setattr__(self, name, value):
+        raise AttributeError(f"ChannelCopy is immutable (cannot set {name!r})")
+
+    data = property(lambda self: self._data)
+    scales = property(lambda self: self._scales)
+    block_size = property(lambda self: self._block_size)
+    k_rows = property(lambda self: self._k_rows)
+
+    @property
+    def nbytes(self):
+        return self._data.nbytes + self._scales.nbytes
+
+    def struct(self):
+        """The sa_channels the C core reads (made once; the arrays stay
+        alive with this object)."""
+        if self._struct is None:
+            d, sc = self._data, self._scales
+            hkv, nb, dim, rows = d.shape
+            st = ffi.new("sa_channels *", {
+                "n_kv_heads": hkv, "head_dim": dim, "block_size": self._block_size,
+                "block_rows": rows, "head_stride": d.strides[0] // (dim * rows) if hkv > 1
+                else nb, "k_rows": self._k_rows,
+                "q8": ffi.cast("int8_t *", _ffi.ptr(d, "int8_t")),
+                "scales": ffi.cast("float *", _ffi.ptr(sc, "float"))})
+            object.__setattr__(self, "_struct", st)
+        return self._struct
+
+    def check_for(self, kop, seq_len, block_size):
+        """Refuse a copy that was not made for this K, seq_len and block_size."""
+        d = self._data
+        if d.shape[0] != kop.n_kv_heads or d.shape[2] != kop.head_dim:
+            raise ArgumentError(f"the channel copy is for [{d.shape[0]} KV heads, head_dim "
+                                f"{d.shape[2]}], k is [{kop.n_kv_heads}, {kop.head_dim}]")
+        if self._block_size != block_size:
+            raise ArgumentError(f"the channel copy was made for block_size "
+                                f"{self._block_size}, not {block_size}")
+        if self._k_rows != seq_len:
+            raise ArgumentError(f"the channel copy covers {self._k_rows} rows but seq_len is "
+                                f"{seq_len}; make it again with channel_copy(k, "
+                                f"seq_len={seq_len})")
+
+    def __repr__(self):
+        return (f"ChannelCopy(blocks={self._data.shape[1]}, block_size={self._block_size}, "
+                f"k_rows={self._k_rows})")
+
+
+def channel_copy(k, *, block_size=32, seq_len=None):
+    """The channel-major copy of K's first ``seq_len`` rows (one read of
+    them) for ``scoring="channels"`` (``policy="balanced"``).  A
+    :class:`~sparse_attn.KVCache` made with ``copy_channels=True`` keeps its
+    own up to date instead (``cache.channels``).
+
+    Parameters
+    ----------
+    k : float32 ``[Hkv, S, D]`` or Q8
+    block_size : int, default 32
+    seq_len : int, default ``S``
+
+    Returns
+    -------
+    ChannelCopy with ``NB = ceil(seq_len / block_size)`` blocks:
+    ``D * (block_size + 4)`` bytes per block and KV head (about K's size
+    for q8 K, a quarter of it for float32), fewer for a single block
+    shorter than ``block_size``.
+    """
+    kop = kv_operand("k", k)
+    seq_len = check_seq_len(seq_len, kop)
+    block_size = ck.check_int("block_size", block_size, minimum=1)
+    nb = -(-seq_len // block_size)
+    # one block of fewer rows than block_size keeps only its rows
+    arrays = empty_channels(kop.n_kv_heads, nb, kop.head_dim, min(block_size, seq_len))
+    st = channels_struct(arrays, block_size, 0)
+    _ffi.check(lib.sa_channels_update(kop.struct, 0, seq_len, st), "channel_copy")
+    return ChannelCopy._wrap(*arrays, block_size, seq_len)

@@ -179,17 +179,68 @@ def minmax_scores(q, bounds):
     return np.array(out)
 
 
+# --------------------------------------------------------------------------- §6 channels
+
+def channel_copy(k, *, block_size=32, seq_len=None):
+    """The channel-major copy: per KV head, block and channel the block's
+    values of the channel (dequantised for q8) as one q8 group of
+    block_size values, missing rows of a partial block as zeros.  Returns
+    (int8 [Hkv, NB, D, BS], float32 scales [Hkv, NB, D])."""
+    seq_len = _rows(k) if seq_len is None else seq_len
+    keys = (Q8(k.data[:, :seq_len], k.scales[:, :seq_len], k.group_size).dequantize()
+            if isinstance(k, Q8) else np.asarray(k[:, :seq_len], np.float32))
+    hkv, _, dim = keys.shape
+    nb = math.ceil(seq_len / block_size)
+    padded = np.zeros((hkv, nb * block_size, dim), np.float32)
+    padded[:, :seq_len] = keys
+    blocks = padded.reshape(hkv, nb, block_size, dim).transpose(0, 1, 3, 2)
+    q8 = quantize_q8(np.ascontiguousarray(blocks), group_size=block_size)
+    return q8.data, q8.scales[..., 0]
+
+
+def top_channels(q_group, n_channels):
+    """The n_channels channels of largest summed |q| over a group's heads
+    (summed in float32 in head order), ties to the lower channel, ascending."""
+    a = np.zeros(q_group.shape[1], np.float32)
+    for row in q_group:
+        a = (a + np.abs(row.astype(np.float32))).astype(np.float32)
+    order = np.argsort(-a, kind="stable")           # stable: ties to the lower channel
+    return np.sort(order[:min(n_channels, len(a))])
+
+
+def channel_scores(q, copy, n_channels, *, block_size=32, seq_len):
+    """Per head and block the max over the block's valid rows of
+    sum_j (q_c * s_c) * d_c[t] over the group's channels c (float64)."""
+    data, scales = copy
+    n_heads, group = q.shape[0], q.shape[0] // data.shape[0]
+    nb = math.ceil(seq_len / block_size)
+    out = np.empty((n_heads, nb))
+    for kh in range(data.shape[0]):
+        idx = top_channels(q[kh * group:(kh + 1) * group], n_channels)
+        for h in range(kh * group, (kh + 1) * group):
+            w = (q[h, idx].astype(np.float32) * scales[kh, :nb][:, idx]).astype(np.float64)
+            acc = np.einsum("bc,bct->bt", w, data[kh, :nb][:, idx].astype(np.float64))
+            for b in range(nb):
+                rows = min(block_size, seq_len - b * block_size)
+                out[h, b] = acc[b, :rows].max()
+    return out
+
+
 def select_blocks(q, k, *, seq_len=None, k_blocks=32, block_size=32, n_probe=None,
                   importance=None, recency=True, policy="seed", importance_fraction=None,
-                  sink_blocks=None, share=None, scoring=None, bounds=None):
+                  sink_blocks=None, share=None, scoring=None, n_channels=None, bounds=None):
     sel = selection(policy, k_blocks=k_blocks, block_size=block_size, n_probe=n_probe,
                     recency=recency, importance_fraction=importance_fraction,
-                    sink_blocks=sink_blocks, share=share, scoring=scoring)
+                    sink_blocks=sink_blocks, share=share, scoring=scoring,
+                    n_channels=n_channels)
     n_probe, sink_blocks, share, scoring = sel.n_probe, sel.sink_blocks, sel.share, sel.scoring
     seq_len = _rows(k) if seq_len is None else seq_len
     n_heads, group = q.shape[0], q.shape[0] // _n_kv(k)
     nb = math.ceil(seq_len / block_size)
-    if scoring == "minmax":
+    if scoring == "channels":
+        probe = channel_scores(q, channel_copy(k, block_size=block_size, seq_len=seq_len),
+                               sel.n_channels, block_size=block_size, seq_len=seq_len)
+    elif scoring == "minmax":
         if bounds is None:
             bounds = block_bounds(k, block_size=block_size, seq_len=seq_len)
         probe = minmax_scores(q, bounds)
@@ -220,14 +271,15 @@ def _attend(q_h, k, v, kh, tokens, scale):
 def sparse_decode(q, k, v, *, seq_len=None, k_blocks=32, block_size=32, n_probe=None,
                   importance=None, recency=True, scale=None, policy="seed",
                   importance_fraction=None, sink_blocks=None, share=None, scoring=None,
-                  bounds=None, return_blocks=False):
+                  n_channels=None, bounds=None, return_blocks=False):
     seq_len = _rows(k) if seq_len is None else seq_len
     scale = 1 / math.sqrt(q.shape[-1]) if scale is None else scale
     group = q.shape[0] // _n_kv(k)
     blocks = select_blocks(q, k, seq_len=seq_len, k_blocks=k_blocks, block_size=block_size,
                            n_probe=n_probe, importance=importance, recency=recency,
                            policy=policy, importance_fraction=importance_fraction,
-                           sink_blocks=sink_blocks, share=share, scoring=scoring, bounds=bounds)
+                           sink_blocks=sink_blocks, share=share, scoring=scoring,
+                           n_channels=n_channels, bounds=bounds)
     out = np.empty(q.shape)
     for h in range(q.shape[0]):
         tokens = np.concatenate([np.arange(*_block_bounds(b, block_size, seq_len))
@@ -255,7 +307,7 @@ def _mean_rows(x):
     return (acc * np.float32(np.float32(1) / np.float32(x.shape[0]))).astype(np.float32)
 
 
-def _tile_choice(q, k, start, T, b, sel, imp_sum, bounds):
+def _tile_choice(q, k, start, T, b, sel, imp_sum, bounds, copy=None):
     """docs/spec.md §7: the blocks before block b that the rows of block b
     attend to, per head (ascending lists)."""
     bs = sel.block_size
@@ -268,6 +320,8 @@ def _tile_choice(q, k, start, T, b, sel, imp_sum, bounds):
         sub = BlockBounds(bounds.mn[:, :b], bounds.mx[:, :b], bounds.scales[:, :b], bs,
                           bounds.scale_group, b * bs)
         score = minmax_scores(rep, sub)
+    elif sel.scoring == "channels":
+        score = channel_scores(rep, copy, sel.n_channels, block_size=bs, seq_len=b * bs)
     else:
         score = probe_scores(rep, k, seq_len=b * bs, block_size=bs, n_probe=sel.n_probe)
     sums = None if imp_sum is None else imp_sum[:b]
@@ -285,7 +339,7 @@ def _tile_choice(q, k, start, T, b, sel, imp_sum, bounds):
 
 def prefill(q, k, v, *, start=0, scale=None, k_blocks=None, block_size=32, n_probe=None,
             importance=None, recency=True, policy="seed", importance_fraction=None,
-            sink_blocks=None, share=None, scoring=None, bounds=None):
+            sink_blocks=None, share=None, scoring=None, n_channels=None, bounds=None):
     """§3 exact prefill (k_blocks None) or §7 sparse prefill; returns
     (out, importance of this call)."""
     n_heads, T, D = q.shape
@@ -303,16 +357,18 @@ def prefill(q, k, v, *, start=0, scale=None, k_blocks=None, block_size=32, n_pro
         return out, imp_out
     sel = selection(policy, k_blocks=k_blocks, block_size=block_size, n_probe=n_probe,
                     recency=recency, importance_fraction=importance_fraction,
-                    sink_blocks=sink_blocks, share=share, scoring=scoring)
+                    sink_blocks=sink_blocks, share=share, scoring=scoring,
+                    n_channels=n_channels)
     bs = sel.block_size
     if sel.scoring == "minmax" and bounds is None:
         bounds = block_bounds(k, block_size=bs, seq_len=S)
+    copy = channel_copy(k, block_size=bs, seq_len=S) if sel.scoring == "channels" else None
     imp_sum = None
     if importance is not None:
         prior = np.asarray(importance[:start], np.float64)
         imp_sum = [prior[b * bs:(b + 1) * bs].sum() for b in range(-(-S // bs))]
     for b in range(start // bs, -(-S // bs)):
-        chosen = _tile_choice(q, k, start, T, b, sel, imp_sum, bounds)
+        chosen = _tile_choice(q, k, start, T, b, sel, imp_sum, bounds, copy)
         for h in range(n_heads):
             before = [np.arange(c * bs, (c + 1) * bs) for c in chosen[h]]
             for pos in range(max(start, b * bs), min(S, (b + 1) * bs)):

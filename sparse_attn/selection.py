@@ -16,7 +16,8 @@ from ._checks import ArgumentError
 from ._ffi import ffi, lib
 
 SHARES = {"head": lib.SA_SHARE_HEAD, "group": lib.SA_SHARE_GROUP}
-SCORINGS = {"probe": lib.SA_SCORING_PROBE, "minmax": lib.SA_SCORING_MINMAX}
+SCORINGS = {"probe": lib.SA_SCORING_PROBE, "minmax": lib.SA_SCORING_MINMAX,
+            "channels": lib.SA_SCORING_CHANNELS}
 
 # Named selection policies: the four knobs of spec §6 and the probe's
 # n_probe.  "seed" is the article's rule and the default everywhere.
@@ -27,14 +28,22 @@ SCORINGS = {"probe": lib.SA_SCORING_PROBE, "minmax": lib.SA_SCORING_MINMAX}
 # and attention work, not K reads.  "fast" reads the least: Quest's min/max
 # key bounds instead of the probe, one selection per GQA group, the first
 # block kept; it recalled less than the probe on SmolLM2, so measure your
-# model first.
+# model first.  "balanced" scores a block by the max of q.k over the 16
+# channels where the KV head's queries are largest (SparQ's idea), read
+# from a channel-major copy of K that the cache keeps: a quarter of K's
+# bytes at head_dim 64, kept all of recall's answers on SmolLM2 and
+# Qwen2.5-0.5B (docs/results.md).  The knobs a policy does not read (n_probe
+# without the probe, n_channels without channel scoring) keep their
+# defaults.
 POLICIES = {
     "seed": dict(importance_fraction=0.5, sink_blocks=0, scoring="probe", share="head",
-                 n_probe=8),
+                 n_probe=8, n_channels=16),
     "recall": dict(importance_fraction=0.0, sink_blocks=0, scoring="probe", share="head",
-                   n_probe="all"),
+                   n_probe="all", n_channels=16),
     "fast": dict(importance_fraction=0.0, sink_blocks=1, scoring="minmax", share="group",
-                 n_probe=8),
+                 n_probe=8, n_channels=16),
+    "balanced": dict(importance_fraction=0.0, sink_blocks=0, scoring="channels", share="head",
+                     n_probe=8, n_channels=16),
 }
 
 
@@ -67,7 +76,8 @@ class Selection:
     importance_fraction : float in [0, 1]
     sink_blocks : int
     share : ``"head"`` or ``"group"``
-    scoring : ``"probe"`` or ``"minmax"``
+    scoring : ``"probe"``, ``"minmax"`` or ``"channels"``
+    n_channels : int, channels scored per KV head (``"channels"``)
     """
 
     k_blocks: int
@@ -78,6 +88,7 @@ class Selection:
     sink_blocks: int
     share: str
     scoring: str
+    n_channels: int
 
     @property
     def importance_blocks(self):
@@ -90,18 +101,23 @@ class Selection:
     @property
     def reads(self):
         """The metadata the selection reads beside K: ``"bounds"`` (minmax),
-        ``"probe_rows"`` (a probe of some rows, served by copies), or None
-        (a probe of every row reads K itself)."""
-        if self.scoring == "minmax":
-            return "bounds"
+        ``"channels"`` (the channel copy), ``"probe_rows"`` (a probe of some
+        rows, served by copies), or None (a probe of every row reads K
+        itself)."""
+        if self.scoring in ("minmax", "channels"):
+            return "bounds" if self.scoring == "minmax" else "channels"
         return None if self.probes_every_row else "probe_rows"
 
-    def params(self, bounds=None, probe_rows=None):
+    def params(self, meta=None, probe_rows=None):
         """A fresh sa_select_params for one call, pointing at the call's
-        sa_bounds / sa_probe_rows (or NULL)."""
+        metadata (or NULL): `meta` the sa_bounds (minmax) or sa_channels
+        (channels), `probe_rows` the sa_probe_rows (probe)."""
         p = ffi.new("sa_select_params *", _fields(self))
-        if bounds is not None:
-            p.bounds = bounds
+        if meta is not None:
+            if self.scoring == "channels":
+                p.channels = meta
+            else:
+                p.bounds = meta
         if probe_rows is not None:
             p.probe_rows = probe_rows
         return p
@@ -118,15 +134,16 @@ def _fields(sel):
     return dict(block_size=sel.block_size, k_blocks=sel.k_blocks, n_probe=sel.n_probe,
                 recency=int(sel.recency), importance_blocks=sel.importance_blocks,
                 sink_blocks=sel.sink_blocks, share=SHARES[sel.share],
-                scoring=SCORINGS[sel.scoring])
+                scoring=SCORINGS[sel.scoring], n_channels=sel.n_channels)
 
 
 def selection(policy="seed", *, k_blocks=32, block_size=32, n_probe=None, recency=True,
-              importance_fraction=None, sink_blocks=None, share=None, scoring=None):
+              importance_fraction=None, sink_blocks=None, share=None, scoring=None,
+              n_channels=None):
     """The :class:`Selection` of a policy preset with every knob given (not
     None) taking precedence; each value is checked and a bad one named."""
     args = (policy, k_blocks, block_size, n_probe, recency, importance_fraction, sink_blocks,
-            share, scoring)
+            share, scoring, n_channels)
     try:
         return _selection(*args)
     except TypeError as exc:
@@ -137,12 +154,12 @@ def selection(policy="seed", *, k_blocks=32, block_size=32, n_probe=None, recenc
 
 @functools.lru_cache(maxsize=512, typed=True)
 def _selection(policy, k_blocks, block_size, n_probe, recency, importance_fraction, sink_blocks,
-               share, scoring):
+               share, scoring, n_channels):
     ck.check_choice("policy", policy, POLICIES)
     knobs = dict(POLICIES[policy])
     for name, value in (("importance_fraction", importance_fraction),
                         ("sink_blocks", sink_blocks), ("scoring", scoring), ("share", share),
-                        ("n_probe", n_probe)):
+                        ("n_probe", n_probe), ("n_channels", n_channels)):
         if value is not None:
             knobs[name] = value
     block_size = ck.check_int("block_size", block_size, minimum=1)
@@ -155,7 +172,8 @@ def _selection(policy, k_blocks, block_size, n_probe, recency, importance_fracti
                                            minimum=0.0, maximum=1.0),
         sink_blocks=ck.check_int("sink_blocks", knobs["sink_blocks"], minimum=0),
         share=ck.check_choice("share", knobs["share"], SHARES),
-        scoring=ck.check_choice("scoring", knobs["scoring"], SCORINGS))
+        scoring=ck.check_choice("scoring", knobs["scoring"], SCORINGS),
+        n_channels=ck.check_int("n_channels", knobs["n_channels"], minimum=1))
 
 
 # Knobs a policy spec of the command line may set, and how to read them.
@@ -165,6 +183,7 @@ _SPEC_KNOBS = {
     "scoring": str,
     "share": str,
     "n_probe": lambda v: v if v == "all" else int(v),
+    "n_channels": int,
     "recency": lambda v: v.lower() in ("1", "true", "yes"),
     "dense_layers": lambda v: tuple(int(i) for i in v.split("+") if i),
 }

@@ -17,7 +17,7 @@ def test_parse_policy_presets_and_knob_lists():
                         "scoring=minmax,recency=false")
     assert name == "mine"
     assert knobs == dict(importance_fraction=0.25, sink_blocks=2, share="group",
-                         scoring="minmax", recency=False, n_probe=8)
+                         scoring="minmax", recency=False, n_probe=8, n_channels=16)
     # a preset changed by knobs keeps the preset's other knobs and is
     # labelled by the whole spec
     assert parse("recall:sink_blocks=1") == ("recall:sink_blocks=1",
@@ -33,6 +33,10 @@ def test_parse_policy_presets_and_knob_lists():
         parse("x:dense_layers=first")
     with pytest.raises(sa.ArgumentError, match="share must be one of"):
         parse("x:share=layer")       # knobs are checked, not just parsed
+    assert parse("balanced:n_channels=8") == (
+        "balanced:n_channels=8", dict(sa.POLICIES["balanced"], n_channels=8))
+    with pytest.raises(sa.ArgumentError, match="n_channels must be"):
+        parse("x:n_channels=0")
 
 
 def test_bad_arguments_are_refused():

@@ -557,6 +557,18 @@ static void SA_FN(minmax_scores)(const float *qp, const float *qn, int G, int D,
 }
 
 /* ------------------------------------------------------------------ */
+/* channel_scores: the scalar loop, vectorised over rows with this file's */
+/* flags (fmaf becomes the fused vector multiply-add)                    */
+/* ------------------------------------------------------------------ */
+
+static void SA_FN(channel_scores)(const float *q, int G, int D, const int32_t *idx, int r,
+                                  const int8_t *d, const float *sc, int cs, int bs, int n,
+                                  int last_rows, float *acc, float *const *s)
+{
+    channel_scores_scalar(q, G, D, idx, r, d, sc, cs, bs, n, last_rows, acc, s);
+}
+
+/* ------------------------------------------------------------------ */
 /* stream_sum: the bandwidth probe                                      */
 /* ------------------------------------------------------------------ */
 

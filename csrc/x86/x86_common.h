@@ -455,6 +455,18 @@ static void SA_FN(accumulate_v_q8)(float *const *out, const float *const *p, int
 }
 
 /* -------------------------------------------------------------------------
+ * channel_scores: the scalar loop, vectorised over rows with this file's
+ * flags (fmaf becomes the fused vector multiply-add).
+ * ---------------------------------------------------------------------- */
+
+static void SA_FN(channel_scores)(const float *q, int G, int D, const int32_t *idx, int r,
+                                  const int8_t *d, const float *sc, int cs, int bs, int n,
+                                  int last_rows, float *acc, float *const *s)
+{
+    channel_scores_scalar(q, G, D, idx, r, d, sc, cs, bs, n, last_rows, acc, s);
+}
+
+/* -------------------------------------------------------------------------
  * minmax_scores
  * ---------------------------------------------------------------------- */
 

@@ -94,13 +94,16 @@ class SparseAttnSettings:
 
     Parameters
     ----------
-    k_blocks, block_size, n_probe, recency, policy, importance_fraction, sink_blocks, share, scoring
+    k_blocks, block_size, n_probe, recency, policy, importance_fraction, sink_blocks, share,
+    scoring, n_channels
         As :func:`sparse_attn.sparse_decode` (defaults 32, 32, None, True,
         ``"seed"``; n_probe and the knobs left None come from the policy: the
         seed's rules, spec §2 and §6, unless another preset is named).  With
         ``scoring="minmax"`` a :class:`SparseKVCache` supplies the key bounds
-        it keeps up to date; with transformers' own cache they are computed
-        at every step from all of K (correct, but reads the whole K).
+        it keeps up to date, and with ``scoring="channels"`` (``policy=
+        "balanced"``) its channel copy of K; with transformers' own cache
+        they are made at every step from all of K (correct, but reads the
+        whole K).
     prefill : ``"exact"`` or ``"sparse"``, default ``"exact"``
         How prompts are attended: exact causal attention, or sparse prefill
         with the same ``k_blocks`` and knobs as decode (docs/spec.md §7).
@@ -134,6 +137,7 @@ class SparseAttnSettings:
     sink_blocks: int = None
     share: str = None
     scoring: str = None
+    n_channels: int = None
     prefill: str = "exact"
     dense_layers: tuple = field(default=())
     kv_dtype: str = None
@@ -148,8 +152,9 @@ class SparseAttnSettings:
         sel = selection(self.policy, k_blocks=self.k_blocks, block_size=self.block_size,
                         n_probe=self.n_probe, recency=self.recency,
                         importance_fraction=self.importance_fraction,
-                        sink_blocks=self.sink_blocks, share=self.share, scoring=self.scoring)
-        for name in ("importance_fraction", "sink_blocks", "share", "scoring"):
+                        sink_blocks=self.sink_blocks, share=self.share, scoring=self.scoring,
+                        n_channels=self.n_channels)
+        for name in ("importance_fraction", "sink_blocks", "share", "scoring", "n_channels"):
             object.__setattr__(self, name, getattr(sel, name))
         # n_probe keeps the policy's spelling ("all" stays "all")
         if self.n_probe is None:
@@ -182,7 +187,8 @@ class SparseAttnSettings:
     def decode_kwargs(self):
         return dict(k_blocks=self.k_blocks, block_size=self.block_size, n_probe=self.n_probe,
                     recency=self.recency, importance_fraction=self.importance_fraction,
-                    sink_blocks=self.sink_blocks, share=self.share, scoring=self.scoring)
+                    sink_blocks=self.sink_blocks, share=self.share, scoring=self.scoring,
+                    n_channels=self.n_channels)
 
 
 def attention_modules(model):
@@ -227,8 +233,8 @@ def register():
 
 def enable(model, *, k_blocks=32, block_size=32, n_probe=None, recency=True, policy="seed",
            importance_fraction=None, sink_blocks=None, share=None, scoring=None,
-           prefill="exact", dense_layers=(), kv_dtype=None, group_size=32, threads=None,
-           compare_exact=False, profile=False):
+           n_channels=None, prefill="exact", dense_layers=(), kv_dtype=None, group_size=32,
+           threads=None, compare_exact=False, profile=False):
     """Switch ``model`` to ``sparse_topk`` with these settings (this model only).
 
     Registers the backend, checks the model (CPU, full causal attention in
@@ -258,8 +264,9 @@ def enable(model, *, k_blocks=32, block_size=32, n_probe=None, recency=True, pol
     settings = SparseAttnSettings(
         k_blocks=k_blocks, block_size=block_size, n_probe=n_probe, recency=recency,
         policy=policy, importance_fraction=importance_fraction, sink_blocks=sink_blocks, share=share,
-        scoring=scoring, prefill=prefill, dense_layers=dense_layers, kv_dtype=kv_dtype,
-        group_size=group_size, threads=threads, compare_exact=compare_exact, profile=profile)
+        scoring=scoring, n_channels=n_channels, prefill=prefill, dense_layers=dense_layers,
+        kv_dtype=kv_dtype, group_size=group_size, threads=threads, compare_exact=compare_exact,
+        profile=profile)
     modules = attention_modules(model)
     if not modules:
         raise UnsupportedError(
@@ -371,6 +378,9 @@ class SparseKVLayer(CacheLayerMixin):
     copy_probe_rows : bool, default True; keep the probe-row copies (a quarter of K's
         memory); a cache made from a model whose policy does not read them (minmax
         scoring, or a probe of every row) keeps none
+    copy_channels : bool, default False; keep the channel copy of K that
+        ``scoring="channels"`` reads (about K's size for q8); a cache made from a
+        model whose policy scores channels (``balanced``) keeps it
     """
 
     is_sliding = False
@@ -378,11 +388,12 @@ class SparseKVLayer(CacheLayerMixin):
     is_croppable = True
 
     def __init__(self, dtype="q8", group_size=32, capacity=1024, block_size=32, n_probe=8,
-                 copy_probe_rows=True, **kwargs):
+                 copy_probe_rows=True, copy_channels=False, **kwargs):
         super().__init__()
         self.block_size = ck.check_int("block_size", block_size, minimum=1)
         self.n_probe = ck.check_int("n_probe", n_probe, minimum=1)
         self.copy_probe_rows = ck.check_bool("copy_probe_rows", copy_probe_rows)
+        self.copy_channels = ck.check_bool("copy_channels", copy_channels)
         if dtype not in CACHE_DTYPES:
             raise ArgumentError(f"dtype must be one of {CACHE_DTYPES}, got {dtype!r}")
         self.dtype = dtype
@@ -402,7 +413,8 @@ class SparseKVLayer(CacheLayerMixin):
                                    f"{value_states.shape[3]}")
         self.kv = sa.KVCache(hkv, d, capacity=self.capacity, dtype=self.dtype,
                              group_size=self.group_size, block_size=self.block_size,
-                             n_probe=self.n_probe, copy_probe_rows=self.copy_probe_rows)
+                             n_probe=self.n_probe, copy_probe_rows=self.copy_probe_rows,
+                             copy_channels=self.copy_channels)
         self.state = _CacheState(self.kv)
         self.model_dtype = key_states.dtype
         self.device = key_states.device
@@ -537,13 +549,19 @@ class SparseKVCache(Cache):
     dtype : ``"q8"`` or ``"float32"``, default: the model's ``kv_dtype`` or ``"q8"``
     group_size : int, default: the model's ``group_size`` (32)
     capacity : int, default 1024; rows allocated per layer up front
+    copy_channels : bool or None, default None: whether each layer keeps the
+        channel copy of K that ``scoring="channels"`` (``policy="balanced"``)
+        reads (about K's size for q8); None keeps it when the model's policy
+        scores channels.  Without it such a decode makes the copy at every
+        step (correct, but a read of all of K)
 
     Examples
     --------
     ``model.generate(**inputs, cache=SparseKVCache(model))``.
     """
 
-    def __init__(self, model_or_config, *, dtype=None, group_size=None, capacity=1024):
+    def __init__(self, model_or_config, *, dtype=None, group_size=None, capacity=1024,
+                 copy_channels=None):
         config = getattr(model_or_config, "config", model_or_config)
         settings = getattr(model_or_config, "sparse_attn", None)
         if dtype is None:
@@ -563,8 +581,10 @@ class SparseKVCache(Cache):
         # itself, and minmax scoring reads the key bounds instead.
         copies = sel is None or sel.reads == "probe_rows"
         n_probe = sel.n_probe if copies and sel is not None else 8
+        channels = sel is not None and sel.reads == "channels" if copy_channels is None \
+            else ck.check_bool("copy_channels", copy_channels)
         super().__init__(layers=[SparseKVLayer(dtype, group_size, capacity, block_size, n_probe,
-                                               copies)
+                                               copies, channels)
                                  for _ in range(n_layers)])
         self.dtype = dtype
 

@@ -1749,7 +1749,7 @@ static void test_bad_args(void)
         fill_gauss(src, HKV * 3 * D);
         fill_gauss(src2, HKV * 3 * D);
         set_where("arguments, sa_kv_append %s", dt ? "q8" : "f32");
-        EXPECT(SA_OK, sa_kv_append(&CK, &CV, 0, src, src2, 3, &B, &R));
+        EXPECT(SA_OK, sa_kv_append(&CK, &CV, 0, src, src2, 3, &B, &R, NULL));
         check(B.k_rows == 3 && R.k_rows == 3, "sa_kv_append left k_rows at %d / %d, not 3",
               B.k_rows, R.k_rows);
         /* a snapshot of everything, then appends that must be refused */
@@ -1759,28 +1759,28 @@ static void test_bad_args(void)
                                HKV * NBB * NG * 4, dt ? HKV * PROWS * D : HKV * PROWS * D * 4};
         for (int i = 0; i < 9; i++)
             memcpy(snap[i] = xmalloc(len[i]), live[i], len[i]);
-        EXPECT(SA_ERR_NULL, sa_kv_append(NULL, &CV, 3, src, src2, 3, NULL, NULL));
-        EXPECT(SA_ERR_NULL, sa_kv_append(&CK, &CV, 3, NULL, src2, 3, NULL, NULL));
-        EXPECT(SA_ERR_NULL, sa_kv_append(&CK, &CV, 3, src, NULL, 3, NULL, NULL));
-        EXPECT(SA_ERR_SEQ_LEN, sa_kv_append(&CK, &CV, ROWS - 2, src, src2, 3, NULL, NULL));
-        EXPECT(SA_ERR_SEQ_LEN, sa_kv_append(&CK, &CV, -1, src, src2, 3, NULL, NULL));
-        EXPECT(SA_ERR_SEQ_LEN, sa_kv_append(&CK, &CV, 3, src, src2, -1, NULL, NULL));
-        EXPECT(SA_ERR_BOUNDS, sa_kv_append(&CK, &CV, 4, src, src2, 3, &B, &R)); /* bounds cover 3 */
-        EXPECT(SA_ERR_PROBE_ROWS, sa_kv_append(&CK, &CV, 4, src, src2, 3, NULL, &R)); /* gap */
+        EXPECT(SA_ERR_NULL, sa_kv_append(NULL, &CV, 3, src, src2, 3, NULL, NULL, NULL));
+        EXPECT(SA_ERR_NULL, sa_kv_append(&CK, &CV, 3, NULL, src2, 3, NULL, NULL, NULL));
+        EXPECT(SA_ERR_NULL, sa_kv_append(&CK, &CV, 3, src, NULL, 3, NULL, NULL, NULL));
+        EXPECT(SA_ERR_SEQ_LEN, sa_kv_append(&CK, &CV, ROWS - 2, src, src2, 3, NULL, NULL, NULL));
+        EXPECT(SA_ERR_SEQ_LEN, sa_kv_append(&CK, &CV, -1, src, src2, 3, NULL, NULL, NULL));
+        EXPECT(SA_ERR_SEQ_LEN, sa_kv_append(&CK, &CV, 3, src, src2, -1, NULL, NULL, NULL));
+        EXPECT(SA_ERR_BOUNDS, sa_kv_append(&CK, &CV, 4, src, src2, 3, &B, &R, NULL)); /* bounds cover 3 */
+        EXPECT(SA_ERR_PROBE_ROWS, sa_kv_append(&CK, &CV, 4, src, src2, 3, NULL, &R, NULL)); /* gap */
         const float keep = src[HKV * 3 * D - 1];
         src[HKV * 3 * D - 1] = NAN;     /* the last value of the last KV head */
-        EXPECT(SA_ERR_K_VALUES, sa_kv_append(&CK, &CV, 3, src, src2, 3, &B, &R));
+        EXPECT(SA_ERR_K_VALUES, sa_kv_append(&CK, &CV, 3, src, src2, 3, &B, &R, NULL));
         src[HKV * 3 * D - 1] = -0x1p48f;
-        EXPECT(SA_ERR_K_VALUES, sa_kv_append(&CK, &CV, 3, src, src2, 3, &B, &R));
+        EXPECT(SA_ERR_K_VALUES, sa_kv_append(&CK, &CV, 3, src, src2, 3, &B, &R, NULL));
         src[HKV * 3 * D - 1] = keep;
         src2[0] = 3e38f;                /* finite, but a score or sum could overflow */
-        EXPECT(SA_ERR_V_VALUES, sa_kv_append(&CK, &CV, 3, src, src2, 3, &B, &R));
+        EXPECT(SA_ERR_V_VALUES, sa_kv_append(&CK, &CV, 3, src, src2, 3, &B, &R, NULL));
         int same = B.k_rows == 3 && R.k_rows == 3;
         for (int i = 0; i < 9; i++)
             same &= memcmp(snap[i], live[i], len[i]) == 0;
         check(same, "sa_kv_append wrote to the cache before refusing a call");
         src2[0] = 1.0f;
-        EXPECT(SA_OK, sa_kv_append(&CK, &CV, 3, src, src2, 3, &B, &R));
+        EXPECT(SA_OK, sa_kv_append(&CK, &CV, 3, src, src2, 3, &B, &R, NULL));
         /* the bounds and copies are those made from scratch over the 6 rows */
         sa_kv k6 = CK;
         k6.n_rows = 6;

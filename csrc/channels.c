@@ -1,0 +1,141 @@
+/*
+ * The channel-major copy of K for scoring="channels" (spec §6, after
+ * SparQ): kept up to date, checked, and scored.
+ *
+ * A block's copy holds, channel by channel, the block's bs values of that
+ * channel as one q8 group (bs int8 and one float32 scale).  Scoring r of D
+ * channels then reads r * (bs + 4) bytes of a block instead of the whole
+ * K block: with D = 64 and r = 16 a quarter of a q8 block's bytes.  The
+ * copy costs about K's own size (q8 K: the same bytes; float32 K: a
+ * quarter).  Each block is recomputed from its own rows, so appending a
+ * token at a time never lets rounding drift; nothing here allocates, so a
+ * cache append cannot fail half way through.
+ */
+#include <math.h>
+
+#include "channels.h"
+
+/* K[kh, t, i] as the copy quantises it: the float value, or scale * int8
+ * (one rounding) for q8. */
+static inline float key_value(const sa_kv *k, int kh, int t, int i)
+{
+    if (k->dtype == SA_DTYPE_F32)
+        return sa_kv_f32_row(k, kh, t)[i];
+    return sa_kv_scale_row(k, kh, t)[i / k->group_size] * (float)sa_kv_q8_row(k, kh, t)[i];
+}
+
+/* The copy of rows [r0, r1) (r1 - r0 <= bs) of KV head kh into one
+ * block's D x bs values and D scales: per channel the q8 recipe of spec §4
+ * over its values (the missing rows of a partial block count as zeros and
+ * are not written: scoring reads a block's valid rows only).  NaN
+ * in K (only K given directly can hold it) is ignored by the maximum and
+ * quantises to -127, as in sa_quantize_row. */
+static void block_copy(const sa_kv *k, int kh, int r0, int r1, int cs, int8_t *q, float *sc)
+{
+    const int D = k->head_dim, n = r1 - r0;
+    for (int i = 0; i < D; i++) {
+        float amax = 0.0f;
+        for (int t = 0; t < n; t++) {
+            const float a = fabsf(key_value(k, kh, r0 + t, i));
+            amax = a > amax ? a : amax;
+        }
+        const float d = amax / 127.0f;
+        const float id = d != 0.0f ? 1.0f / d : 0.0f;
+        int8_t *row = q + (ptrdiff_t)i * cs;
+        for (int t = 0; t < n; t++)
+            row[t] = sa_round_q8(key_value(k, kh, r0 + t, i) * id);
+        sc[i] = d;
+    }
+}
+
+int sa_check_channels_update(const sa_kv *k, int from_row, int to_row, const sa_channels *c)
+{
+    int rc = sa_check_kv(k);
+    if (rc)
+        return rc;
+    if (!c || !c->q8 || !c->scales)
+        return SA_ERR_NULL;
+    if (c->n_kv_heads != k->n_kv_heads || c->head_dim != k->head_dim || c->block_size < 1 ||
+        c->head_stride < 0 || c->block_rows < 1)
+        return SA_ERR_SHAPE;
+    if (from_row < 0 || from_row > to_row || to_row > k->n_rows ||
+        sa_ceil_div(to_row, c->block_size) > c->head_stride ||
+        c->block_rows < sa_min(c->block_size, to_row))
+        return SA_ERR_SEQ_LEN;
+    return SA_OK;
+}
+
+void sa_channels_compute(const sa_kv *k, int from_row, int to_row, sa_channels *c)
+{
+    const int D = k->head_dim, bs = c->block_size, cs = c->block_rows;
+    for (int kh = 0; kh < k->n_kv_heads; kh++)
+        for (int blk = from_row / bs; blk < sa_ceil_div(to_row, bs); blk++) {
+            const ptrdiff_t at = (ptrdiff_t)kh * c->head_stride + blk;
+            block_copy(k, kh, sa_block_start(blk, bs), sa_block_end(blk, bs, to_row), cs,
+                       c->q8 + at * D * cs, c->scales + at * D);
+        }
+    c->k_rows = to_row;
+}
+
+int sa_channels_update(const sa_kv *k, int from_row, int to_row, sa_channels *c)
+{
+    const int rc = sa_check_channels_update(k, from_row, to_row, c);
+    if (rc)
+        return rc;
+    sa_channels_compute(k, from_row, to_row, c);
+    return SA_OK;
+}
+
+int sa_check_channels(const sa_channels *c, const sa_kv *k, int seq_len, int block_size)
+{
+    if (!c || !c->q8 || !c->scales)
+        return SA_ERR_CHANNELS;
+    if (c->n_kv_heads != k->n_kv_heads || c->head_dim != k->head_dim ||
+        c->block_size != block_size || c->k_rows != seq_len ||
+        c->head_stride < sa_ceil_div(seq_len, block_size) ||
+        c->block_rows < sa_min(block_size, seq_len))
+        return SA_ERR_CHANNELS;
+    return SA_OK;
+}
+
+/* idx[0 .. r) = the r channels of largest a[i] (ties to the lower channel),
+ * ascending.  a is consumed (picked channels are marked -1; every a[i] is
+ * >= 0). */
+static void top_channels(float *a, int D, int r, int32_t *idx)
+{
+    for (int j = 0; j < r; j++) {
+        int best = -1;
+        for (int i = 0; i < D; i++)
+            if (a[i] >= 0.0f && (best < 0 || a[i] > a[best]))
+                best = i;
+        idx[j] = best;
+        a[best] = -1.0f;
+    }
+    for (int j = 1; j < r; j++)     /* ascending: the order the sums run in */
+        for (int m = j; m > 0 && idx[m - 1] > idx[m]; m--) {
+            const int32_t x = idx[m];
+            idx[m] = idx[m - 1];
+            idx[m - 1] = x;
+        }
+}
+
+void sa_channels_group(const sa_kernels *kern, sa_scratch *s, const sa_channels *c,
+                       int n_channels, int kh, const float *qf, int seq_len)
+{
+    const int G = s->G, D = s->D, NB = s->NB, bs = c->block_size, cs = c->block_rows;
+    const int r = sa_min(n_channels, D);
+    /* The group's summed |q| per channel, in head order. */
+    for (int i = 0; i < D; i++) {
+        float a = 0.0f;
+        for (int g = 0; g < G; g++)
+            a += fabsf(qf[(ptrdiff_t)g * D + i]);
+        s->chan_sum[i] = a;
+    }
+    top_channels(s->chan_sum, D, r, s->chan_idx);
+    for (int g = 0; g < G; g++)
+        s->sp[g] = s->probe + (ptrdiff_t)g * NB;
+    const ptrdiff_t at = (ptrdiff_t)kh * c->head_stride;
+    const int last_rows = seq_len - sa_block_start(NB - 1, bs);
+    kern->channel_scores(qf, G, D, s->chan_idx, r, c->q8 + at * D * cs, c->scales + at * D, cs,
+                         bs, NB, last_rows, s->chan_acc, s->sp);
+}
