@@ -2,10 +2,11 @@
  * The channel-major copy of K for scoring="channels" (spec §6, after
  * SparQ): kept up to date, checked, and scored.
  *
- * A block's copy holds, channel by channel, the block's bs values of that
- * channel as one q8 group (bs int8 and one float32 scale).  Scoring r of D
- * channels then reads r * (bs + 4) bytes of a block instead of the whole
- * K block: with D = 64 and r = 16 a quarter of a q8 block's bytes.  The
+ * Each channel of a KV head has one row over all blocks; a block's part of
+ * it is the block's bs values of that channel as one q8 group (bs int8 and
+ * one float32 scale).  Scoring r of D channels then reads r * (bs + 4)
+ * bytes of a block instead of the whole K block (with D = 64 and r = 16 a
+ * quarter of a q8 block's bytes), as r streams read front to back.  The
  * copy costs about K's own size (q8 K: the same bytes; float32 K: a
  * quarter).  Each block is recomputed from its own rows, so appending a
  * token at a time never lets rounding drift; nothing here allocates, so a
@@ -24,16 +25,17 @@ static inline float key_value(const sa_kv *k, int kh, int t, int i)
     return sa_kv_scale_row(k, kh, t)[i / k->group_size] * (float)sa_kv_q8_row(k, kh, t)[i];
 }
 
-/* The copy of rows [r0, r1) (r1 - r0 <= bs) of KV head kh into one
- * block's D x bs values and D scales: per channel the q8 recipe of spec §4
+/* The copy of rows [r0, r1) (r1 - r0 <= bs) of KV head kh into block blk
+ * of every channel's row (cs values, one scale): per channel the q8 recipe of spec §4
  * over its values (the missing rows of a partial block count as zeros and
  * are not written: scoring reads a block's valid rows only).  NaN
  * in K (only K given directly can hold it) is ignored by the maximum and
  * quantises to -127, as in sa_quantize_row. */
-static void block_copy(const sa_kv *k, int kh, int r0, int r1, int cs, int8_t *q, float *sc)
+static void block_copy(const sa_kv *k, int kh, int r0, int r1, const sa_channels *c, int blk)
 {
-    const int D = k->head_dim, n = r1 - r0;
+    const int D = k->head_dim, n = r1 - r0, cs = c->block_rows;
     for (int i = 0; i < D; i++) {
+        const ptrdiff_t at = ((ptrdiff_t)kh * D + i) * c->head_stride + blk;
         float amax = 0.0f;
         for (int t = 0; t < n; t++) {
             const float a = fabsf(key_value(k, kh, r0 + t, i));
@@ -41,10 +43,10 @@ static void block_copy(const sa_kv *k, int kh, int r0, int r1, int cs, int8_t *q
         }
         const float d = amax / 127.0f;
         const float id = d != 0.0f ? 1.0f / d : 0.0f;
-        int8_t *row = q + (ptrdiff_t)i * cs;
+        int8_t *row = c->q8 + at * cs;
         for (int t = 0; t < n; t++)
             row[t] = sa_round_q8(key_value(k, kh, r0 + t, i) * id);
-        sc[i] = d;
+        c->scales[at] = d;
     }
 }
 
@@ -67,13 +69,10 @@ int sa_check_channels_update(const sa_kv *k, int from_row, int to_row, const sa_
 
 void sa_channels_compute(const sa_kv *k, int from_row, int to_row, sa_channels *c)
 {
-    const int D = k->head_dim, bs = c->block_size, cs = c->block_rows;
+    const int bs = c->block_size;
     for (int kh = 0; kh < k->n_kv_heads; kh++)
-        for (int blk = from_row / bs; blk < sa_ceil_div(to_row, bs); blk++) {
-            const ptrdiff_t at = (ptrdiff_t)kh * c->head_stride + blk;
-            block_copy(k, kh, sa_block_start(blk, bs), sa_block_end(blk, bs, to_row), cs,
-                       c->q8 + at * D * cs, c->scales + at * D);
-        }
+        for (int blk = from_row / bs; blk < sa_ceil_div(to_row, bs); blk++)
+            block_copy(k, kh, sa_block_start(blk, bs), sa_block_end(blk, bs, to_row), c, blk);
     c->k_rows = to_row;
 }
 
@@ -134,8 +133,8 @@ void sa_channels_group(const sa_kernels *kern, sa_scratch *s, const sa_channels 
     top_channels(s->chan_sum, D, r, s->chan_idx);
     for (int g = 0; g < G; g++)
         s->sp[g] = s->probe + (ptrdiff_t)g * NB;
-    const ptrdiff_t at = (ptrdiff_t)kh * c->head_stride;
+    const ptrdiff_t at = (ptrdiff_t)kh * D * c->head_stride;
     const int last_rows = seq_len - sa_block_start(NB - 1, bs);
-    kern->channel_scores(qf, G, D, s->chan_idx, r, c->q8 + at * D * cs, c->scales + at * D, cs,
-                         bs, NB, last_rows, s->chan_acc, s->sp);
+    kern->channel_scores(qf, G, D, s->chan_idx, r, c->q8 + at * cs, c->scales + at, cs,
+                         c->head_stride, bs, NB, last_rows, s->chan_acc, s->sp);
 }

@@ -96,16 +96,17 @@ typedef struct sa_kernels {
                           ptrdiff_t block_stride, int n, float *const *s);
 
     /* scoring="channels" (spec §6) over n blocks of a channel copy that
-     * keeps cs values per block and channel: block b's int8 values at
-     * d + b*D*cs (channel i's at + i*cs), its scales at sc + b*D.  s[g][b] = the max over the block's rows t (bs of
+     * keeps cs values per block and channel, a channel's blocks adjacent:
+     * channel i of block b at d + (i*cstride + b)*cs, its scale at
+     * sc[i*cstride + b].  s[g][b] = the max over the block's rows t (bs of
      * them, last_rows for block n-1) of the sum over j < r, from 0 in j
-     * order, of (q[g][idx[j]] * sc[b][idx[j]]) * (float)d[b][idx[j]][t]:
+     * order, of (q[g][c] * scale(c, b)) * (float)value(c, b, t), c = idx[j]:
      * per (head, row) one product rounding, then the add (or the fused
      * multiply-add of the SIMD files).  acc: G * (n > 1 ? bs : last_rows)
      * floats of scratch. */
     void (*channel_scores)(const float *q, int G, int D, const int32_t *idx, int r,
-                           const int8_t *d, const float *sc, int cs, int bs, int n,
-                           int last_rows, float *acc, float *const *s);
+                           const int8_t *d, const float *sc, int cs, ptrdiff_t cstride,
+                           int bs, int n, int last_rows, float *acc, float *const *s);
 
     /* The sum of the n_words 64-bit words at buf (8-byte aligned), read once
      * front to back with the widest loads of the ISA: the bandwidth probe. */

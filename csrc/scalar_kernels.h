@@ -99,24 +99,43 @@ __attribute__((unused)) static void SA_SCALAR_FN(minmax_scores)(
 
 /* Per block: each head's row sums over the chosen channels, channel by
  * channel (the loop over rows vectorises; one channel's bytes serve every
- * head), then the max over the block's rows. */
+ * head), then the max over the block's rows.  Block after block, each
+ * chosen channel is read front to back. */
 __attribute__((unused)) static void SA_SCALAR_FN(channel_scores)(
     const float *q, int G, int D, const int32_t *idx, int r, const int8_t *d, const float *sc,
-    int cs, int bs, int n, int last_rows, float *acc, float *const *s)
+    int cs, ptrdiff_t cstride, int bs, int n, int last_rows, float *acc, float *const *s)
 {
     /* a head's row sums: bs of them, or last_rows when that is the only block */
     const int stride = n > 1 ? bs : last_rows;
     for (int b = 0; b < n; b++) {
-        const int8_t *db = d + (ptrdiff_t)b * D * cs;
-        const float *sb = sc + (ptrdiff_t)b * D;
         const int rows = b == n - 1 ? last_rows : bs;
+        if (rows == 32) {
+            /* The default block: a head's 32 row sums stay in registers
+             * over the channels (the same operations in the same order). */
+            for (int g = 0; g < G; g++) {
+                float a[32] = {0};
+                for (int j = 0; j < r; j++) {
+                    const ptrdiff_t at = (ptrdiff_t)idx[j] * cstride + b;
+                    const int8_t *x = d + at * cs;
+                    const float w = q[(ptrdiff_t)g * D + idx[j]] * sc[at];
+                    for (int t = 0; t < 32; t++)
+                        a[t] = SA_MULADD(w, (float)x[t], a[t]);
+                }
+                float m = a[0];
+                for (int t = 1; t < 32; t++)
+                    m = a[t] > m ? a[t] : m;
+                s[g][b] = m;
+            }
+            continue;
+        }
         for (ptrdiff_t i = 0; i < (ptrdiff_t)G * stride; i++)
             acc[i] = 0.0f;
         for (int j = 0; j < r; j++) {
             const int c = idx[j];
-            const int8_t *x = db + (ptrdiff_t)c * cs;
+            const ptrdiff_t at = (ptrdiff_t)c * cstride + b;
+            const int8_t *x = d + at * cs;
             for (int g = 0; g < G; g++) {
-                const float w = q[(ptrdiff_t)g * D + c] * sb[c];
+                const float w = q[(ptrdiff_t)g * D + c] * sc[at];
                 float *a = acc + (ptrdiff_t)g * stride;
                 for (int t = 0; t < rows; t++)
                     a[t] = SA_MULADD(w, (float)x[t], a[t]);

@@ -129,10 +129,11 @@ typedef struct sa_probe_rows {
  * channel, K[kh, b*bs + t, i] for the block's valid rows t (dequantised
  * for q8), quantised as one q8 group (the rows a partial block lacks count
  * as zeros; their bytes are never read or written):
- *   q8      int8  [n_kv_heads, head_stride, head_dim, block_rows]
- *   scales  float [n_kv_heads, head_stride, head_dim]
- * so that a score over a few channels reads those channels' bytes only.
- * head_stride is in blocks; block_rows, the values kept per block and
+ *   q8      int8  [n_kv_heads, head_dim, head_stride, block_rows]
+ *   scales  float [n_kv_heads, head_dim, head_stride]
+ * so that a score over a few channels reads those channels' bytes only,
+ * each channel front to back.  head_stride is the blocks a channel's row
+ * holds (at least the context's); block_rows, the values kept per block and
  * channel, is block_size or, for a copy of fewer rows than a block, at
  * least those rows; k_rows is the number of K rows the copy was made from
  * (the last block may be partial). */

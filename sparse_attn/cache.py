@@ -191,7 +191,7 @@ class KVCache:
                 dst[:, :onb] = src[:, :onb]
             if b.channels is not None:
                 for src, dst in zip(old.channels, b.channels):
-                    dst[:, :onb] = src[:, :onb]
+                    dst[:, :, :onb] = src[:, :, :onb]
             if b.probe is not None:
                 # every old copy row, including a partial block's copies so far
                 _copy_rows(_arrays(old.probe), _arrays(b.probe), _arrays(old.probe)[0].shape[1])
@@ -259,7 +259,7 @@ class KVCache:
         if buf.channels is None:
             return None
         nb = -(-n // self.block_size)
-        return ChannelCopy._wrap(buf.channels[0][:, :nb], buf.channels[1][:, :nb],
+        return ChannelCopy._wrap(buf.channels[0][:, :, :nb], buf.channels[1][:, :, :nb],
                                  self.block_size, n)
 
     @property

@@ -352,22 +352,22 @@ MAX_CHANNEL_COPY_BYTES = 1 << 40
 
 
 def empty_channels(n_kv_heads, n_blocks, head_dim, block_rows, zeros=np.zeros):
-    """Zeroed channel-copy arrays (q8 ``[Hkv, NB, D, block_rows]`` int8,
-    scales ``[Hkv, NB, D]`` float32) for a cache or a call to fill."""
+    """Zeroed channel-copy arrays (q8 ``[Hkv, D, NB, block_rows]`` int8,
+    scales ``[Hkv, D, NB]`` float32) for a cache or a call to fill."""
     if n_kv_heads * n_blocks * head_dim * (block_rows + 4) > MAX_CHANNEL_COPY_BYTES:
         raise ArgumentError(f"a channel copy of {n_blocks} blocks of {block_rows} rows "
                             f"({n_kv_heads} KV heads, head_dim {head_dim}) would take more "
                             f"than {MAX_CHANNEL_COPY_BYTES} bytes; use a smaller block_size")
-    return (zeros((n_kv_heads, n_blocks, head_dim, block_rows), np.int8),
-            zeros((n_kv_heads, n_blocks, head_dim), np.float32))
+    return (zeros((n_kv_heads, head_dim, n_blocks, block_rows), np.int8),
+            zeros((n_kv_heads, head_dim, n_blocks), np.float32))
 
 
 def channels_struct(arrays, block_size, k_rows):
     """A writable sa_channels over channel-copy arrays (q8, scales)."""
     q, sc = arrays
     return ffi.new("sa_channels *", {
-        "n_kv_heads": q.shape[0], "head_dim": q.shape[2], "block_size": block_size,
-        "block_rows": q.shape[3], "head_stride": q.shape[1], "k_rows": k_rows,
+        "n_kv_heads": q.shape[0], "head_dim": q.shape[1], "block_size": block_size,
+        "block_rows": q.shape[3], "head_stride": q.shape[2], "k_rows": k_rows,
         "q8": _ffi.out_ptr(q, "int8_t"), "scales": _ffi.out_ptr(sc, "float")})
 
 
@@ -375,17 +375,18 @@ class ChannelCopy:
     """The channel-major copy of K that ``scoring="channels"`` (the
     ``balanced`` policy, spec §6) reads.
 
-    For KV head ``kh``, block ``b`` and channel ``i``, ``data[kh, b, i, t]``
-    times ``scales[kh, b, i]`` is K[kh, b*block_size + t, i] (dequantised
+    For KV head ``kh``, channel ``i`` and block ``b``, ``data[kh, i, b, t]``
+    times ``scales[kh, i, b]`` is K[kh, b*block_size + t, i] (dequantised
     for q8) as one q8 group of the block's rows of that channel, for the
-    block's valid rows ``t``.  A score over r of D channels then reads r/D
-    of a block's copy.  ``block_rows`` is ``block_size``, or the rows there
-    are for a copy of fewer rows than one block.
+    block's valid rows ``t``.  A channel's blocks are adjacent, so a score
+    over r of D channels reads r rows of the copy front to back, r/D of
+    it.  ``block_rows`` is ``block_size``, or the rows there are for a copy
+    of fewer rows than one block.
 
     Attributes (read-only)
     ----------------------
-    data : int8 ``[Hkv, NB, D, block_rows]``
-    scales : float32 ``[Hkv, NB, D]``
+    data : int8 ``[Hkv, D, NB, block_rows]``
+    scales : float32 ``[Hkv, D, NB]``
     block_size : int
     k_rows : int, the rows of K the copy was made from
     """
@@ -397,9 +398,9 @@ class ChannelCopy:
         k_rows = ck.check_int("k_rows", k_rows, minimum=0)
         ck.check_array("channels.data", data, dtype=np.int8, ndim=4)
         ck.check_array("channels.scales", scales, dtype=np.float32, ndim=3)
-        hkv, nb, dim, rows = data.shape
-        if scales.shape != (hkv, nb, dim):
-            raise ArgumentError(f"channels.scales must have shape {(hkv, nb, dim)}, got "
+        hkv, dim, nb, rows = data.shape
+        if scales.shape != (hkv, dim, nb):
+            raise ArgumentError(f"channels.scales must have shape {(hkv, dim, nb)}, got "
                                 f"{scales.shape}")
         if -(-k_rows // block_size) > nb:
             raise ArgumentError(f"the channel copy holds {nb} blocks, fewer than the "
@@ -440,22 +441,30 @@ class ChannelCopy:
         alive with this object)."""
         if self._struct is None:
             d, sc = self._data, self._scales
-            hkv, nb, dim, rows = d.shape
+            hkv, dim, nb, rows = d.shape
             st = ffi.new("sa_channels *", {
                 "n_kv_heads": hkv, "head_dim": dim, "block_size": self._block_size,
-                "block_rows": rows, "head_stride": d.strides[0] // (dim * rows) if hkv > 1
-                else nb, "k_rows": self._k_rows,
+                "block_rows": rows, "head_stride": self._row_blocks(), "k_rows": self._k_rows,
                 "q8": ffi.cast("int8_t *", _ffi.ptr(d, "int8_t")),
                 "scales": ffi.cast("float *", _ffi.ptr(sc, "float"))})
             object.__setattr__(self, "_struct", st)
         return self._struct
 
+    def _row_blocks(self):
+        """The blocks between the starts of two channels' rows (a cache's
+        view has room for more blocks than the context holds)."""
+        d = self._data
+        hkv, dim, nb, rows = d.shape
+        if dim > 1:
+            return d.strides[1] // rows
+        return d.strides[0] // rows if hkv > 1 else nb
+
     def check_for(self, kop, seq_len, block_size):
         """Refuse a copy that was not made for this K, seq_len and block_size."""
         d = self._data
-        if d.shape[0] != kop.n_kv_heads or d.shape[2] != kop.head_dim:
+        if d.shape[0] != kop.n_kv_heads or d.shape[1] != kop.head_dim:
             raise ArgumentError(f"the channel copy is for [{d.shape[0]} KV heads, head_dim "
-                                f"{d.shape[2]}], k is [{kop.n_kv_heads}, {kop.head_dim}]")
+                                f"{d.shape[1]}], k is [{kop.n_kv_heads}, {kop.head_dim}]")
         if self._block_size != block_size:
             raise ArgumentError(f"the channel copy was made for block_size "
                                 f"{self._block_size}, not {block_size}")
@@ -465,7 +474,7 @@ class ChannelCopy:
                                 f"seq_len={seq_len})")
 
     def __repr__(self):
-        return (f"ChannelCopy(blocks={self._data.shape[1]}, block_size={self._block_size}, "
+        return (f"ChannelCopy(blocks={self._data.shape[2]}, block_size={self._block_size}, "
                 f"k_rows={self._k_rows})")
 
 

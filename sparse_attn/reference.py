@@ -185,7 +185,7 @@ def channel_copy(k, *, block_size=32, seq_len=None):
     """The channel-major copy: per KV head, block and channel the block's
     values of the channel (dequantised for q8) as one q8 group of
     block_size values, missing rows of a partial block as zeros.  Returns
-    (int8 [Hkv, NB, D, BS], float32 scales [Hkv, NB, D])."""
+    (int8 [Hkv, D, NB, BS], float32 scales [Hkv, D, NB])."""
     seq_len = _rows(k) if seq_len is None else seq_len
     keys = (Q8(k.data[:, :seq_len], k.scales[:, :seq_len], k.group_size).dequantize()
             if isinstance(k, Q8) else np.asarray(k[:, :seq_len], np.float32))
@@ -193,7 +193,7 @@ def channel_copy(k, *, block_size=32, seq_len=None):
     nb = math.ceil(seq_len / block_size)
     padded = np.zeros((hkv, nb * block_size, dim), np.float32)
     padded[:, :seq_len] = keys
-    blocks = padded.reshape(hkv, nb, block_size, dim).transpose(0, 1, 3, 2)
+    blocks = padded.reshape(hkv, nb, block_size, dim).transpose(0, 3, 1, 2)
     q8 = quantize_q8(np.ascontiguousarray(blocks), group_size=block_size)
     return q8.data, q8.scales[..., 0]
 
@@ -218,8 +218,8 @@ def channel_scores(q, copy, n_channels, *, block_size=32, seq_len):
     for kh in range(data.shape[0]):
         idx = top_channels(q[kh * group:(kh + 1) * group], n_channels)
         for h in range(kh * group, (kh + 1) * group):
-            w = (q[h, idx].astype(np.float32) * scales[kh, :nb][:, idx]).astype(np.float64)
-            acc = np.einsum("bc,bct->bt", w, data[kh, :nb][:, idx].astype(np.float64))
+            w = (q[h, idx, None].astype(np.float32) * scales[kh, idx, :nb]).astype(np.float64)
+            acc = np.einsum("cb,cbt->bt", w, data[kh, idx, :nb].astype(np.float64))
             for b in range(nb):
                 rows = min(block_size, seq_len - b * block_size)
                 out[h, b] = acc[b, :rows].max()

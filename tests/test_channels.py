@@ -32,9 +32,9 @@ def test_channel_copy_is_the_reference_copy(rng, dtype, D, gs, block_size, seq_l
     np.testing.assert_array_equal(got[1], want[1])
     keys = (k.dequantize() if isinstance(k, sa.Q8) else k)[:, :seq_len]
     nb = -(-seq_len // block_size)
-    back = (want[0] * want[1][..., None]).transpose(0, 1, 3, 2).reshape(3, nb * block_size, D)
+    back = (want[0] * want[1][..., None]).transpose(0, 2, 3, 1).reshape(3, nb * block_size, D)
     # each value is one q8 step of its (block, channel) from the key
-    step = np.repeat(want[1], block_size, axis=1)[:, :seq_len]
+    step = np.repeat(want[1].transpose(0, 2, 1), block_size, axis=1)[:, :seq_len]
     assert (np.abs(back[:, :seq_len] - keys) <= 0.5001 * step + 1e-30).all()
 
 
@@ -104,10 +104,10 @@ def test_cache_keeps_its_channel_copy_up_to_date(isa, rng, dtype):
         assert cache.metadata_for(k_blocks=3, policy="balanced") == "channels"
         fresh = sa.channel_copy(cache.k)
         np.testing.assert_array_equal(cache.channels.scales, fresh.scales)
-        valid = [min(32, cache.seq_len - 32 * b) for b in range(fresh.data.shape[1])]
+        valid = [min(32, cache.seq_len - 32 * b) for b in range(fresh.data.shape[2])]
         for b, rows in enumerate(valid):
-            np.testing.assert_array_equal(cache.channels.data[:, b, :, :rows],
-                                          fresh.data[:, b, :, :rows])
+            np.testing.assert_array_equal(cache.channels.data[:, :, b, :rows],
+                                          fresh.data[:, :, b, :rows])
         got = cache.decode(q, k_blocks=3, policy="balanced")
         want = sa.sparse_decode(q, cache.k, cache.v, k_blocks=3, policy="balanced")
         assert got.tobytes() == want.tobytes()
@@ -214,11 +214,11 @@ def test_a_copy_that_does_not_fit_is_refused(rng):
     # hand-built copies are checked before they reach C
     d, sc = copy.data.copy(), copy.scales.copy()
     with pytest.raises(ValueError, match="fewer than the 4 of k_rows 100"):
-        sa.ChannelCopy(d[:, :3], sc[:, :3], 32, 100)
+        sa.ChannelCopy(d[:, :, :3].copy(), sc[:, :, :3].copy(), 32, 100)
     with pytest.raises(ValueError, match="keeps 8 rows per block"):
         sa.ChannelCopy(d[..., :8].copy(), sc, 32, 90)
     with pytest.raises(ValueError, match="channels.scales must have shape"):
-        sa.ChannelCopy(d, sc[..., :5].copy(), 32, 90)
+        sa.ChannelCopy(d, sc[:, :5].copy(), 32, 90)
     sc[0, 0, 0] = np.nan
     with pytest.raises(ValueError, match="NaN or Inf"):
         sa.ChannelCopy(d, sc, 32, 90)

@@ -455,15 +455,61 @@ static void SA_FN(accumulate_v_q8)(float *const *out, const float *const *p, int
 }
 
 /* -------------------------------------------------------------------------
- * channel_scores: the scalar loop, vectorised over rows with this file's
- * flags (fmaf becomes the fused vector multiply-add).
+ * channel_scores: a block of 32 rows as 32 / SA_VT vectors per head, for
+ * SA_C_HEADS heads at a time; each scored channel's 32 bytes are loaded
+ * and widened once for those heads, and each (head, row) sum is the fused
+ * multiply-add chain of the scalar loop, which serves every other block
+ * (one block, one head at a time) with the same operations.
  * ---------------------------------------------------------------------- */
 
+#define SA_C_VECS (32 / SA_VT)
+#define SA_C_HEADS (SA_VT == 8 ? 2 : 4)
+
 static void SA_FN(channel_scores)(const float *q, int G, int D, const int32_t *idx, int r,
-                                  const int8_t *d, const float *sc, int cs, int bs, int n,
-                                  int last_rows, float *acc, float *const *s)
+                                  const int8_t *d, const float *sc, int cs,
+                                  ptrdiff_t cstride, int bs, int n, int last_rows,
+                                  float *acc, float *const *s)
 {
-    channel_scores_scalar(q, G, D, idx, r, d, sc, cs, bs, n, last_rows, acc, s);
+    for (int b = 0; b < n; b++) {
+        const int rows = b == n - 1 ? last_rows : bs;
+        if (rows != 32) {
+            for (int g = 0; g < G; g++) {
+                float *const one = s[g] + b;
+                channel_scores_scalar(q + (ptrdiff_t)g * D, 1, D, idx, r, d + (ptrdiff_t)b * cs,
+                                      sc + b, cs, cstride, bs, 1, rows, acc, &one);
+            }
+            continue;
+        }
+        for (int g0 = 0; g0 < G; g0 += SA_C_HEADS) {
+            const int hb = G - g0 < SA_C_HEADS ? G - g0 : SA_C_HEADS;
+            sa_vf a[SA_C_HEADS][SA_C_VECS];
+            for (int h = 0; h < SA_C_HEADS; h++)
+                for (int v = 0; v < SA_C_VECS; v++)
+                    a[h][v] = SA_MM(setzero_ps)();
+            for (int j = 0; j < r; j++) {
+                const ptrdiff_t at = (ptrdiff_t)idx[j] * cstride + b;
+                const int8_t *x = d + at * cs;
+                sa_vf xv[SA_C_VECS];
+                for (int v = 0; v < SA_C_VECS; v++)
+                    xv[v] = vf_load_s8(x + v * SA_VT);
+                const float scale = sc[at];
+                for (int h = 0; h < SA_C_HEADS; h++) {
+                    if (h >= hb)
+                        break;
+                    const sa_vf w =
+                        SA_MM(set1_ps)(q[(ptrdiff_t)(g0 + h) * D + idx[j]] * scale);
+                    for (int v = 0; v < SA_C_VECS; v++)
+                        a[h][v] = SA_MM(fmadd_ps)(w, xv[v], a[h][v]);
+                }
+            }
+            for (int h = 0; h < hb; h++) {
+                sa_vf m = a[h][0];
+                for (int v = 1; v < SA_C_VECS; v++)
+                    m = SA_MM(max_ps)(m, a[h][v]);
+                s[g0 + h][b] = hmax_ps(m);    /* max is exact in any order */
+            }
+        }
+    }
 }
 
 /* -------------------------------------------------------------------------

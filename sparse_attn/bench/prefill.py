@@ -76,6 +76,8 @@ def run_prefill(length, bases, args, torch):
                 sel = selection(k_blocks=config, block_size=args.block_size, **kw)
                 if sel.scoring == "minmax":
                     meta = {"bounds": sa.block_bounds(k, block_size=args.block_size)}
+                elif sel.scoring == "channels":
+                    meta = {"channels": sa.channel_copy(k, block_size=args.block_size)}
                 else:
                     meta = {"probe_rows": sa.probe_rows(k, block_size=args.block_size,
                                                         n_probe=sel.n_probe)}

@@ -51,13 +51,15 @@ def numpy_decode(q, k, v, scale):
 
 
 class Layer:
-    """One layer's buffers at one KV dtype: K, V, the key bounds and the
-    probe-row copies a KVCache keeps, the importance its prompt recorded,
-    and the question query."""
+    """One layer's buffers at one KV dtype: K, V, the key bounds, the
+    probe-row copies and (when a policy scores channels) the channel copy a
+    KVCache keeps, the importance its prompt recorded, and the question
+    query."""
 
-    def __init__(self, ctx, importance, k, v, bounds, probe_rows):
+    def __init__(self, ctx, importance, k, v, bounds, probe_rows, channels=None):
         self.ctx, self.importance = ctx, importance
         self.k, self.v, self.bounds, self.probe_rows = k, v, bounds, probe_rows
+        self.channels = channels
 
     @classmethod
     def build(cls, ctx, importance, dtype, args):
@@ -65,8 +67,10 @@ class Layer:
             k, v = sa.quantize_q8(ctx.k, args.group_size), sa.quantize_q8(ctx.v, args.group_size)
         else:
             k, v = ctx.k, ctx.v
+        channels = any(knobs.get("scoring") == "channels" for _, knobs in args.policies)
         return cls(ctx, importance, k, v, sa.block_bounds(k, block_size=args.block_size),
-                   sa.probe_rows(k, block_size=args.block_size, n_probe=args.n_probe or 8))
+                   sa.probe_rows(k, block_size=args.block_size, n_probe=args.n_probe or 8),
+                   sa.channel_copy(k, block_size=args.block_size) if channels else None)
 
     def copy(self):
         def dup(t):
@@ -76,17 +80,23 @@ class Layer:
         bounds = sa.BlockBounds(b.mn.copy(), b.mx.copy(), b.scales.copy(), b.block_size,
                                 b.scale_group, b.k_rows)
         rows = sa.ProbeRows(dup(p.rows), p.block_size, p.n_probe, p.k_rows)
-        return Layer(self.ctx, self.importance.copy(), dup(self.k), dup(self.v), bounds, rows)
+        c = self.channels
+        channels = None if c is None else \
+            sa.ChannelCopy(c.data.copy(), c.scales.copy(), c.block_size, c.k_rows)
+        return Layer(self.ctx, self.importance.copy(), dup(self.k), dup(self.v), bounds, rows,
+                     channels)
 
     @property
     def nbytes(self):
         return (self.k.nbytes + self.v.nbytes + self.bounds.nbytes + self.probe_rows.nbytes
-                + self.importance.nbytes)
+                + self.importance.nbytes + (self.channels.nbytes if self.channels else 0))
 
     def metadata(self, sel):
         """What a KVCache.decode with this selection passes beside K."""
         if sel.reads == "bounds":
             return {"bounds": self.bounds}
+        if sel.reads == "channels":
+            return {"channels": self.channels}
         if sel.reads == "probe_rows" and sel.n_probe == self.probe_rows.n_probe:
             return {"probe_rows": self.probe_rows}
         return {}
@@ -125,7 +135,8 @@ def kv_row_bytes(dtype, head_dim, group_size):
 
 def step_bytes(blocks, length, dtype, args, sel):
     """Bytes one layer's decode step must read: for sparse, the probed K rows
-    (or, for scoring="minmax", the blocks' key bounds) and the K and V rows of
+    (or, for scoring="minmax", the blocks' key bounds; for "channels", the
+    scored channels of the channel copy) and the K and V rows of
     the blocks chosen by any head of each KV head (each row once per KV
     head); for dense, all of K and V."""
     row = kv_row_bytes(dtype, args.head_dim, args.group_size)
@@ -135,6 +146,8 @@ def step_bytes(blocks, length, dtype, args, sel):
     if sel.scoring == "minmax":
         sg = default_scale_group(args.group_size if dtype == "q8" else None, args.head_dim)
         select_cost = nb * (2 * args.head_dim + 4 * (args.head_dim // sg))
+    elif sel.scoring == "channels":
+        select_cost = nb * min(sel.n_channels, args.head_dim) * (bs + 4)
     else:
         cnt, _ = probe_geometry(bs, sel.n_probe)
         last = length - (nb - 1) * bs

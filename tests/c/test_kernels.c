@@ -778,6 +778,64 @@ static void test_minmax(const sa_kernels *kern)
     }
 }
 
+/* The channel score against portable's: the same channels and rows, one
+ * product then the add per term (portable) or a fused multiply-add (the
+ * SIMD files), so within float rounding of the sum of |terms|; and each
+ * block scored alone gives the bits it gets in a batch. */
+static void test_channel_scores(const sa_kernels *kern)
+{
+    static const int dims[] = {1, 8, 64, 67, 128};
+    static const int sizes[][2] = {{32, 1}, {32, 5}, {7, 3}, {16, 9}, {33, 2}};
+    for (int di = 0; di < 5; di++)
+    for (int si = 0; si < 5; si++)
+    for (int G = 1; G <= 7; G += 3) {
+        const int D = dims[di], bs = sizes[si][0], n = sizes[si][1];
+        const int last = 1 + (7 * si + n + G) % bs;          /* the last block's rows */
+        const int r = D < 16 ? D : 16 + di, cs = bs + si % 2; /* rows kept >= bs */
+        float *q = operand_alloc((size_t)G * D * sizeof(float));
+        fill_gauss(q, (size_t)G * D);
+        int32_t idx[160];
+        for (int j = 0; j < r && j < D; j++)
+            idx[j] = (int32_t)(j * D / r);                     /* ascending, distinct */
+        const int rr = r < D ? r : D;
+        int8_t *data = operand_alloc((size_t)n * D * cs);
+        float *sc = operand_alloc((size_t)n * D * sizeof(float));
+        for (size_t i = 0; i < (size_t)n * D * cs; i++)
+            data[i] = (int8_t)(uniform() * 254.0 - 127.0);
+        for (int i = 0; i < n * D; i++)
+            sc[i] = (float)(uniform() * 0.02);
+        float *acc = operand_alloc((size_t)G * (n > 1 ? bs : last) * sizeof(float));
+        float **ref = rows_new(G, n), **got = rows_new(G, n);
+        REF->channel_scores(q, G, D, idx, rr, data, sc, cs, n, bs, n, last, acc, ref);
+        kern->channel_scores(q, G, D, idx, rr, data, sc, cs, n, bs, n, last, acc, got);
+        double worst = 0.0;
+        int same = 1;
+        for (int g = 0; g < G; g++)
+            for (int b = 0; b < n; b++) {
+                double mag = 0.0;
+                const int rows = b == n - 1 ? last : bs;
+                for (int t = 0; t < rows; t++) {
+                    double m = 0.0;
+                    for (int j = 0; j < rr; j++)   /* channel c's blocks are adjacent */
+                        m += fabs((double)q[g * D + idx[j]] * sc[idx[j] * n + b] *
+                                  data[((size_t)idx[j] * n + b) * cs + t]);
+                    mag = fmax(mag, m);
+                }
+                worst = fmax(worst, fabs((double)got[g][b] - ref[g][b]) / fmax(mag, DBL_MIN));
+                float one, *op = &one;
+                kern->channel_scores(q + g * D, 1, D, idx, rr, data + (size_t)b * cs, sc + b, cs,
+                                     n, bs, 1, rows, acc, &op);
+                same &= memcmp(&one, &got[g][b], sizeof one) == 0;
+            }
+        char what[120];
+        snprintf(what, sizeof what, "channel_scores D=%d r=%d G=%d bs=%d n=%d last=%d", D, rr,
+                 G, bs, n, last);
+        check_kernel(what, worst, TOL_DOT_F32, same, "a (head, block) pair scored alone");
+        rows_free(ref, G), rows_free(got, G);
+        operand_free(q), operand_free(data), operand_free(sc), operand_free(acc);
+    }
+}
+
 /* ====================================================================== */
 /* Public API, per ISA                                                     */
 /* ====================================================================== */
@@ -902,9 +960,10 @@ typedef struct {
     float *qp;             /* prefill queries [H, T, D] */
     float *importance;     /* [seq_len] */
     sa_bounds bounds;      /* minmax bounds of K over seq_len rows */
+    sa_channels channels;  /* the channel copy of K over seq_len rows */
 } e2e_data;
 
-enum { N_PSETS = 7 };
+enum { N_PSETS = 9 };
 
 typedef struct {
     int n_sel[N_PSETS];
@@ -918,8 +977,8 @@ typedef struct {
 
 /* The parameter sets: sparse with the importance reserve, sparse with sinks
  * and a shared GQA choice, sparse without recency and with a short probe,
- * two with every block chosen (must equal dense decode bitwise), and two
- * scoring blocks by the minmax bound. */
+ * two with every block chosen (must equal dense decode bitwise), two
+ * scoring blocks by the minmax bound and two by channels. */
 static sa_select_params pset(const e2e_data *d, int i, int *with_importance)
 {
     const int kb = d->NB / 3 + 1;
@@ -934,9 +993,15 @@ static sa_select_params pset(const e2e_data *d, int i, int *with_importance)
     case 3: p.k_blocks = d->NB; *with_importance = 1; break;
     case 4: p.k_blocks = d->NB + 7; break;
     case 5: p.scoring = SA_SCORING_MINMAX; *with_importance = 1; break;
-    default: p.scoring = SA_SCORING_MINMAX, p.share = SA_SHARE_GROUP, p.sink_blocks = 1; break;
+    case 6: p.scoring = SA_SCORING_MINMAX, p.share = SA_SHARE_GROUP, p.sink_blocks = 1; break;
+    case 7: p.scoring = SA_SCORING_CHANNELS, p.n_channels = 5; *with_importance = 1; break;
+    default:
+        p.scoring = SA_SCORING_CHANNELS, p.n_channels = 1000, p.share = SA_SHARE_GROUP;
+        p.sink_blocks = 1;
+        break;
     }
     p.bounds = &d->bounds;
+    p.channels = &d->channels;
     return p;
 }
 
@@ -994,8 +1059,20 @@ static void e2e_data_new(e2e_data *d, int dtype, int D, int gs, int Hkv, int G, 
     d->bounds.mn = xmalloc((size_t)Hkv * d->NB * D);
     d->bounds.mx = xmalloc((size_t)Hkv * d->NB * D);
     d->bounds.scales = xmalloc((size_t)Hkv * d->NB * (D / bgs) * sizeof(float));
-    const int rc = sa_bounds_update(&d->k, 0, seq_len, &d->bounds);
+    int rc = sa_bounds_update(&d->k, 0, seq_len, &d->bounds);
     check(rc == SA_OK && d->bounds.k_rows == seq_len, "sa_bounds_update: %s", sa_strerror(rc));
+    /* The channel copy, made in two calls (the second recomputes the block
+     * the first left partial). */
+    const int cs = bs < seq_len ? bs : seq_len;
+    d->channels = (sa_channels){.n_kv_heads = Hkv, .head_dim = D, .block_size = bs,
+                                .block_rows = cs, .head_stride = d->NB};
+    d->channels.q8 = xmalloc((size_t)Hkv * d->NB * D * cs);
+    d->channels.scales = xmalloc((size_t)Hkv * d->NB * D * sizeof(float));
+    rc = sa_channels_update(&d->k, 0, seq_len / 2, &d->channels);
+    if (rc == SA_OK)
+        rc = sa_channels_update(&d->k, seq_len / 2, seq_len, &d->channels);
+    check(rc == SA_OK && d->channels.k_rows == seq_len, "sa_channels_update: %s",
+          sa_strerror(rc));
 }
 
 static void e2e_data_free(e2e_data *d)
@@ -1011,6 +1088,7 @@ static void e2e_data_free(e2e_data *d)
     }
     free(d->q), free(d->qp), free(d->importance);
     free(d->bounds.mn), free(d->bounds.mx), free(d->bounds.scales);
+    free(d->channels.q8), free(d->channels.scales);
 }
 
 static void e2e_results_free(e2e_results *r)
@@ -1084,7 +1162,8 @@ static void e2e_run(const e2e_data *d, e2e_results *r)
     for (int i = 0; i < N_PSETS; i++) {
         int with_imp;
         const sa_select_params p = pset(d, i, &with_imp);
-        if (p.scoring == SA_SCORING_MINMAX && !sa_active_kernels()->minmax_scores)
+        if ((p.scoring == SA_SCORING_MINMAX && !sa_active_kernels()->minmax_scores) ||
+            (p.scoring == SA_SCORING_CHANNELS && !sa_active_kernels()->channel_scores))
             continue; /* reported as an incomplete table; would crash */
         const int n_sel = p.k_blocks < d->NB ? p.k_blocks : d->NB;
         const size_t nb = (size_t)H * n_sel;
@@ -1187,7 +1266,8 @@ static void e2e_run(const e2e_data *d, e2e_results *r)
     for (int i = 0; i < N_PSETS; i++) {
         int with_imp;
         const sa_select_params p = pset(d, i, &with_imp);
-        if (p.scoring == SA_SCORING_MINMAX && !sa_active_kernels()->minmax_scores)
+        if ((p.scoring == SA_SCORING_MINMAX && !sa_active_kernels()->minmax_scores) ||
+            (p.scoring == SA_SCORING_CHANNELS && !sa_active_kernels()->channel_scores))
             continue;
         for (int th = 0; th < 3; th++) {
             pout[th] = xmalloc(pre_n * sizeof(float));
@@ -1874,8 +1954,8 @@ static const sa_kernels *table_named(const char *name)
 
 /* One test per kernel of the table, each against the portable kernel. */
 static void (*const KERNEL_TESTS[])(const sa_kernels *) = {
-    test_scores_f32,    test_scores_q8, test_softmax,    test_accumulate_f32,
-    test_accumulate_q8, test_minmax,    test_stream_sum,
+    test_scores_f32,    test_scores_q8, test_softmax,        test_accumulate_f32,
+    test_accumulate_q8, test_minmax,    test_channel_scores, test_stream_sum,
 };
 
 int main(int argc, char **argv)
@@ -1926,7 +2006,7 @@ int main(int argc, char **argv)
         check(i > 0 || strcmp(name, "portable") == 0, "the first ISA is not portable");
         if (!check(table->scores_f32 && table->scores_q8 && table->softmax_exp &&
                    table->accumulate_v_f32 && table->accumulate_v_q8 && table->minmax_scores &&
-                   table->stream_sum,
+                   table->channel_scores && table->stream_sum,
                    "table %s leaves a kernel NULL (not tested further)", name))
             continue;
         if (!avail) {
