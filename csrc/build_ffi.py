@@ -49,6 +49,13 @@ def sources():
     return [str((HERE / f).relative_to(HERE.parent)) for f in core + kernels]
 
 
+def headers():
+    """Every header of the core: a change to one rebuilds the extension
+    (setuptools tracks only the .c files otherwise, and the kernel bodies
+    live in headers)."""
+    return sorted(str(p.relative_to(HERE.parent)) for p in HERE.rglob("*.h"))
+
+
 def compile_args():
     # fp-contract=off: the arithmetic is exactly what the source says, with no
     # FMA fused in by the compiler in one inlined copy and not in another, so
@@ -75,6 +82,7 @@ ffibuilder.set_source(
     "sparse_attn._core",
     '#include "sparse_attn.h"',
     sources=sources(),
+    depends=headers(),
     include_dirs=[str(HERE.relative_to(HERE.parent))],
     extra_compile_args=compile_args(),
     extra_link_args=link_args(),
