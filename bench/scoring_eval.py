@@ -29,6 +29,11 @@ Scorings (``name:knob=value,...``; every one also takes ``share=group``,
                      their true max of q.k picks k (reads R/D of K plus C*k
                      blocks)
 
+The winner, ``sparq:r=16,channels=group``, ships as ``policy="balanced"``
+(``scoring="channels"``, docs/spec.md §6): the same choice, made in C from
+a channel-major q8 copy of K (the harness scores float K; the C core its
+q8 copy).
+
 The ``K read`` column is the share of K's bytes a step reads to choose
 (channels or rows read over all of them, averaged over layers, heads and
 steps; metadata such as Loki's projected keys is counted at the bytes it

@@ -19,7 +19,7 @@ build="${SA_SANITIZED_BUILD:-$repo/build/sanitized}"
 py="${PYTHON:-python3}"
 tests=(tests/test_bad_input.py tests/test_hardening.py tests/test_agreement.py
        tests/test_q8_and_cache.py tests/test_probe_rows.py tests/test_minmax.py
-       tests/test_selection.py tests/test_determinism.py)
+       tests/test_selection.py tests/test_determinism.py tests/test_channels.py)
 
 rm -rf "$build"
 . "$repo/scripts/lib/copy-source.sh"

@@ -540,3 +540,26 @@ def test_policy_fills_the_knobs_left_unset(eager):
     assert (s.importance_fraction, s.sink_blocks, s.share, s.scoring) == (0.5, 2, "head", "probe")
     with pytest.raises(ValueError, match="policy must be one of"):
         sat.SparseAttnSettings(policy="turbo")
+
+
+def test_balanced_policy_keeps_and_reads_the_channel_copy(eager, prompt):
+    """policy="balanced": a SparseKVCache made for the model keeps the channel
+    copy up to date, decoding from it gives exactly the logits of the same
+    model on transformers' own cache (whose K the copy is made from at each
+    step), and the blocks are those select_blocks picks from the cache."""
+    model = sparse_copy(eager, k_blocks=2, policy="balanced")
+    assert model.sparse_attn.scoring == "channels" and model.sparse_attn.n_channels == 16
+    cont = prompt[:, :6]
+    cache = sat.SparseKVCache(model, dtype="float32")
+    got = forced_logits(model, prompt, cont, cache)
+    kv = cache.layers[0].kv
+    assert kv.copy_channels and kv.channels.k_rows == kv.seq_len
+    assert kv.metadata_for(k_blocks=2, policy="balanced") == "channels"
+    want = forced_logits(model, prompt, cont, DynamicCache(config=eager.config))
+    assert torch.equal(got, want)
+    plain = sat.SparseKVCache(model, dtype="float32", copy_channels=False)
+    assert torch.equal(forced_logits(model, prompt, cont, plain), want)
+    assert plain.layers[0].kv.channels is None
+    seed = sat.SparseKVCache(sparse_copy(eager, k_blocks=2), dtype="float32")
+    forced_logits(sparse_copy(eager, k_blocks=2), prompt, cont[:, :2], seed)
+    assert seed.layers[0].kv.channels is None
