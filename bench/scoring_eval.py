@@ -266,9 +266,6 @@ def _decoder(self, settings, scale, threads, dense):
     return lambda q: scorer(layer.update(scorer.kn["d"]), q, scale, k_blocks, bs)
 
 
-sat._CacheState.decoder = _decoder
-
-
 class Runner(ev.Runner):
     def _enable(self, settings):
         settings = dict(settings)
@@ -313,8 +310,6 @@ def main(argv=None):
             super().__init__(*a, **kw)
             holder["runner"] = self
 
-    ev.Runner = _R
-
     def on_prompt(results, length, length_done):
         if args.json:
             import json
@@ -325,7 +320,14 @@ def main(argv=None):
             print(ev.summarise(results, length), flush=True)
             print(_read_table(holder["runner"]), flush=True)
 
-    ev.run(args, on_prompt)
+    # The numpy decode step and the runner are swapped in for this run only.
+    runner_class = ev.Runner
+    ev.Runner, sat._CacheState.decoder = _R, _decoder
+    try:
+        ev.run(args, on_prompt)
+    finally:
+        ev.Runner, sat._CacheState.decoder = runner_class, _c_decoder
+        _active["scorer"] = None
     return 0
 
 
