@@ -560,7 +560,7 @@ static void SA_FN(minmax_scores)(const float *qp, const float *qn, int G, int D,
 /* channel_scores: a block of 32 rows as 8 vectors per head, two heads  */
 /* at a time, each channel's 32 bytes widened once for both; the fused  */
 /* multiply-add chain per (head, row) of the scalar loop, which serves  */
-/* every other block                                                     */
+/* every other block; each channel's row prefetched as in x86_common.h  */
 /* ------------------------------------------------------------------ */
 
 static void SA_FN(channel_scores)(const float *q, int G, int D, const int32_t *idx, int r,
@@ -587,6 +587,11 @@ static void SA_FN(channel_scores)(const float *q, int G, int D, const int32_t *i
             for (int j = 0; j < r; j++) {
                 const ptrdiff_t at = (ptrdiff_t)idx[j] * cstride + b;
                 const int8_t *x = d + at * cs;
+                if (g0 == 0 && !(b & 1)) {   /* this channel's row, 8 blocks ahead */
+                    __builtin_prefetch(x + 8 * (ptrdiff_t)cs, 0, 2);
+                    if (!(b & 15))
+                        __builtin_prefetch(sc + at + 32, 0, 2);
+                }
                 float32x4_t xv[8];
                 for (int half = 0; half < 2; half++) {
                     const int8x16_t raw = vld1q_s8(x + 16 * half);
