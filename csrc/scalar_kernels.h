@@ -109,25 +109,6 @@ __attribute__((unused)) static void SA_SCALAR_FN(channel_scores)(
     const int stride = n > 1 ? bs : last_rows;
     for (int b = 0; b < n; b++) {
         const int rows = b == n - 1 ? last_rows : bs;
-        if (rows == 32) {
-            /* The default block: a head's 32 row sums stay in registers
-             * over the channels (the same operations in the same order). */
-            for (int g = 0; g < G; g++) {
-                float a[32] = {0};
-                for (int j = 0; j < r; j++) {
-                    const ptrdiff_t at = (ptrdiff_t)idx[j] * cstride + b;
-                    const int8_t *x = d + at * cs;
-                    const float w = q[(ptrdiff_t)g * D + idx[j]] * sc[at];
-                    for (int t = 0; t < 32; t++)
-                        a[t] = SA_MULADD(w, (float)x[t], a[t]);
-                }
-                float m = a[0];
-                for (int t = 1; t < 32; t++)
-                    m = a[t] > m ? a[t] : m;
-                s[g][b] = m;
-            }
-            continue;
-        }
         for (ptrdiff_t i = 0; i < (ptrdiff_t)G * stride; i++)
             acc[i] = 0.0f;
         for (int j = 0; j < r; j++) {
@@ -148,6 +129,20 @@ __attribute__((unused)) static void SA_SCALAR_FN(channel_scores)(
                 m = a[t] > m ? a[t] : m;
             s[g][b] = m;
         }
+    }
+}
+
+/* The SIMD files' path for a block that is not 32 rows: block b alone, one
+ * head at a time, through the loop above (the same operations per (head,
+ * row) as their vector bodies, whose fused multiply-add it uses). */
+__attribute__((unused)) static void SA_SCALAR_FN(channel_block)(
+    const float *q, int G, int D, const int32_t *idx, int r, const int8_t *d, const float *sc,
+    int cs, ptrdiff_t cstride, int bs, int b, int rows, float *acc, float *const *s)
+{
+    for (int g = 0; g < G; g++) {
+        float *const one = s[g] + b;
+        SA_SCALAR_FN(channel_scores)(q + (ptrdiff_t)g * D, 1, D, idx, r, d + (ptrdiff_t)b * cs,
+                                     sc + b, cs, cstride, bs, 1, rows, acc, &one);
     }
 }
 

@@ -23,6 +23,10 @@ from .selection import n_probe_value, selection
 
 
 _READS = {"bounds": "minmax", "probe_rows": "probe", "channels": "channels"}
+# The metadata a scoring cannot run without, made for the call when the
+# caller gives none: (argument, class, the function that makes it).
+_MADE_FOR_THE_CALL = {"minmax": ("bounds", BlockBounds, block_bounds),
+                      "channels": ("channels", ChannelCopy, channel_copy)}
 
 
 def metadata_structs(sel, k, kop, seq_len, bounds, probe_rows, channels=None):
@@ -36,24 +40,18 @@ def metadata_structs(sel, k, kop, seq_len, bounds, probe_rows, channels=None):
     for name, value in given.items():
         if value is not None and sel.scoring != _READS[name]:
             raise ArgumentError(f"{name}= is only read with scoring={_READS[name]!r}")
-    if sel.scoring == "channels":
-        if channels is None:
-            channels = channel_copy(k, block_size=sel.block_size, seq_len=seq_len)
-        elif not isinstance(channels, ChannelCopy):
-            raise ArgumentTypeError(f"channels must be a ChannelCopy (see channel_copy), got "
-                                    f"{type(channels).__name__}")
+    made = _MADE_FOR_THE_CALL.get(sel.scoring)
+    if made is not None:
+        name, kind, make = made
+        meta = given[name]
+        if meta is None:
+            meta = make(k, block_size=sel.block_size, seq_len=seq_len)
+        elif not isinstance(meta, kind):
+            raise ArgumentTypeError(f"{name} must be a {kind.__name__} (see {make.__name__}), "
+                                    f"got {type(meta).__name__}")
         else:
-            channels.check_for(kop, seq_len, sel.block_size)
-        return channels.struct(), None, channels
-    if sel.scoring == "minmax":
-        if bounds is None:
-            bounds = block_bounds(k, block_size=sel.block_size, seq_len=seq_len)
-        elif not isinstance(bounds, BlockBounds):
-            raise ArgumentTypeError(f"bounds must be a BlockBounds (see block_bounds), got "
-                                    f"{type(bounds).__name__}")
-        else:
-            bounds.check_for(kop, seq_len, sel.block_size)
-        return bounds.struct(), None, bounds
+            meta.check_for(kop, seq_len, sel.block_size)
+        return meta.struct(), None, meta
     if probe_rows is None:
         return None, None, None
     if not isinstance(probe_rows, ProbeRows):

@@ -478,11 +478,7 @@ static void SA_FN(channel_scores)(const float *q, int G, int D, const int32_t *i
     for (int b = 0; b < n; b++) {
         const int rows = b == n - 1 ? last_rows : bs;
         if (rows != 32) {
-            for (int g = 0; g < G; g++) {
-                float *const one = s[g] + b;
-                channel_scores_scalar(q + (ptrdiff_t)g * D, 1, D, idx, r, d + (ptrdiff_t)b * cs,
-                                      sc + b, cs, cstride, bs, 1, rows, acc, &one);
-            }
+            channel_block_scalar(q, G, D, idx, r, d, sc, cs, cstride, bs, b, rows, acc, s);
             continue;
         }
         for (int g0 = 0; g0 < G; g0 += SA_C_HEADS) {
