@@ -2,7 +2,13 @@
  * C harness: every ISA kernel table this CPU can run against the portable
  * one, the public API end to end on every ISA, and argument rejection.
  *
- *   test_kernels [--expect-isa NAME]
+ *   test_kernels [--expect-isa NAME] [--only-isa A,B,...] [--threads-only]
+ *
+ * --only-isa A,B,... tests those ISAs' kernels and end-to-end results
+ * (against portable, which serves as the reference and is tested only if
+ * named) and skips the other ISAs; the ISA-independent checks still run.
+ * CI uses it where a run on another CPU model, or under UBSan on Arm, adds
+ * some ISAs, not all.
  *
  * Prints the default ISA, one line per failing check, and last a line
  * "N passed, N failed"; exits 0 only if nothing failed.  Built and run by
@@ -785,9 +791,11 @@ static void test_minmax(const sa_kernels *kern)
 static void test_channel_scores(const sa_kernels *kern)
 {
     static const int dims[] = {1, 8, 64, 67, 128};
-    static const int sizes[][2] = {{32, 1}, {32, 5}, {7, 3}, {16, 9}, {33, 2}};
+    /* {bs, n}: 32-row blocks alone, in a partial tile of SA_CHANNEL_TILE
+     * blocks, in full tiles and a partial one; and other block sizes */
+    static const int sizes[][2] = {{32, 1}, {32, 5}, {7, 3}, {16, 9}, {33, 2}, {32, 19}};
     for (int di = 0; di < 5; di++)
-    for (int si = 0; si < 5; si++)
+    for (int si = 0; si < LEN(sizes); si++)
     for (int G = 1; G <= 7; G += 3) {
         const int D = dims[di], bs = sizes[si][0], n = sizes[si][1];
         const int last = 1 + (7 * si + n + G) % bs;          /* the last block's rows */
@@ -804,7 +812,8 @@ static void test_channel_scores(const sa_kernels *kern)
             data[i] = (int8_t)(uniform() * 254.0 - 127.0);
         for (int i = 0; i < n * D; i++)
             sc[i] = (float)(uniform() * 0.02);
-        float *acc = operand_alloc((size_t)G * (n > 1 ? bs : last) * sizeof(float));
+        float *acc = operand_alloc(sa_channel_acc_floats(G, rr, n > 1 ? bs : last) *
+                                   sizeof(float));
         float **ref = rows_new(G, n), **got = rows_new(G, n);
         REF->channel_scores(q, G, D, idx, rr, data, sc, cs, n, bs, n, last, acc, ref);
         kern->channel_scores(q, G, D, idx, rr, data, sc, cs, n, bs, n, last, acc, got);
@@ -1958,17 +1967,34 @@ static void (*const KERNEL_TESTS[])(const sa_kernels *) = {
     test_accumulate_q8, test_minmax,    test_channel_scores, test_stream_sum,
 };
 
+/* Whether name is one of the comma-separated names of list. */
+static int isa_listed(const char *list, const char *name)
+{
+    const size_t n = strlen(name);
+    for (const char *p = list; *p;) {
+        const char *end = strchr(p, ',');
+        const size_t len = end ? (size_t)(end - p) : strlen(p);
+        if (len == n && strncmp(p, name, n) == 0)
+            return 1;
+        p += len + (end != NULL);
+    }
+    return 0;
+}
+
 int main(int argc, char **argv)
 {
-    const char *expect = NULL;
+    const char *expect = NULL, *only = NULL;
     int threads_only = 0;
     for (int i = 1; i < argc; i++) {
         if (strcmp(argv[i], "--expect-isa") == 0 && i + 1 < argc) {
             expect = argv[++i];
+        } else if (strcmp(argv[i], "--only-isa") == 0 && i + 1 < argc) {
+            only = argv[++i];
         } else if (strcmp(argv[i], "--threads-only") == 0) {
             threads_only = 1;
         } else {
-            fprintf(stderr, "usage: %s [--expect-isa NAME] [--threads-only]\n", argv[0]);
+            fprintf(stderr, "usage: %s [--expect-isa NAME] [--only-isa A,B,...] [--threads-only]\n",
+                    argv[0]);
             return 2;
         }
     }
@@ -1991,6 +2017,7 @@ int main(int argc, char **argv)
     const char *isas[16];
     int n_isas = 0;
     const char *best = NULL;
+    int first = 0;   /* the first of isas[] whose kernels are tested */
     check(count == LEN(TABLES), "sa_isa_count() is %d, the build has %d tables", count,
           LEN(TABLES));
     for (int i = 0; i < count; i++) {
@@ -2022,8 +2049,24 @@ int main(int argc, char **argv)
     }
     check(best && strcmp(def, best) == 0, "default ISA %s is not the best available (%s)", def,
           best ? best : "none");
+    if (only) {
+        /* keep the named ISAs; portable (isas[0]) stays as the end-to-end
+         * reference and is tested only if named */
+        set_where("--only-isa");
+        int kept = 1, test_portable = 0;
+        for (int i = 0; i < n_isas; i++) {
+            const int named = isa_listed(only, isas[i]);
+            if (i == 0)
+                test_portable = named;
+            else if (named)
+                isas[kept++] = isas[i];
+        }
+        check(kept > 1 || test_portable, "--only-isa %s: no ISA this CPU runs", only);
+        n_isas = kept;
+        first = test_portable ? 0 : 1;
+    }
 
-    for (int i = 0; i < n_isas; i++) {
+    for (int i = first; i < n_isas; i++) {
         const sa_kernels *kern = table_named(isas[i]);
         set_where("%s kernels", isas[i]);
         for (int k = 0; k < LEN(KERNEL_TESTS); k++)
