@@ -28,6 +28,20 @@
 
 /* Byte ranges to bring into L2 during a kernel call: up to two ranges of
  * rows, each with (q8) the range of their scales; len 0 means none. */
+/* channel_scores' scratch: G row sums per row of a block, then the SIMD
+ * files' weights q[g][c] * scale(c, b) for r channels, G heads and a tile
+ * of SA_CHANNEL_TILE blocks, then r channel offsets (8-byte aligned). */
+#define SA_CHANNEL_TILE 8
+static inline size_t sa_channel_acc_floats(int G, int r, int rows)
+{
+    return (size_t)G * ((size_t)rows + (size_t)r * SA_CHANNEL_TILE) + 2 * (size_t)r + 2;
+}
+static inline ptrdiff_t *sa_channel_offsets(float *weights, int G, int r)
+{
+    const uintptr_t end = (uintptr_t)(weights + (size_t)G * r * SA_CHANNEL_TILE);
+    return (ptrdiff_t *)((end + 7) & ~(uintptr_t)7);
+}
+
 typedef struct sa_prefetch {
     const char *at[4];
     size_t len[4];
@@ -102,8 +116,9 @@ typedef struct sa_kernels {
      * them, last_rows for block n-1) of the sum over j < r, from 0 in j
      * order, of (q[g][c] * scale(c, b)) * (float)value(c, b, t), c = idx[j]:
      * per (head, row) one product rounding, then the add (or the fused
-     * multiply-add of the SIMD files).  acc: G * (n > 1 ? bs : last_rows)
-     * floats of scratch. */
+     * multiply-add of the SIMD files).  acc: sa_channel_acc_floats(G, r,
+     * rows) floats of scratch, rows = n > 1 ? bs : last_rows (the row sums,
+     * then the weights of a tile of SA_CHANNEL_TILE blocks). */
     void (*channel_scores)(const float *q, int G, int D, const int32_t *idx, int r,
                            const int8_t *d, const float *sc, int cs, ptrdiff_t cstride,
                            int bs, int n, int last_rows, float *acc, float *const *s);

@@ -59,7 +59,11 @@ static int scratch_new(const sa_scratch_sizes *z, sa_scratch **out)
     size_t o_off = take(&l, g, sizeof(int)), o_heads = take(&l, g, sizeof(int));
     size_t o_heads2 = take(&l, g, sizeof(int));
     size_t o_csum = take(&l, d, sizeof(float)), o_cidx = take(&l, d, sizeof(int32_t));
-    size_t o_cacc = take(&l, times(&l, g, (size_t)z->channel_rows), sizeof(float));
+    /* channel_scores' acc (kernels.h, sa_channel_acc_floats) for r <= D */
+    const size_t cacc = z->channel_rows > 0
+        ? times(&l, g, (size_t)z->channel_rows + times(&l, d, SA_CHANNEL_TILE)) + 2 * d + 2
+        : 0;
+    size_t o_cacc = take(&l, cacc, sizeof(float));
     const size_t total = take(&l, 0, 1);
     if (l.overflow)
         return SA_ERR_SIZE;

@@ -557,60 +557,102 @@ static void SA_FN(minmax_scores)(const float *qp, const float *qn, int G, int D,
 }
 
 /* ------------------------------------------------------------------ */
-/* channel_scores: a block of 32 rows as 8 vectors per head, two heads  */
-/* at a time, each channel's 32 bytes widened once for both; the fused  */
-/* multiply-add chain per (head, row) of the scalar loop, which serves  */
-/* every other block; each channel's row prefetched as in x86_common.h  */
+/* channel_scores: as in x86_common.h, tiles of SA_CHANNEL_TILE blocks  */
+/* whose weights q[g][c] * scale(c, b) are formed first (one product    */
+/* each, four blocks per vector multiply), then each 32-row block as 8  */
+/* vectors per head, two heads at a time, each channel's 32 bytes       */
+/* widened once for both; the fused multiply-add chain per (head, row)  */
+/* of the scalar loop, which serves every other block; each channel's   */
+/* row prefetched 8 blocks ahead, its scales 32 ahead                   */
 /* ------------------------------------------------------------------ */
+
+/* One 32-row block (tile slot t), channel j's bytes at db + off[j], heads
+ * g0 .. g0+HB (a constant at each call). */
+SA_INLINE void channel_block_neon(int G, int r, const int8_t *db, const ptrdiff_t *off,
+                                  const float *w, int t, int g0, const int HB,
+                                  float *const *s, int b)
+{
+    float32x4_t a[2][8];
+    for (int h = 0; h < HB; h++)
+        for (int v = 0; v < 8; v++)
+            a[h][v] = vdupq_n_f32(0.0f);
+    const float *wj = w + (ptrdiff_t)g0 * SA_CHANNEL_TILE + t;
+    const ptrdiff_t wstep = (ptrdiff_t)G * SA_CHANNEL_TILE;
+    for (int j = 0; j < r; j++, wj += wstep) {
+        const int8_t *x = db + off[j];
+        float32x4_t xv[8];
+        for (int half = 0; half < 2; half++) {
+            const int8x16_t raw = vld1q_s8(x + 16 * half);
+            const int16x8_t lo = vmovl_s8(vget_low_s8(raw));
+            const int16x8_t hi = vmovl_s8(vget_high_s8(raw));
+            xv[4 * half + 0] = vcvtq_f32_s32(vmovl_s16(vget_low_s16(lo)));
+            xv[4 * half + 1] = vcvtq_f32_s32(vmovl_s16(vget_high_s16(lo)));
+            xv[4 * half + 2] = vcvtq_f32_s32(vmovl_s16(vget_low_s16(hi)));
+            xv[4 * half + 3] = vcvtq_f32_s32(vmovl_s16(vget_high_s16(hi)));
+        }
+        for (int h = 0; h < HB; h++) {
+            const float32x4_t wv = vdupq_n_f32(wj[h * SA_CHANNEL_TILE]);
+            for (int v = 0; v < 8; v++)
+                a[h][v] = vfmaq_f32(a[h][v], wv, xv[v]);
+        }
+    }
+    for (int h = 0; h < HB; h++) {
+        float32x4_t m = a[h][0];
+        for (int v = 1; v < 8; v++)
+            m = vmaxq_f32(m, a[h][v]);
+        s[g0 + h][b] = vmaxvq_f32(m);   /* max is exact in any order */
+    }
+}
 
 static void SA_FN(channel_scores)(const float *q, int G, int D, const int32_t *idx, int r,
                                   const int8_t *d, const float *sc, int cs,
                                   ptrdiff_t cstride, int bs, int n, int last_rows,
                                   float *acc, float *const *s)
 {
-    for (int b = 0; b < n; b++) {
-        const int rows = b == n - 1 ? last_rows : bs;
-        if (rows != 32) {
-            channel_block_scalar(q, G, D, idx, r, d, sc, cs, cstride, bs, b, rows, acc, s);
-            continue;
+    enum { T = SA_CHANNEL_TILE };
+    _Static_assert(T == 8, "the weights of a tile are two 4-lane products");
+    float *const w = acc + (ptrdiff_t)G * (n > 1 ? bs : last_rows); /* [r][G][T] */
+    ptrdiff_t *const off = sa_channel_offsets(w, G, r);               /* [r] */
+    for (int j = 0; j < r; j++)
+        off[j] = (ptrdiff_t)idx[j] * cstride * cs;
+    for (int b0 = 0; b0 < n; b0 += T) {
+        const int nt = n - b0 < T ? n - b0 : T;
+        for (int j = 0; j < r; j++) {
+            const float *scj = sc + (ptrdiff_t)idx[j] * cstride + b0;
+            float *wj = w + (ptrdiff_t)j * G * T;
+            if (!(b0 & 8))     /* this channel's scales, 32 blocks ahead */
+                __builtin_prefetch(scj + 32, 0, 2);
+            if (nt == T) {
+                const float32x4_t s0 = vld1q_f32(scj), s1 = vld1q_f32(scj + 4);
+                for (int g = 0; g < G; g++) {
+                    const float32x4_t qv = vdupq_n_f32(q[(ptrdiff_t)g * D + idx[j]]);
+                    vst1q_f32(wj + g * T, vmulq_f32(qv, s0));
+                    vst1q_f32(wj + g * T + 4, vmulq_f32(qv, s1));
+                }
+            } else {
+                for (int g = 0; g < G; g++)
+                    for (int t = 0; t < nt; t++)
+                        wj[g * T + t] = q[(ptrdiff_t)g * D + idx[j]] * scj[t];
+            }
         }
-        for (int g0 = 0; g0 < G; g0 += 2) {
-            const int hb = G - g0 < 2 ? G - g0 : 2;
-            float32x4_t a[2][8];
-            for (int h = 0; h < 2; h++)
-                for (int v = 0; v < 8; v++)
-                    a[h][v] = vdupq_n_f32(0.0f);
-            for (int j = 0; j < r; j++) {
-                const ptrdiff_t at = (ptrdiff_t)idx[j] * cstride + b;
-                const int8_t *x = d + at * cs;
-                if (g0 == 0 && !(b & 1)) {   /* this channel's row, 8 blocks ahead */
-                    __builtin_prefetch(x + 8 * (ptrdiff_t)cs, 0, 2);
-                    if (!(b & 15))
-                        __builtin_prefetch(sc + at + 32, 0, 2);
-                }
-                float32x4_t xv[8];
-                for (int half = 0; half < 2; half++) {
-                    const int8x16_t raw = vld1q_s8(x + 16 * half);
-                    const int16x8_t lo = vmovl_s8(vget_low_s8(raw));
-                    const int16x8_t hi = vmovl_s8(vget_high_s8(raw));
-                    xv[4 * half + 0] = vcvtq_f32_s32(vmovl_s16(vget_low_s16(lo)));
-                    xv[4 * half + 1] = vcvtq_f32_s32(vmovl_s16(vget_high_s16(lo)));
-                    xv[4 * half + 2] = vcvtq_f32_s32(vmovl_s16(vget_low_s16(hi)));
-                    xv[4 * half + 3] = vcvtq_f32_s32(vmovl_s16(vget_high_s16(hi)));
-                }
-                const float scale = sc[at];
-                for (int h = 0; h < hb; h++) {
-                    const float32x4_t w = vdupq_n_f32(q[(ptrdiff_t)(g0 + h) * D + idx[j]] * scale);
-                    for (int v = 0; v < 8; v++)
-                        a[h][v] = vfmaq_f32(a[h][v], w, xv[v]);
-                }
+        for (int t = 0; t < nt; t++) {
+            const int b = b0 + t;
+            const int rows = b == n - 1 ? last_rows : bs;
+            if (rows != 32) {
+                channel_block_scalar(q, G, D, idx, r, d, sc, cs, cstride, bs, b, rows, acc, s);
+                continue;
             }
-            for (int h = 0; h < hb; h++) {
-                float32x4_t m = a[h][0];
-                for (int v = 1; v < 8; v++)
-                    m = vmaxq_f32(m, a[h][v]);
-                s[g0 + h][b] = vmaxvq_f32(m);   /* max is exact in any order */
+            const int8_t *db = d + (ptrdiff_t)b * cs;
+            if (!(b & 1)) {     /* each channel's row, 8 blocks ahead */
+                const int8_t *pf = db + 8 * (ptrdiff_t)cs;
+                for (int j = 0; j < r; j++)
+                    __builtin_prefetch(pf + off[j], 0, 2);
             }
+            int g0 = 0;
+            for (; g0 + 2 <= G; g0 += 2)
+                channel_block_neon(G, r, db, off, w, t, g0, 2, s, b);
+            if (g0 < G)
+                channel_block_neon(G, r, db, off, w, t, g0, 1, s, b);
         }
     }
 }
