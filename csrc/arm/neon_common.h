@@ -557,13 +557,10 @@ static void SA_FN(minmax_scores)(const float *qp, const float *qn, int G, int D,
 }
 
 /* ------------------------------------------------------------------ */
-/* channel_scores: as in x86_common.h, tiles of SA_CHANNEL_TILE blocks  */
-/* whose weights q[g][c] * scale(c, b) are formed first (one product    */
-/* each, four blocks per vector multiply), then each 32-row block as 8  */
-/* vectors per head, two heads at a time, each channel's 32 bytes       */
-/* widened once for both; the fused multiply-add chain per (head, row)  */
-/* of the scalar loop, which serves every other block; each channel's   */
-/* row prefetched 8 blocks ahead, its scales 32 ahead                   */
+/* channel_scores: the tile loop of ../channel_tiles.h, as on x86,     */
+/* around a 32-row block as 8 vectors per head, two heads at a time,    */
+/* each channel's 32 bytes widened once for both, and the fused         */
+/* multiply-add chain per (head, row) of the scalar loop                */
 /* ------------------------------------------------------------------ */
 
 /* One 32-row block (tile slot t), channel j's bytes at db + off[j], heads
@@ -604,58 +601,17 @@ SA_INLINE void channel_block_neon(int G, int r, const int8_t *db, const ptrdiff_
     }
 }
 
-static void SA_FN(channel_scores)(const float *q, int G, int D, const int32_t *idx, int r,
-                                  const int8_t *d, const float *sc, int cs,
-                                  ptrdiff_t cstride, int bs, int n, int last_rows,
-                                  float *acc, float *const *s)
+SA_INLINE void channel_weights8(float *dst, float qv, const float *sc)
 {
-    enum { T = SA_CHANNEL_TILE };
-    _Static_assert(T == 8, "the weights of a tile are two 4-lane products");
-    float *const w = acc + (ptrdiff_t)G * (n > 1 ? bs : last_rows); /* [r][G][T] */
-    ptrdiff_t *const off = sa_channel_offsets(w, G, r);               /* [r] */
-    for (int j = 0; j < r; j++)
-        off[j] = (ptrdiff_t)idx[j] * cstride * cs;
-    for (int b0 = 0; b0 < n; b0 += T) {
-        const int nt = n - b0 < T ? n - b0 : T;
-        for (int j = 0; j < r; j++) {
-            const float *scj = sc + (ptrdiff_t)idx[j] * cstride + b0;
-            float *wj = w + (ptrdiff_t)j * G * T;
-            if (!(b0 & 8))     /* this channel's scales, 32 blocks ahead */
-                __builtin_prefetch(scj + 32, 0, 2);
-            if (nt == T) {
-                const float32x4_t s0 = vld1q_f32(scj), s1 = vld1q_f32(scj + 4);
-                for (int g = 0; g < G; g++) {
-                    const float32x4_t qv = vdupq_n_f32(q[(ptrdiff_t)g * D + idx[j]]);
-                    vst1q_f32(wj + g * T, vmulq_f32(qv, s0));
-                    vst1q_f32(wj + g * T + 4, vmulq_f32(qv, s1));
-                }
-            } else {
-                for (int g = 0; g < G; g++)
-                    for (int t = 0; t < nt; t++)
-                        wj[g * T + t] = q[(ptrdiff_t)g * D + idx[j]] * scj[t];
-            }
-        }
-        for (int t = 0; t < nt; t++) {
-            const int b = b0 + t;
-            const int rows = b == n - 1 ? last_rows : bs;
-            if (rows != 32) {
-                channel_block_scalar(q, G, D, idx, r, d, sc, cs, cstride, bs, b, rows, acc, s);
-                continue;
-            }
-            const int8_t *db = d + (ptrdiff_t)b * cs;
-            if (!(b & 1)) {     /* each channel's row, 8 blocks ahead */
-                const int8_t *pf = db + 8 * (ptrdiff_t)cs;
-                for (int j = 0; j < r; j++)
-                    __builtin_prefetch(pf + off[j], 0, 2);
-            }
-            int g0 = 0;
-            for (; g0 + 2 <= G; g0 += 2)
-                channel_block_neon(G, r, db, off, w, t, g0, 2, s, b);
-            if (g0 < G)
-                channel_block_neon(G, r, db, off, w, t, g0, 1, s, b);
-        }
-    }
+    const float32x4_t v = vdupq_n_f32(qv);
+    vst1q_f32(dst, vmulq_f32(v, vld1q_f32(sc)));
+    vst1q_f32(dst + 4, vmulq_f32(v, vld1q_f32(sc + 4)));
 }
+
+#define SA_C_HEADS 2
+#define channel_block_simd channel_block_neon
+#include "../channel_tiles.h"
+#undef channel_block_simd
 
 /* ------------------------------------------------------------------ */
 /* stream_sum: the bandwidth probe                                      */

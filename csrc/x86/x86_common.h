@@ -455,27 +455,22 @@ static void SA_FN(accumulate_v_q8)(float *const *out, const float *const *p, int
 }
 
 /* -------------------------------------------------------------------------
- * channel_scores: tiles of SA_CHANNEL_TILE blocks.  A tile first forms its
- * weights q[g][c] * scale(c, b), one float product each as in the scalar
- * loop, eight blocks of one channel and head in one vector multiply (the
- * scales of a channel are adjacent over blocks); then each 32-row block is
- * 32 / SA_VT vectors per head, SA_C_HEADS heads at a time, each scored
- * channel's 32 bytes loaded and widened once for those heads, and each
- * (head, row) sum the fused multiply-add chain of the scalar loop, which
- * serves every other block (one block, one head at a time) with the same
- * operations.  The r channel rows are r streams, more than the hardware
- * prefetchers follow, so each row is prefetched 8 blocks (256 bytes) ahead
- * and its scales 32 blocks ahead.  Forming the weights per tile, and each
- * channel's offset once per call, took the scalar work per channel out of
- * the block loop: 902 -> 612 instructions per (block, KV head) at G = 2
- * (callgrind), select_blocks(policy="balanced") 0.78-0.95 -> 0.68-1.05 ms
- * at 32K tokens, 8 KV heads, one thread, medians 0.84 -> 0.75 (AMD EPYC
- * Zen3, AVX2, eight pairs alternated in one session; docs/results.md).
+ * channel_scores: the tile loop of ../channel_tiles.h (weights for 8
+ * blocks at once, the prefetch, blocks that are not 32 rows through the
+ * scalar loop) around a 32-row block as 32 / SA_VT vectors per head,
+ * SA_C_HEADS heads at a time, each scored channel's 32 bytes loaded and
+ * widened once for those heads, and each (head, row) sum the fused
+ * multiply-add chain of the scalar loop.  Forming the weights per tile,
+ * and each channel's offset once per call, took the scalar work per
+ * channel out of the block loop: 902 -> 612 instructions per (block, KV
+ * head) at G = 2 (callgrind), select_blocks(policy="balanced") 0.78-0.95
+ * -> 0.68-1.05 ms at 32K tokens, 8 KV heads, one thread, medians 0.84 ->
+ * 0.75 (AMD EPYC Zen3, AVX2, eight pairs alternated in one session;
+ * docs/results.md).
  * ---------------------------------------------------------------------- */
 
 #define SA_C_VECS (32 / SA_VT)
 #define SA_C_HEADS (SA_VT == 8 ? 2 : 4)
-#define SA_C_PF 8   /* blocks ahead a channel row is prefetched */
 
 /* One 32-row block of the tile (slot t), its bytes at db + off[j] for
  * channel j, heads g0 .. g0+HB: HB is a constant at every call, so the head
@@ -509,61 +504,12 @@ SA_INLINE void channel_block_simd(int G, int r, const int8_t *db, const ptrdiff_
     }
 }
 
-static void SA_FN(channel_scores)(const float *q, int G, int D, const int32_t *idx, int r,
-                                  const int8_t *d, const float *sc, int cs,
-                                  ptrdiff_t cstride, int bs, int n, int last_rows,
-                                  float *acc, float *const *s)
+SA_INLINE void channel_weights8(float *dst, float qv, const float *sc)
 {
-    enum { T = SA_CHANNEL_TILE };
-    _Static_assert(T == 8, "the weights of a tile are one 8-lane product");
-    float *const w = acc + (ptrdiff_t)G * (n > 1 ? bs : last_rows); /* [r][G][T] */
-    ptrdiff_t *const off = sa_channel_offsets(w, G, r);               /* [r] */
-    for (int j = 0; j < r; j++)
-        off[j] = (ptrdiff_t)idx[j] * cstride * cs;
-    for (int b0 = 0; b0 < n; b0 += T) {
-        const int nt = n - b0 < T ? n - b0 : T;
-        for (int j = 0; j < r; j++) {
-            const float *scj = sc + (ptrdiff_t)idx[j] * cstride + b0;
-            float *wj = w + (ptrdiff_t)j * G * T;
-            if (!(b0 & 8))     /* this channel's scales, 32 blocks ahead */
-                __builtin_prefetch(scj + 32, 0, 2);
-            if (nt == T) {
-                const __m256 sv = _mm256_loadu_ps(scj);
-                for (int g = 0; g < G; g++)
-                    _mm256_storeu_ps(wj + g * T,
-                                     _mm256_mul_ps(_mm256_set1_ps(q[(ptrdiff_t)g * D + idx[j]]),
-                                                   sv));
-            } else {
-                for (int g = 0; g < G; g++)
-                    for (int t = 0; t < nt; t++)
-                        wj[g * T + t] = q[(ptrdiff_t)g * D + idx[j]] * scj[t];
-            }
-        }
-        for (int t = 0; t < nt; t++) {
-            const int b = b0 + t;
-            const int rows = b == n - 1 ? last_rows : bs;
-            if (rows != 32) {
-                channel_block_scalar(q, G, D, idx, r, d, sc, cs, cstride, bs, b, rows, acc, s);
-                continue;
-            }
-            const int8_t *db = d + (ptrdiff_t)b * cs;
-            if (!(b & 1)) {     /* each channel's row, 8 blocks ahead */
-                const int8_t *pf = db + SA_C_PF * (ptrdiff_t)cs;
-                for (int j = 0; j < r; j++)
-                    __builtin_prefetch(pf + off[j], 0, 2);
-            }
-            int g0 = 0;
-            for (; g0 + SA_C_HEADS <= G; g0 += SA_C_HEADS)
-                channel_block_simd(G, r, db, off, w, t, g0, SA_C_HEADS, s, b);
-#if SA_C_HEADS > 2
-            for (; g0 + 2 <= G; g0 += 2)
-                channel_block_simd(G, r, db, off, w, t, g0, 2, s, b);
-#endif
-            for (; g0 < G; g0++)
-                channel_block_simd(G, r, db, off, w, t, g0, 1, s, b);
-        }
-    }
+    _mm256_storeu_ps(dst, _mm256_mul_ps(_mm256_set1_ps(qv), _mm256_loadu_ps(sc)));
 }
+
+#include "../channel_tiles.h"
 
 /* -------------------------------------------------------------------------
  * minmax_scores
