@@ -26,8 +26,6 @@
 #include <stddef.h>
 #include <stdint.h>
 
-/* Byte ranges to bring into L2 during a kernel call: up to two ranges of
- * rows, each with (q8) the range of their scales; len 0 means none. */
 /* channel_scores' scratch: G row sums per row of a block, then the SIMD
  * files' weights q[g][c] * scale(c, b) for r channels, G heads and a tile
  * of SA_CHANNEL_TILE blocks, then r channel offsets (8-byte aligned). */
@@ -42,6 +40,8 @@ static inline ptrdiff_t *sa_channel_offsets(float *weights, int G, int r)
     return (ptrdiff_t *)((end + 7) & ~(uintptr_t)7);
 }
 
+/* Byte ranges to bring into L2 during a kernel call: up to two ranges of
+ * rows, each with (q8) the range of their scales; len 0 means none. */
 typedef struct sa_prefetch {
     const char *at[4];
     size_t len[4];

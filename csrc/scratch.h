@@ -38,7 +38,7 @@ typedef struct sa_scratch {
     int *heads2;       /* G heads of the run after it */
     float *chan_sum;   /* D     the group's summed |q| per channel (channels) */
     int32_t *chan_idx; /* D     the channels scored, ascending */
-    float *chan_acc;   /* G*(channel_rows + D*SA_CHANNEL_TILE)  channel_scores' acc */
+    float *chan_acc;   /* channel_scores' acc: sa_channel_acc_floats(G, D, channel_rows) */
 } sa_scratch;
 
 /* What a call needs per worker: probe_tmp_per_head is
