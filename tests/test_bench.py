@@ -48,6 +48,17 @@ def test_quick_bench_reports_the_needle_and_the_collapse(tmp_path):
         assert sparse["needle"] == 1.0 and pre[(dtype, "32", "fast")]["needle"] == 1.0
 
 
+def test_baseline_rows_compare_with_sparse_attn_dense_float32_only(tmp_path):
+    # Without a sparse_attn float32 dense row there is nothing to compare the
+    # baselines with: torch's row must not be measured against numpy's.
+    out = tmp_path / "bench.json"
+    run([sys.executable, "-m", "sparse_attn.bench", "--quick", "--dtypes", "q8",
+         "--configs", "dense", "--prefill-lengths", "none", "--json", str(out)])
+    rows = json.loads(out.read_text())["rows"]
+    base = [r for r in rows if r["impl"] != "sparse_attn"]
+    assert base and all(r["speedup_vs_dense"] is None for r in base)
+
+
 def test_kernels_mode_times_every_available_path(tmp_path):
     import sparse_attn as sa
     out = tmp_path / "kernels.json"
@@ -75,3 +86,41 @@ def test_scattered_blocks_microbenchmark_builds_and_runs(tmp_path):
     with pytest.raises(subprocess.CalledProcessError) as e:
         run([str(exe), "1", "1"])              # a buffer too small to leave the caches
     assert e.value.returncode == 2 and "usage" in e.value.stderr
+
+
+def _kernel_sources():
+    """The core and the kernel files csrc/isa_list.h lists for this machine."""
+    import platform
+    import re
+    arch = {"x86_64": "X86_64", "AMD64": "X86_64", "aarch64": "AARCH64",
+            "arm64": "AARCH64"}.get(platform.machine(), "none")
+    files = sorted(str(p) for p in (ROOT / "csrc").glob("*.c"))
+    for m in re.finditer(r'^SA_ISA\(\w+, "[^"]+", (\w+), "([^"]+)"\)$',
+                         (ROOT / "csrc" / "isa_list.h").read_text(), re.M):
+        if m.group(1) in ("ANY", arch):
+            files.append(str(ROOT / "csrc" / m.group(2)))
+    return files
+
+
+@pytest.mark.skipif(not (shutil.which(os.environ.get("CC", "cc")) or
+                         sysconfig.get_config_var("CC")), reason="no C compiler")
+def test_kernel_costs_microbenchmark_builds_and_runs(tmp_path):
+    cc = os.environ.get("CC", "cc") if shutil.which(os.environ.get("CC", "cc")) \
+        else sysconfig.get_config_var("CC").split()[0]
+    exe = tmp_path / "kernel_costs"
+    run([cc, "-O2", "-std=gnu11", "-Wall", "-Wextra", "-Werror", "-ffp-contract=off",
+         "-pthread", "-I", str(ROOT / "csrc"), *_kernel_sources(),
+         str(ROOT / "bench" / "kernel_costs.c"), "-o", str(exe), "-lm"])
+    res = run([str(exe), "portable", "3", "16"])
+    lines = res.stdout.splitlines()
+    assert "ISA portable" in lines[0] and "G=3" in lines[0]
+    for line in lines[1:3]:                 # in cache, then streamed
+        nums = [float(x) for x in line.split("scores")[1].replace("ns/token", "").split()
+                if x[0].isdigit()]
+        scores, softmax, v, total = nums
+        assert min(nums) > 0 and total == pytest.approx(scores + softmax + v, abs=0.15)
+    assert "streaming read" in lines[3] and "GB/s" in lines[3]
+    for bad in (["no-such-isa"], ["portable", "0"], ["portable", "2", "1"]):
+        with pytest.raises(subprocess.CalledProcessError) as e:
+            run([str(exe), *bad])
+        assert e.value.returncode == 2

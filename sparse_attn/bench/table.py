@@ -241,8 +241,8 @@ def run_length(length, args, floor, torch, bases):
         def baseline(impl, dtype, fn, nbytes):
             log(f"  [{length}] {impl} {dtype}")
             med, lo, hi = timed(fn, max(1, args.repeats // 2))
-            ref_dense = next((r["ms"] for r in rows if r["dtype"] == "float32"
-                              and r["config"] == "dense"), None)
+            ref_dense = next((r["ms"] for r in rows if r["impl"] == "sparse_attn"
+                              and r["dtype"] == "float32" and r["config"] == "dense"), None)
             rows.append(dict(length=length, impl=impl, dtype=dtype, config="dense", policy=None,
                              knobs=None, recall=1.0, rel_err=None, ms=med * 1e3, ms_min=lo * 1e3,
                              ms_max=hi * 1e3,
