@@ -129,8 +129,8 @@ int main(int argc, char **argv)
     }
     const int G = argc > 2 ? atoi(argv[2]) : 2;
     const size_t mb = argc > 3 ? (size_t)atol(argv[3]) : 1024;
-    if (G < 1 || G > MAX_G || mb < 16) {
-        fprintf(stderr, "usage: kernel_costs [isa] [G 1..%d] [buffer_MB >= 16]\n", MAX_G);
+    if (G < 1 || G > MAX_G || mb < 16 || mb > 65536) {
+        fprintf(stderr, "usage: kernel_costs [isa] [G 1..%d] [buffer_MB 16..65536]\n", MAX_G);
         return 2;
     }
     const size_t row_bytes = D + NG * sizeof(float); /* one token of K or V with scales */

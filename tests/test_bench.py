@@ -120,7 +120,8 @@ def test_kernel_costs_microbenchmark_builds_and_runs(tmp_path):
         scores, softmax, v, total = nums
         assert min(nums) > 0 and total == pytest.approx(scores + softmax + v, abs=0.15)
     assert "streaming read" in lines[3] and "GB/s" in lines[3]
-    for bad in (["no-such-isa"], ["portable", "0"], ["portable", "2", "1"]):
+    for bad in (["no-such-isa"], ["portable", "0"], ["portable", "2", "1"],
+                ["portable", "2", "99999999999"]):
         with pytest.raises(subprocess.CalledProcessError) as e:
             run([str(exe), *bad])
         assert e.value.returncode == 2
