@@ -12,7 +12,8 @@
  *                                      its weights at w[(j*G + g0 + h)*8 + t]
  *
  * Per tile of SA_CHANNEL_TILE blocks it forms the weights q[g][c] *
- * scale(c, b) (kernels.h: the scalar loop's product), then scores each
+ * scale(c, b) (kernels.h: the scalar loop's product) when a block of the
+ * tile has 32 rows, then scores each
  * 32-row block through channel_block_simd and any other block through the
  * scalar loop (channel_block_scalar).  The r channel rows are r streams,
  * more than the hardware prefetchers follow: each row is prefetched 8
@@ -36,7 +37,10 @@ static void SA_FN(channel_scores)(const float *q, int G, int D, const int32_t *i
         off[j] = (ptrdiff_t)idx[j] * cstride * cs;
     for (int b0 = 0; b0 < n; b0 += T) {
         const int nt = n - b0 < T ? n - b0 : T;
-        for (int j = 0; j < r; j++) {
+        /* Only 32-row blocks read the weights: with another block size,
+         * at most the last block (of last_rows == 32) does. */
+        const int simd = bs == 32 || (b0 + nt == n && last_rows == 32);
+        for (int j = 0; j < r && simd; j++) {
             const float *scj = sc + (ptrdiff_t)idx[j] * cstride + b0;
             float *wj = w + (ptrdiff_t)j * G * T;
             if (!(b0 & 8))     /* this channel's scales, 32 blocks ahead */
