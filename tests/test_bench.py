@@ -69,11 +69,21 @@ def test_kernels_mode_times_every_available_path(tmp_path):
     assert all(k["us"] > 0 for k in d["kernels"])
 
 
-@pytest.mark.skipif(not (shutil.which(os.environ.get("CC", "cc")) or
-                         sysconfig.get_config_var("CC")), reason="no C compiler")
+def _c_compiler():
+    """$CC (default cc) if on PATH, else the compiler Python was built with, or None."""
+    cc = os.environ.get("CC", "cc")
+    if shutil.which(cc):
+        return cc
+    built = sysconfig.get_config_var("CC")
+    return built.split()[0] if built else None
+
+
+needs_cc = pytest.mark.skipif(_c_compiler() is None, reason="no C compiler")
+
+
+@needs_cc
 def test_scattered_blocks_microbenchmark_builds_and_runs(tmp_path):
-    cc = os.environ.get("CC", "cc") if shutil.which(os.environ.get("CC", "cc")) \
-        else sysconfig.get_config_var("CC").split()[0]
+    cc = _c_compiler()
     exe = tmp_path / "scattered_blocks"
     run([cc, "-O2", "-std=c11", "-Wall", "-Wextra", "-Werror", "-o", str(exe),
          str(ROOT / "bench" / "scattered_blocks.c")])
@@ -102,11 +112,9 @@ def _kernel_sources():
     return files
 
 
-@pytest.mark.skipif(not (shutil.which(os.environ.get("CC", "cc")) or
-                         sysconfig.get_config_var("CC")), reason="no C compiler")
+@needs_cc
 def test_kernel_costs_microbenchmark_builds_and_runs(tmp_path):
-    cc = os.environ.get("CC", "cc") if shutil.which(os.environ.get("CC", "cc")) \
-        else sysconfig.get_config_var("CC").split()[0]
+    cc = _c_compiler()
     exe = tmp_path / "kernel_costs"
     run([cc, "-O2", "-std=gnu11", "-Wall", "-Wextra", "-Werror", "-ffp-contract=off",
          "-pthread", "-I", str(ROOT / "csrc"), *_kernel_sources(),
