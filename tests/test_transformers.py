@@ -349,6 +349,28 @@ def test_q8_cache_feeds_the_q8_kernels_with_a_quarter_of_the_memory(eager, promp
     assert dyn_bytes / q8.nbytes == pytest.approx(128 / 36)
 
 
+def test_sparse_kv_cache_allocates_its_layers_before_the_forward(eager, prompt, eager_run):
+    """The layers' KVCaches are made with the cache (not inside the first
+    forward pass, where their allocations cost torch page faults); a config
+    whose K/V shape is wrong is corrected by the first update."""
+    model = sparse_copy(eager, k_blocks=ALL_BLOCKS)
+    cache = sat.SparseKVCache(model, capacity=64)
+    for layer in cache.layers:
+        assert (layer.kv.n_kv_heads, layer.kv.head_dim, layer.kv.capacity) == (2, 128, 64)
+        assert layer.kv.seq_len == 0 and cache.get_seq_length() == 0
+    made = [layer.kv for layer in cache.layers]
+    continuation = eager_run[0][:, PROMPT_TOKENS:PROMPT_TOKENS + 3]
+    got = forced_logits(model, prompt, continuation, cache)
+    assert [layer.kv for layer in cache.layers] == made       # grown in place, not remade
+    wrong = copy.deepcopy(eager.config)
+    wrong.head_dim, wrong.num_key_value_heads = 64, 4
+    other = sat.SparseKVCache(wrong, dtype="q8", capacity=64)
+    assert other.layers[0].kv.head_dim == 64
+    got_other = forced_logits(model, prompt, continuation, other)
+    assert other.layers[0].kv.head_dim == 128 and other.layers[0].kv.n_kv_heads == 2
+    assert torch.equal(got, got_other)
+
+
 def test_q8_placeholders_refuse_other_attention_implementations(eager, prompt):
     model = sparse_copy(eager)
     cache = sat.SparseKVCache(model, dtype="q8")

@@ -402,6 +402,20 @@ class SparseKVLayer(CacheLayerMixin):
         self.kv = None
         self.stats = [0, 0.0, 0.0]
 
+    def allocate(self, n_kv_heads, head_dim):
+        """Make the layer's :class:`sparse_attn.KVCache` now, for K/V of
+        ``[1, n_kv_heads, T, head_dim]`` (what :class:`SparseKVCache` does
+        when the model's config gives those): made inside a model's forward
+        pass instead, at the first update, its allocations land among the
+        pass's large temporaries and cost torch ~1.5 s of page faults on a
+        2K-token SmolLM2 prompt (docs/design.md).  The first update still
+        checks its shape, and remakes the cache if the config was wrong."""
+        self.kv = sa.KVCache(n_kv_heads, head_dim, capacity=self.capacity, dtype=self.dtype,
+                             group_size=self.group_size, block_size=self.block_size,
+                             n_probe=self.n_probe, copy_probe_rows=self.copy_probe_rows,
+                             copy_channels=self.copy_channels)
+        self.state = _CacheState(self.kv)
+
     def lazy_initialization(self, key_states, value_states):
         _check_cpu("key_states", key_states)
         b, hkv, _, d = key_states.shape
@@ -411,11 +425,9 @@ class SparseKVLayer(CacheLayerMixin):
         if value_states.shape[3] != d:
             raise UnsupportedError(f"SparseKVCache needs K and V of one head_dim, got {d} and "
                                    f"{value_states.shape[3]}")
-        self.kv = sa.KVCache(hkv, d, capacity=self.capacity, dtype=self.dtype,
-                             group_size=self.group_size, block_size=self.block_size,
-                             n_probe=self.n_probe, copy_probe_rows=self.copy_probe_rows,
-                             copy_channels=self.copy_channels)
-        self.state = _CacheState(self.kv)
+        kv = self.kv
+        if kv is None or kv.seq_len or (kv.n_kv_heads, kv.head_dim) != (hkv, d):
+            self.allocate(hkv, d)
         self.model_dtype = key_states.dtype
         self.device = key_states.device
         self.is_initialized = True
@@ -475,7 +487,7 @@ class SparseKVLayer(CacheLayerMixin):
         if self.kv is not None:
             self.kv.reset()
         self.keys = self.values = None
-        if self.kv is not None:
+        if self.is_initialized:
             self._handles()
 
     def offload(self):
@@ -492,7 +504,7 @@ class SparseKVLayer(CacheLayerMixin):
         if tokens_to_remove > 0:
             raise ArgumentError(f"crop takes a negative number of tokens to remove, got "
                                 f"{tokens_to_remove}")
-        if tokens_to_remove == 0 or self.kv is None:
+        if tokens_to_remove == 0 or not self.is_initialized:
             return
         self.kv.truncate(max(self.kv.seq_len + tokens_to_remove, 0))
         self._handles()
@@ -587,11 +599,26 @@ class SparseKVCache(Cache):
                                                copies, channels)
                                  for _ in range(n_layers)])
         self.dtype = dtype
+        shape = _kv_shape(text)
+        if shape is not None:
+            for layer in self.layers:
+                layer.allocate(*shape)
 
     @property
     def nbytes(self):
         """Bytes held by every layer's K and V (at their current capacity)."""
         return sum(layer.nbytes for layer in self.layers)
+
+
+def _kv_shape(text):
+    """(n_kv_heads, head_dim) a text config declares, or None."""
+    heads = getattr(text, "num_attention_heads", None)
+    hkv = getattr(text, "num_key_value_heads", None) or heads
+    d = getattr(text, "head_dim", None)
+    if d is None and heads and getattr(text, "hidden_size", None):
+        d = text.hidden_size // heads
+    ok = all(isinstance(x, int) and not isinstance(x, bool) and x > 0 for x in (hkv, d))
+    return (hkv, d) if ok else None
 
 
 # --------------------------------------------------------------------------- mask
