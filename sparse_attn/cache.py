@@ -309,7 +309,12 @@ class KVCache:
     def _append_arrays(self, k, v):
         """append() after its checks: k and v float32 C-contiguous aligned
         ``[n_kv_heads, T, head_dim]`` of one T (the C call scans the values)."""
-        T = k.shape[1]
+        self._append_at(_ffi.ptr(k, "float"), _ffi.ptr(v, "float"), k.shape[1])
+
+    def _append_at(self, kp, vp, T):
+        """_append_arrays with cffi pointers to T rows of K and V in that
+        layout, kept alive by the caller (the transformers backend passes
+        torch tensors' data this way)."""
         if T == 0:
             return
         self._lock.acquire_write()
@@ -320,8 +325,7 @@ class KVCache:
                                     f"{ck.INT_MAX} are supported")
             if n + T > buf.capacity:
                 buf = self._allocate(min(max(n + T, 2 * buf.capacity), ck.INT_MAX), buf, n)
-            rc = lib.sa_kv_append(buf.kop.struct, buf.vop.struct, n, _ffi.ptr(k, "float"),
-                                  _ffi.ptr(v, "float"), T, buf.bounds_st,
+            rc = lib.sa_kv_append(buf.kop.struct, buf.vop.struct, n, kp, vp, T, buf.bounds_st,
                                   buf.probe_st if buf.probe_st is not None else ffi.NULL,
                                   buf.channels_st if buf.channels_st is not None else ffi.NULL)
             _ffi.check(rc, "KVCache.append")
@@ -608,6 +612,26 @@ class _Decoder:
                       scoring=self.sel.scoring, n_channels=self.sel.n_channels)
             return c.decode(q, scale=self.scale, threads=self.threads,
                             return_blocks=self.return_blocks, **kw)
+        if not (type(q) is np.ndarray and q.shape == self.qshape and q.dtype == np.float32
+                and q.flags.c_contiguous and q.flags.aligned):
+            q, _ = query(q, c._buf.kop, 2)     # the layout does not change with the buffers
+            self.qshape = q.shape
+        out = np.empty(q.shape, np.float32)
+        blocks = self._run(ffi.from_buffer("float[]", q), q.shape[0],
+                           ffi.from_buffer("float[]", out))
+        return (out, blocks) if self.return_blocks else out
+
+    def call_at(self, qp, n_heads, outp):
+        """__call__ with cffi pointers to a float32 ``[n_heads, head_dim]``
+        query and output that the caller checked and keeps alive (n_heads a
+        multiple of the cache's KV heads); returns the blocks array of
+        return_blocks, else None.  The transformers backend's decode step,
+        on torch tensors' data.  Not for a decoder whose selection makes its
+        metadata per call (``slow``)."""
+        return self._run(qp, n_heads, outp)
+
+    def _run(self, qp, n_heads, outp):
+        c = self.cache
         c._lock.acquire_read()
         try:
             buf, n = c._buf, c._n
@@ -615,28 +639,20 @@ class _Decoder:
                 raise ArgumentError("the cache is empty: append tokens before decoding")
             if buf is not self.buf:
                 self._bind(buf)
-            if not (type(q) is np.ndarray and q.shape == self.qshape and q.dtype == np.float32
-                    and q.flags.c_contiguous and q.flags.aligned):
-                q, _ = query(q, buf.kop, 2)
-                self.qshape = q.shape
-            n_heads = q.shape[0]
-            out = np.empty(q.shape, np.float32)
             if self.dense:
-                rc = lib.sa_dense_decode(ffi.from_buffer("float[]", q), n_heads, buf.kop.struct,
-                                         buf.vop.struct, n, self.scale,
-                                         ffi.from_buffer("float[]", out), self.threads)
+                rc = lib.sa_dense_decode(qp, n_heads, buf.kop.struct, buf.vop.struct, n,
+                                         self.scale, outp, self.threads)
                 _ffi.check(rc, "dense_decode")
-                return out
+                return None
             blocks = np.empty((n_heads, self.sel.n_selected(n)), np.int32) \
                 if self.return_blocks else None
             rc = lib.sa_sparse_decode(
-                ffi.from_buffer("float[]", q), n_heads, buf.kop.struct, buf.vop.struct, n,
-                self.params, self.imp if c._has_importance else ffi.NULL, n, self.scale,
-                ffi.from_buffer("float[]", out),
+                qp, n_heads, buf.kop.struct, buf.vop.struct, n, self.params,
+                self.imp if c._has_importance else ffi.NULL, n, self.scale, outp,
                 ffi.from_buffer("int32_t[]", blocks) if blocks is not None else ffi.NULL,
                 self.threads)
             _ffi.check(rc, "sparse_decode")
-            return (out, blocks) if self.return_blocks else out
+            return blocks
         finally:
             c._lock.release_read()
 

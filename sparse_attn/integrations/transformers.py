@@ -69,9 +69,11 @@ from transformers.masking_utils import AttentionMaskInterface, causal_mask_funct
 
 import sparse_attn as sa
 from sparse_attn import _checks as ck
+from sparse_attn import _ffi
+from sparse_attn._ffi import ffi
+from sparse_attn.cache import DTYPES as CACHE_DTYPES, _Decoder
 from sparse_attn.selection import POLICIES, selection
 from sparse_attn._checks import ArgumentError, ArgumentTypeError, SparseAttnError
-from sparse_attn.cache import DTYPES as CACHE_DTYPES
 
 NAME = "sparse_topk"
 KV_DTYPES = (None, "float32", "q8")
@@ -448,9 +450,9 @@ class SparseKVLayer(CacheLayerMixin):
             raise UnsupportedError(f"SparseKVCache layer expects K/V of shape {want} (one "
                                    f"shape for both), got {list(key_states.shape)} and "
                                    f"{list(value_states.shape)}")
-        k, v = _new_rows(key_states), _new_rows(value_states)
+        (kp, k), (vp, v) = _rows_at(key_states), _rows_at(value_states)
         t1 = time.perf_counter()
-        kv._append_arrays(k, v)     # _new_rows made them what append() checks for
+        kv._append_at(kp, vp, shape[2])     # k and v keep the rows alive
         t2 = time.perf_counter()
         self._handles()
         st = self.stats
@@ -466,8 +468,8 @@ class SparseKVLayer(CacheLayerMixin):
             self.values = torch.from_numpy(self.kv.v).unsqueeze(0)
             self.keys._sparse_attn_layer = self.values._sparse_attn_layer = self
         else:
-            self.keys = _KVPlaceholder(self, "K", shape, self.model_dtype)
-            self.values = _KVPlaceholder(self, "V", shape, self.model_dtype)
+            # one placeholder stands for both (one fewer tensor per step)
+            self.keys = self.values = _KVPlaceholder(self, "K/V", shape, self.model_dtype)
 
     def get_seq_length(self):
         return 0 if self.kv is None else self.kv.seq_len
@@ -526,6 +528,17 @@ class SparseKVLayer(CacheLayerMixin):
     def __repr__(self):
         return f"SparseKVLayer({self.kv!r})" if self.kv is not None else \
             f"SparseKVLayer(dtype={self.dtype!r}, empty)"
+
+
+def _rows_at(states):
+    """A cffi pointer to one update's tokens as float32 C-contiguous
+    ``[Hkv, T, D]``, and what owns that memory (to keep alive for the call):
+    the tensor itself when it has that layout (one token's K/V from a model's
+    ``transpose(1, 2)``), else a float32 copy."""
+    if states.dtype is torch.float32 and states.is_contiguous():
+        return ffi.cast("float *", states.data_ptr()), states
+    a = _new_rows(states)
+    return _ffi.ptr(a, "float"), a
 
 
 def _new_rows(states):
@@ -850,20 +863,32 @@ def sparse_topk_attention(module, query, key, value, attention_mask, scaling=Non
     S = state.bind(module.layer_idx, key, value, T)
     threads = settings.threads
     if T == 1 and S > 1:
-        qd = _decode_query(query, n_heads, D)
         dense = module.layer_idx in settings.dense_layers
-        t1 = time.perf_counter()
-        res = state.decoder(settings, scaling, threads, dense)(qd)
-        t2 = time.perf_counter()
-        if dense:
-            out = res
+        decoder = state.decoder(settings, scaling, threads, dense)
+        if type(decoder) is _Decoder and not decoder.slow and n_heads % state.kv.n_kv_heads == 0:
+            # a SparseKVCache's layer: the C call reads the query's and
+            # writes the output tensor's data (D is the cache's: checked above)
+            q = query if query.dtype is torch.float32 and query.is_contiguous() else \
+                query.detach().to(torch.float32).contiguous()
+            out = torch.empty((1, 1, n_heads, D), dtype=torch.float32)
+            t1 = time.perf_counter()
+            blocks = decoder.call_at(ffi.cast("float *", q.data_ptr()), n_heads,
+                                     ffi.cast("float *", out.data_ptr()))
+            t2 = time.perf_counter()
         else:
-            out, md["sparse_attn_blocks"] = res
+            qd = _decode_query(query, n_heads, D)
+            t1 = time.perf_counter()
+            res = decoder(qd)
+            t2 = time.perf_counter()
+            out, blocks = (res, None) if dense else res
+            out = torch.from_numpy(out).view(1, 1, n_heads, D)
+        if not dense:
+            md["sparse_attn_blocks"] = blocks
             if settings.compare_exact:
-                exact = state.exact(qd, scaling, threads)
-                err = float(np.abs(out - exact).max() / max(np.abs(exact).max(), 1e-30))
+                exact = state.exact(_decode_query(query, n_heads, D), scaling, threads)
+                got = out.view(n_heads, D).numpy()
+                err = float(np.abs(got - exact).max() / max(np.abs(exact).max(), 1e-30))
                 md.setdefault("sparse_attn_errors", []).append(err)
-        out = torch.from_numpy(out).view(1, 1, n_heads, D)
     else:
         q = query.detach()[0]
         if q.dtype != torch.float32:
@@ -896,9 +921,11 @@ def _decode_query(query, n_heads, D):
 
 
 def _record(module, decode, seconds, kernel_seconds):
-    st = module.__dict__.setdefault("sparse_attn_stats", dict.fromkeys(
-        ("calls", "seconds", "kernel_seconds", "decode_calls", "decode_seconds",
-         "decode_kernel_seconds"), 0))
+    st = module.__dict__.get("sparse_attn_stats")
+    if st is None:
+        st = module.__dict__["sparse_attn_stats"] = dict.fromkeys(
+            ("calls", "seconds", "kernel_seconds", "decode_calls", "decode_seconds",
+             "decode_kernel_seconds"), 0)
     st["calls"] += 1
     st["seconds"] += seconds
     st["kernel_seconds"] += kernel_seconds
