@@ -408,6 +408,15 @@ def test_refuses_tensors_off_the_cpu(eager):
         sat.sparse_topk_attention(module, q, kv, kv, None, scaling=module.scaling)
     with pytest.raises(sat.UnsupportedError, match="CPU"):
         sat.enable(copy.deepcopy(eager).to("meta"))
+    # a SparseKVCache layer checks every update's tensors, not only the first
+    # (the C append reads their data by address)
+    layer = sat.SparseKVCache(model).layers[0]
+    cpu, meta = torch.randn(1, 2, 3, 128), torch.empty(1, 2, 3, 128, device="meta")
+    layer.update(cpu, cpu)
+    for bad in ((meta, cpu), (cpu, meta)):
+        with pytest.raises(sat.UnsupportedError, match="CPU"):
+            layer.update(*bad)
+    assert layer.get_seq_length() == 3
 
 
 def test_refusals_hold_after_a_good_call(eager):

@@ -535,8 +535,9 @@ def _rows_at(states):
     ``[Hkv, T, D]``, and what owns that memory (to keep alive for the call):
     the tensor itself when it has that layout (one token's K/V from a model's
     ``transpose(1, 2)``), else a float32 copy."""
-    if states.dtype is torch.float32 and states.is_contiguous():
+    if states.is_cpu and states.dtype is torch.float32 and states.is_contiguous():
         return ffi.cast("float *", states.data_ptr()), states
+    _check_cpu("key/value states", states)
     a = _new_rows(states)
     return _ffi.ptr(a, "float"), a
 
