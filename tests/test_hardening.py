@@ -3,6 +3,7 @@ the same on every ISA, values that would overflow never enter a cache, a
 failed append changes nothing, a cache serves concurrent readers while it
 grows, and sizes at the edge of a C int are served correctly."""
 import threading
+import time
 
 import numpy as np
 import pytest
@@ -190,6 +191,42 @@ def test_concurrent_decodes_while_one_thread_appends(rng, policy):
     assert not errors, errors[:3]
     assert seen and all(s in want for s in seen)
     assert cache.capacity > T0 and cache.seq_len == T0 + steps
+
+
+def test_cache_lock_readers_share_and_a_waiting_writer_holds_back_new_readers():
+    """The cache's read/write lock: readers overlap; a writer waits for them;
+    while it waits no new reader gets in; once it is done everyone runs."""
+    lock = sa_cache._RWLock()
+    lock.acquire_read()
+    lock.acquire_read()                 # two readers at once
+    order, writer_in, late_in = [], threading.Event(), threading.Event()
+
+    def writer():
+        lock.acquire_write()
+        order.append("writer")
+        writer_in.set()
+        lock.release_write()
+
+    def late_reader():
+        lock.acquire_read()
+        order.append("late reader")
+        late_in.set()
+        lock.release_read()
+
+    w = threading.Thread(target=writer)
+    w.start()
+    while not lock._waiting:            # the writer is queued behind the readers
+        time.sleep(0.001)
+    r = threading.Thread(target=late_reader)
+    r.start()
+    assert not late_in.wait(0.05) and not writer_in.is_set()
+    lock.release_read()
+    lock.release_read()
+    assert writer_in.wait(5) and late_in.wait(5)
+    w.join()
+    r.join()
+    assert order == ["writer", "late reader"]
+    assert (lock._readers, lock._writer, lock._waiting, lock._sleepers) == (0, False, 0, 0)
 
 
 # ------------------------------------------------------------------ sizes near 2**31
