@@ -60,5 +60,7 @@ def test_every_configuration_is_measured(results):
     for r in results.values():
         assert r["new_tokens"] >= 1 and r["decode_ms"] > 0 and r["attn_ms"] > 0
         assert r["ttft_s"] > 0 and r["glue_us"] is not None and r["glue_us"] > 0
+        # the median over the steps of the glue, and its mean over all calls
+        assert r["glue_mean_us"] > 0 and r["glue_us"] < 20 * r["glue_mean_us"]
     # q8 holds 36 bytes per 32 values against float32's 128
     assert results["k=32 q8"]["kv_mb"] < 0.35 * results["k=32"]["kv_mb"]

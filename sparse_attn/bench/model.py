@@ -6,10 +6,10 @@ on needle prompts of given lengths.
 Per (length, configuration): the prefill of the whole prompt and the first
 token (TTFT), then greedy decode steps (median and range of the per-step
 times), the time inside attention per step and its share of the step, the
-backend's Python work per layer and token outside the C core (glue: the
-attention call and a SparseKVCache's update), the peak resident memory of
-the configuration (VmHWM, reset before it), the KV cache's bytes, and
-whether the needle's answer came out.
+backend's Python work per layer and token outside the C core (glue, the
+median over the steps: the attention call and a SparseKVCache's update),
+the peak resident memory of the configuration (VmHWM, reset before it), the
+KV cache's bytes, and whether the needle's answer came out.
 
 A configuration is a few words: ``sdpa`` (transformers' own attention), or
 ``exact`` / ``k=N`` for sparse_topk with every block / N blocks, with
@@ -100,6 +100,22 @@ class _AttentionClock:
         return out
 
 
+def _glue_totals(modules, cache):
+    """(seconds of the backend's Python outside the C core, decode calls),
+    summed so far over the modules' profile stats and the cache's updates."""
+    glue, calls = 0.0, 0
+    for m in modules:
+        st = m.__dict__.get("sparse_attn_stats")
+        if st:
+            glue += st["decode_seconds"] - st["decode_kernel_seconds"]
+            calls += st["decode_calls"]
+    for layer in getattr(cache, "layers", ()):
+        st = getattr(layer, "stats", None)
+        if st:
+            glue += st[1] - st[2]
+    return glue, calls
+
+
 def run_config(model, tokenizer, ids, needle, conf, args):
     """One configuration on one prompt; returns its row."""
     import torch
@@ -147,11 +163,17 @@ def run_config(model, tokenizer, ids, needle, conf, args):
             for layer in getattr(cache, "layers", ()):
                 if hasattr(layer, "stats"):
                     layer.stats[:] = [0, 0.0, 0.0]
+            step_glue, seen = [], _glue_totals(modules, cache) if not clock else None
             for _ in range(args.new_tokens - 1):
                 t1 = time.perf_counter()
                 logits = model(torch.tensor([[token]]), cache=cache, use_cache=True).logits
                 token = int(logits[0, -1].argmax())
                 steps.append(time.perf_counter() - t1)
+                if not clock:
+                    now = _glue_totals(modules, cache)
+                    if now[1] > seen[1]:
+                        step_glue.append((now[0] - seen[0]) / (now[1] - seen[1]))
+                    seen = now
                 if token == tokenizer.eos_token_id:
                     break
                 out.append(token)
@@ -160,7 +182,7 @@ def run_config(model, tokenizer, ids, needle, conf, args):
             AttentionInterface.register("sdpa", clock.fn)
     n_steps = max(len(steps), 1)
     if clock:
-        attn_s, glue_us = clock.decode_seconds, None
+        attn_s, glue_us, glue_mean_us = clock.decode_seconds, None, None
     else:
         stats = [m.__dict__.get("sparse_attn_stats", {}) for m in modules]
         attn_s = sum(s.get("decode_seconds", 0.0) for s in stats)
@@ -170,7 +192,9 @@ def run_config(model, tokenizer, ids, needle, conf, args):
         # backend's too
         upd = [layer.stats for layer in getattr(cache, "layers", ()) if hasattr(layer, "stats")]
         upd_glue = sum(u[1] - u[2] for u in upd)
-        glue_us = (attn_s - kernel + upd_glue) / calls * 1e6 if calls else None
+        glue_mean_us = (attn_s - kernel + upd_glue) / calls * 1e6 if calls else None
+        # the median over steps: a step the machine preempted moves the mean
+        glue_us = float(np.median(step_glue)) * 1e6 if step_glue else glue_mean_us
     text = tokenizer.decode(out, skip_special_tokens=True)
     kv_bytes = getattr(cache, "nbytes", None)
     if kv_bytes is None:
@@ -184,7 +208,8 @@ def run_config(model, tokenizer, ids, needle, conf, args):
                 decode_ms_max=float(ms.max()) if len(ms) else math.nan,
                 attn_ms=attn_s * 1e3 / n_steps,
                 attn_share=(attn_s / sum(steps)) if steps else math.nan,
-                glue_us=glue_us, peak_rss_mb=_peak_rss_mb() if measured_rss else math.nan,
+                glue_us=glue_us, glue_mean_us=glue_mean_us,
+                peak_rss_mb=_peak_rss_mb() if measured_rss else math.nan,
                 kv_mb=kv_bytes / 2**20, found=answer_found(text, needle), text=text,
                 new_tokens=len(out))
 
@@ -223,7 +248,8 @@ def print_model_table(model, rows, args):
     print("TTFT = prefill of the prompt and the first token; decode = ms per generated token, "
           "median [min–max]; attn = time inside attention per token, all layers (share of "
           "the step); glue = the backend's Python per layer and token outside the C core "
-          "(the attention call and, with a SparseKVCache, its update); RSS = peak resident "
+          "(the attention call and, with a SparseKVCache, its update; median over the "
+          "steps, the mean in --json as glue_mean_us); RSS = peak resident "
           "memory of the configuration.\n")
     head = (f"{'tokens':>6} {'config':<16} {'TTFT s':>7} {'decode ms/token [min–max]':>26} "
             f"{'attn ms':>8} {'share':>6} {'glue us':>8} {'RSS MB':>7} {'KV MB':>6} "
