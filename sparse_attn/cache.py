@@ -639,7 +639,7 @@ class _Decoder:
         out = np.empty(q.shape, np.float32)
         blocks = self._run(ffi.from_buffer("float[]", q), q.shape[0],
                            ffi.from_buffer("float[]", out))
-        return (out, blocks) if self.return_blocks else out
+        return (out, blocks) if self.return_blocks and not self.dense else out
 
     def call_at(self, qp, n_heads, outp):
         """__call__ with cffi pointers to a float32 ``[n_heads, head_dim]``

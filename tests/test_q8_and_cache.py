@@ -67,6 +67,40 @@ def test_cache_append_grows_and_matches_direct(isa, rng, dtype):
     assert sa.dense_decode(q, cache.k, cache.v).tobytes() == sa.dense_decode(q, kd, vd).tobytes()
 
 
+@pytest.mark.parametrize("dtype", ["q8", "float32"])
+def test_cache_decoder_is_decode_bitwise_through_appends_and_growth(isa, rng, dtype):
+    """KVCache.decoder (the per-layer, per-token call of the transformers
+    backend): bitwise what decode / dense_decode give over the cache, with
+    its recorded importance, as the cache grows past its capacity; the
+    pointer form (call_at) writes the same bytes."""
+    from sparse_attn._ffi import ffi
+    Hkv, H, D = 2, 6, 64
+    cache = sa.KVCache(Hkv, D, capacity=40, dtype=dtype)
+    kv = rng.standard_normal((Hkv, 200, D), dtype=np.float32)
+    cache.append(kv[:, :70], kv[:, :70])
+    cache.add_importance(rng.random(70, dtype=np.float32))
+    sparse = cache.decoder(k_blocks=2, return_blocks=True)
+    dense = cache.decoder(dense=True, return_blocks=True)
+    for n in (70, 71, 160):
+        if n > cache.seq_len:
+            cache.append(kv[:, cache.seq_len:n], kv[:, cache.seq_len:n])
+        q = rng.standard_normal((H, D), dtype=np.float32)
+        out, blocks = sparse(q)
+        want, want_blocks = cache.decode(q, k_blocks=2, return_blocks=True)
+        assert out.tobytes() == want.tobytes()
+        np.testing.assert_array_equal(blocks, want_blocks)
+        got_dense = dense(q)                      # dense decoders return the output only
+        assert got_dense.tobytes() == cache.dense_decode(q).tobytes()
+        at = np.full_like(q, np.nan)
+        got_blocks = sparse.call_at(ffi.from_buffer("float[]", q), H,
+                                    ffi.from_buffer("float[]", at))
+        assert at.tobytes() == out.tobytes()
+        np.testing.assert_array_equal(got_blocks, blocks)
+    assert cache.capacity >= 160
+    with pytest.raises(sa.SparseAttnError, match="multiple of n_kv_heads"):
+        sparse(np.zeros((5, D), np.float32))
+
+
 def test_cache_prefill_accumulates_importance(rng):
     Hkv, H, D = 2, 4, 32
     cache = sa.KVCache(Hkv, D, capacity=16, dtype="float32")

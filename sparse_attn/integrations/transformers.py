@@ -408,9 +408,9 @@ class SparseKVLayer(CacheLayerMixin):
         """Make the layer's :class:`sparse_attn.KVCache` now, for K/V of
         ``[1, n_kv_heads, T, head_dim]`` (what :class:`SparseKVCache` does
         when the model's config gives those): made inside a model's forward
-        pass instead, at the first update, its allocations land among the
-        pass's large temporaries and cost torch ~1.5 s of page faults on a
-        2K-token SmolLM2 prompt (docs/design.md).  The first update still
+        pass instead, at the first update, its allocations cost torch's own
+        ops about 2 s of page faults on a 2K-token SmolLM2 prompt
+        (docs/design.md).  The first update still
         checks its shape, and remakes the cache if the config was wrong."""
         self.kv = sa.KVCache(n_kv_heads, head_dim, capacity=self.capacity, dtype=self.dtype,
                              group_size=self.group_size, block_size=self.block_size,
