@@ -42,12 +42,15 @@ KV caches
   Its ``update`` returns K/V tensors that carry a reference to the layer
   (attribute ``_sparse_attn_layer``); the attention function reads the
   ``KVCache`` through it and hands its buffers (``Q8`` for q8) to the kernels
-  directly.  For q8 those tensors are *placeholders* of the right shape and
-  dtype with no data: any other attention implementation that touches them
-  raises :class:`UnsupportedError` instead of reading garbage, and nothing
-  ever dequantises the cache.  Mask creation only asks the cache for lengths.
-  ``enable(model, kv_dtype=...)`` makes ``model.generate`` create one; for
-  your own forward calls pass ``cache=SparseKVCache(model)``.
+  directly.  For q8 K and V are one *placeholder* tensor of the right shape
+  and dtype with no data: any other attention implementation that touches
+  it raises :class:`UnsupportedError` instead of reading garbage, and
+  nothing ever dequantises the cache.  Mask creation only asks the cache
+  for lengths.  Each layer's ``KVCache`` is made with the cache, from the
+  config's KV heads and head_dim (made inside the first forward pass, its
+  allocations cost torch's own ops page faults).  ``enable(model,
+  kv_dtype=...)`` makes ``model.generate`` create one; for your own forward
+  calls pass ``cache=SparseKVCache(model)``.
 
 Refused, with an :class:`UnsupportedError` naming the alternative: batch > 1
 (and any padding), sliding-window / chunked / bidirectional layers, custom or
