@@ -35,7 +35,7 @@ isas="$(cd "$build" && LD_PRELOAD="$preload" ASAN_OPTIONS=detect_leaks=0 \
 status=0
 for isa in $isas; do
     echo "== pytest under ASan + UBSan, SPARSE_ATTN_ISA=$isa"
-    (cd "$build/src" && rm -rf sparse_attn && \
+    (cd "$build/src" && \
      LD_PRELOAD="$preload" ASAN_OPTIONS=detect_leaks=0:abort_on_error=1 \
      UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1 SPARSE_ATTN_ISA="$isa" \
      "$build/venv/bin/python" -m pytest -q -p no:cacheprovider "${tests[@]}" "$@") || status=1

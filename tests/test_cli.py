@@ -52,19 +52,22 @@ def test_the_console_script_and_python_m_forms_run():
 
 
 def test_importing_from_a_source_folder_without_the_core_says_what_to_do(tmp_path):
-    """The README's commands run from the clone's root, where `sparse_attn`
-    is the source folder: without a built core it must say so, not fail
-    with a bare ModuleNotFoundError."""
-    pkg = tmp_path / "sparse_attn"
-    shutil.copytree(ROOT / "sparse_attn", pkg,
+    """Run from src/ of a checkout without a built core, `import sparse_attn`
+    finds the source folder: it must say what to do, not fail with a bare
+    ModuleNotFoundError.  From the checkout's root (where the README's
+    commands run) there is no `sparse_attn` folder to shadow the installed
+    package; .ci/run imports it there after `pip install .`."""
+    pkg = tmp_path / "src" / "sparse_attn"
+    shutil.copytree(ROOT / "src" / "sparse_attn", pkg,
                     ignore=shutil.ignore_patterns("*.so", "*.pyd", "__pycache__"))
     (tmp_path / "csrc").mkdir()
     (tmp_path / "csrc" / "build_ffi.py").write_text("")
+    assert not (ROOT / "sparse_attn").exists()
     # an editable install's finder would map the name back to this checkout
     code = ("import sys; sys.meta_path[:] = [f for f in sys.meta_path if not "
             "getattr(f, '__module__', '').startswith('__editable__')]; import sparse_attn")
-    res = subprocess.run([sys.executable, "-c", code], cwd=tmp_path, capture_output=True,
-                         text=True, timeout=60)
+    res = subprocess.run([sys.executable, "-c", code], cwd=tmp_path / "src",
+                         capture_output=True, text=True, timeout=60)
     assert res.returncode != 0
     assert "source folder" in res.stderr and "pip install -e ." in res.stderr
 

@@ -7,12 +7,14 @@ try:
 except ImportError as exc:   # pragma: no cover - exercised from a source tree
     import os as _os
     _here = _os.path.dirname(_os.path.abspath(__file__))
-    if _os.path.exists(_os.path.join(_os.path.dirname(_here), "csrc", "build_ffi.py")):
+    # src/sparse_attn in a checkout: the repository root is two levels up
+    if _os.path.exists(_os.path.join(_os.path.dirname(_os.path.dirname(_here)), "csrc",
+                                     "build_ffi.py")):
         raise ImportError(
             f"sparse_attn is being imported from its source folder ({_here}), which has no "
             "built C core (sparse_attn._core). Install it for development with "
             "`python3 -m pip install -e .` (builds the core in place), or run from "
-            "outside the source folder so that the installed package is imported."
+            "outside src/ so that the installed package is imported."
         ) from exc
     raise
 
