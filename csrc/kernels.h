@@ -90,12 +90,20 @@ typedef struct sa_kernels {
     /* The same with q8 V, dequantised on the fly: each element is first
      * v[t][d] = vd[t][d/gs] * (float)vq[t][d] (one rounding), then added
      * exactly as accumulate_v_f32 adds a float row.  So this kernel equals
-     * sa_dequantize_rows followed by accumulate_v_f32 of the same ISA, bit
-     * for bit, which is how prefill (many query rows per V row) reads q8 V. */
+     * dequantize_rows followed by accumulate_v_f32 of the same ISA, bit for
+     * bit, which is how prefill (many query rows per V row) reads q8 V. */
     void (*accumulate_v_q8)(float *const *out, const float *const *p, int G, int D,
                             int gs, const int8_t *v, const float *vd,
                             ptrdiff_t row_stride, ptrdiff_t scale_stride, int n,
                             const sa_prefetch *pf);
+
+    /* out[t][i] = scales[t][i / gs] * (float)q[t][i] for n rows of dim
+     * values (out compact, n x dim; the inputs row_stride / scale_stride
+     * elements apart): one rounding per element, the same bits on every
+     * ISA.  Prefill reads each q8 V row for many query rows, so it
+     * dequantises the rows once and adds them as float rows. */
+    void (*dequantize_rows)(const int8_t *q, const float *scales, int dim, int gs, int n,
+                            ptrdiff_t row_stride, ptrdiff_t scale_stride, float *out);
 
     /* Quest's bound per block (spec §6) from the query split by sign:
      * s[g][b] = sum over groups grp of sc[b][grp] * sum over i in grp of
@@ -140,6 +148,7 @@ typedef struct sa_kernels {
         .scores_f32 = scores_f32_##id, .scores_q8 = scores_q8_##id,                   \
         .softmax_exp = softmax_exp_##id, .accumulate_v_f32 = accumulate_v_f32_##id,   \
         .accumulate_v_q8 = accumulate_v_q8_##id, .minmax_scores = minmax_scores_##id, \
+        .dequantize_rows = dequantize_rows_##id,                                      \
         .channel_scores = channel_scores_##id, .stream_sum = stream_sum_##id,          \
     }
 
@@ -169,12 +178,5 @@ const sa_kernels *sa_active_kernels(void);
 
 /* Quantise one row (spec §4); shared by the cache writer and the query path. */
 void sa_quantize_row(const float *x, int dim, int gs, int8_t *q, float *scales);
-
-/* out[t][i] = scales[t][i / gs] * (float)q[t][i] for n rows of dim values
- * (out compact, n x dim; the inputs row_stride / scale_stride elements
- * apart): the float rows accumulate_v_q8 adds, for prefill, which reads
- * each V row for many query rows and so dequantises it once. */
-void sa_dequantize_rows(const int8_t *q, const float *scales, int dim, int gs, int n,
-                        ptrdiff_t row_stride, ptrdiff_t scale_stride, float *out);
 
 #endif

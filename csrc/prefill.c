@@ -110,8 +110,9 @@ static void add_values(const prefill_ctx *c, worker *w, int kh, int cnt, int row
     const int D = v->head_dim, ng = D / v->group_size;
     for (int done = 0; done < n;) {
         const int m = sa_min(DQ_ROWS, n - done);
-        sa_dequantize_rows(sa_kv_q8_row(v, kh, row + done), sa_kv_scale_row(v, kh, row + done),
-                           D, v->group_size, m, D, ng, w->dq);
+        c->kern->dequantize_rows(sa_kv_q8_row(v, kh, row + done),
+                                 sa_kv_scale_row(v, kh, row + done), D, v->group_size, m, D, ng,
+                                 w->dq);
         const sa_kv view = {.dtype = SA_DTYPE_F32, .n_kv_heads = 1, .head_stride = m,
                             .n_rows = m, .head_dim = D, .group_size = 1, .f32 = w->dq};
         sa_accumulate_rows(c->kern, s, &view, 0, cnt, 0, m, NULL);

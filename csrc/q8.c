@@ -82,21 +82,6 @@ void sa_quantize_row(const float *x, int dim, int gs, int8_t *q, float *scales)
     }
 }
 
-void sa_dequantize_rows(const int8_t *q, const float *scales, int dim, int gs, int n,
-                        ptrdiff_t row_stride, ptrdiff_t scale_stride, float *out)
-{
-    for (int t = 0; t < n; t++) {
-        const int8_t *row = q + (ptrdiff_t)t * row_stride;
-        const float *sc = scales + (ptrdiff_t)t * scale_stride;
-        float *o = out + (ptrdiff_t)t * dim;
-        for (int i0 = 0, g = 0; i0 < dim; i0 += gs, g++) {
-            const float d = sc[g];
-            for (int i = i0; i < i0 + gs; i++)
-                o[i] = d * (float)row[i];
-        }
-    }
-}
-
 int sa_quantize_q8(const float *x, int64_t n_rows, int dim, int group_size,
                    int8_t *q, float *scales)
 {

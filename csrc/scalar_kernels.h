@@ -50,8 +50,25 @@ __attribute__((unused)) static void SA_SCALAR_FN(scores_q8)(
     }
 }
 
+/* Per element scale * (float)q, one rounding (kernels.h). */
+__attribute__((unused)) static void SA_SCALAR_FN(dequantize_rows)(
+    const int8_t *q, const float *scales, int dim, int gs, int n, ptrdiff_t row_stride,
+    ptrdiff_t scale_stride, float *out)
+{
+    for (int t = 0; t < n; t++) {
+        const int8_t *row = q + (ptrdiff_t)t * row_stride;
+        const float *sc = scales + (ptrdiff_t)t * scale_stride;
+        float *o = out + (ptrdiff_t)t * dim;
+        for (int i0 = 0, g = 0; i0 < dim; i0 += gs, g++) {
+            const float d = sc[g];
+            for (int i = i0; i < i0 + gs; i++)
+                o[i] = d * (float)row[i];
+        }
+    }
+}
+
 /* Per element the dequantised value scale * (float)q (one rounding, as
- * sa_dequantize_rows), then weighted by p[g][t] into out, tokens in order. */
+ * dequantize_rows), then weighted by p[g][t] into out, tokens in order. */
 __attribute__((unused)) static void SA_SCALAR_FN(accumulate_v_q8)(
     float *const *out, const float *const *p, int G, int D, int gs, const int8_t *v,
     const float *vd, ptrdiff_t row_stride, ptrdiff_t scale_stride, int n, const sa_prefetch *pf)

@@ -412,7 +412,7 @@ static void SA_FN(accumulate_v_f32)(float *const *out, const float *const *p, in
 }
 
 /* NV (2 or 4, constant) vectors of floats from 4*NV int8 of a q8 row, each
- * times the row's group scale sc (one rounding, as sa_dequantize_rows). */
+ * times the row's group scale sc (one rounding, as dequantize_rows). */
 SA_INLINE void q8_load(const int8_t *x, float sc, int NV, float32x4_t f[4])
 {
     if (NV == 4) {
@@ -429,6 +429,37 @@ SA_INLINE void q8_load(const int8_t *x, float sc, int NV, float32x4_t f[4])
     }
     for (int i = 0; i < NV; i++)
         f[i] = vmulq_n_f32(f[i], sc);
+}
+
+/* dequantize_rows: q8_load per 16 (or 8) values when gs is a multiple of
+ * 8, else the scalar loop; one product per element either way. */
+static void SA_FN(dequantize_rows)(const int8_t *q, const float *scales, int dim, int gs,
+                                   int n, ptrdiff_t row_stride, ptrdiff_t scale_stride,
+                                   float *out)
+{
+    if (gs % 8) {
+        dequantize_rows_scalar(q, scales, dim, gs, n, row_stride, scale_stride, out);
+        return;
+    }
+    for (int t = 0; t < n; t++) {
+        const int8_t *row = q + (ptrdiff_t)t * row_stride;
+        const float *rd = scales + (ptrdiff_t)t * scale_stride;
+        float *o = out + (ptrdiff_t)t * dim;
+        for (int grp = 0, d0 = 0; d0 < dim; grp++, d0 += gs) {
+            float32x4_t f[4];
+            int d = d0;
+            for (; d + 16 <= d0 + gs; d += 16) {
+                q8_load(row + d, rd[grp], 4, f);
+                for (int i = 0; i < 4; i++)
+                    vst1q_f32(o + d + 4 * i, f[i]);
+            }
+            if (d < d0 + gs) { /* gs % 16 == 8 */
+                q8_load(row + d, rd[grp], 2, f);
+                vst1q_f32(o + d, f[0]);
+                vst1q_f32(o + d + 4, f[1]);
+            }
+        }
+    }
 }
 
 /* gs a multiple of 8 (so 16- and 8-wide chunks never straddle a group):

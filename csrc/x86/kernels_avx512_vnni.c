@@ -178,18 +178,30 @@ SA_INLINE void load_scales4(const float *const *srows, int g0, __m512 *kdg)
 #undef SA_PD
 }
 
-/* gs == 32, D % 128 == 0 (the common q8 shape).  Per 128 bytes of a row, the
- * two 64-byte halves Z0 = [g0a g0b g1a g1b], Z1 = [g2a g2b g3a g3b] (16-byte
- * quarters of the four groups) are shuffled into X = [g0a g1a g2a g3a] and
- * Y = [g0b g1b g2b g3b]; two vpdpbusd into one accumulator then leave each
- * group in its own 128-bit lane, so a quad of tokens needs only reduce4 and
- * four quads one lane transpose to give [group: 16 tokens]. */
+/* One K row's 128 bytes from b, as scores_q8_block32 takes them: the sign
+ * bits flipped, Z0 = [g0a g0b g1a g1b], Z1 = [g2a g2b g3a g3b] shuffled into
+ * X = [g0a g1a g2a g3a] and Y = [g0b g1b g2b g3b]. */
+SA_INLINE void k_xy(const int8_t *r, __m512i *x, __m512i *y)
+{
+    const __m512i flip = _mm512_set1_epi8((char)0x80);
+    const __m512i z0 = _mm512_xor_si512(_mm512_loadu_si512(r), flip);
+    const __m512i z1 = _mm512_xor_si512(_mm512_loadu_si512(r + 64), flip);
+    *x = _mm512_shuffle_i64x2(z0, z1, 0x88);
+    *y = _mm512_shuffle_i64x2(z0, z1, 0xDD);
+}
+
+/* gs == 32, D % 128 == 0 (the common q8 shape).  Per 128 bytes of a row,
+ * k_xy's X and Y; two vpdpbusd into one accumulator then leave each group
+ * in its own 128-bit lane, so a quad of tokens needs only reduce4 and four
+ * quads one lane transpose to give [group: 16 tokens].  xy and kds, when
+ * given, are the block's rows already through k_xy (xy[2 * (b / 128 * 16 +
+ * i)], then Y) and its scales already through load_scales4 (kds[g]): the
+ * same values, made once for many heads (scores_q8_many). */
 SA_INLINE void scores_q8_block32(const int8_t *qq, const float *qd, int HB, int D,
                                  const int8_t *const *rows, const float *const *srows,
-                                 __m512 *res)
+                                 const __m512i *xy, const __m512 *kds, __m512 *res)
 {
     const int ng = D / 32;
-    const __m512i flip = _mm512_set1_epi8((char)0x80);
     for (int h = 0; h < HB; h++)
         res[h] = _mm512_setzero_ps();
     for (int b = 0; b < D; b += 128) {
@@ -204,11 +216,13 @@ SA_INLINE void scores_q8_block32(const int8_t *qq, const float *qd, int HB, int 
         for (int j = 0; j < 4; j++) {
             __m512i acc[2][4];
             for (int i = 0; i < 4; i++) {
-                const int8_t *r = rows[4 * j + i] + b;
-                const __m512i z0 = _mm512_xor_si512(_mm512_loadu_si512(r), flip);
-                const __m512i z1 = _mm512_xor_si512(_mm512_loadu_si512(r + 64), flip);
-                const __m512i x = _mm512_shuffle_i64x2(z0, z1, 0x88);
-                const __m512i y = _mm512_shuffle_i64x2(z0, z1, 0xDD);
+                __m512i x, y;
+                if (xy) {
+                    x = xy[2 * (b / 128 * 16 + 4 * j + i)];
+                    y = xy[2 * (b / 128 * 16 + 4 * j + i) + 1];
+                } else {
+                    k_xy(rows[4 * j + i] + b, &x, &y);
+                }
                 for (int h = 0; h < HB; h++)
                     acc[h][i] = _mm512_dpbusd_epi32(_mm512_dpbusd_epi32(bias[h], x, qx[h]), y,
                                                     qy[h]);
@@ -217,8 +231,10 @@ SA_INLINE void scores_q8_block32(const int8_t *qq, const float *qd, int HB, int 
                 quad[h][j] = reduce4_epi32(acc[h][0], acc[h][1], acc[h][2], acc[h][3]);
         }
         const int g0 = b / 32;
-        __m512 kdg[4];
-        load_scales4(srows, g0, kdg);
+        __m512 own[4];
+        const __m512 *kdg = kds ? kds + g0 : own;
+        if (!kds)
+            load_scales4(srows, g0, own);
         for (int h = 0; h < HB; h++) {
             __m512i isum[4];
             transpose_lanes(quad[h][0], quad[h][1], quad[h][2], quad[h][3], isum);
@@ -300,7 +316,7 @@ SA_INLINE void scores_q8_tokens(const int8_t *qq, const float *qd, int HB, int D
                                 __m512 *res)
 {
     if (gs == 32 && D % 128 == 0) {
-        scores_q8_block32(qq, qd, HB, D, rows, srows, res);
+        scores_q8_block32(qq, qd, HB, D, rows, srows, NULL, NULL, res);
         return;
     }
     const __m512i lane = _mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15);
@@ -322,4 +338,58 @@ SA_INLINE void scores_q8_tokens(const int8_t *qq, const float *qd, int HB, int D
  * accumulators. */
 #define SA_V_HEADS 4
 
+/* Many heads against one block (prefill scores a tile's rows x heads, 64
+ * query vectors for a Qwen3-VL-2B layer): each block's rows go through k_xy
+ * and its scales through load_scales4 once for all the heads, instead of
+ * once per pair of heads, and the pairs then read them from L1.  The same
+ * values go into the same operations, so the scores are bitwise those of
+ * scores_q8_tokens. */
+#define SA_Q8_MANY_HEADS 4
+#define SA_Q8_MANY_MAX_D 512
+
+SA_INLINE int q8_many_takes(int gs, int D)
+{
+    return gs == 32 && D % 128 == 0 && D <= SA_Q8_MANY_MAX_D;
+}
+
+static void scores_q8_many(const int8_t *qq, const float *qd, int G, int D, const int8_t *k,
+                           const float *kd, ptrdiff_t row_stride, ptrdiff_t scale_stride,
+                           int n, float *const *s, const sa_prefetch *pf);
+
 #include "x86_common.h"
+
+static void scores_q8_many(const int8_t *qq, const float *qd, int G, int D, const int8_t *k,
+                           const float *kd, ptrdiff_t row_stride, ptrdiff_t scale_stride,
+                           int n, float *const *s, const sa_prefetch *pf)
+{
+    __m512i xy[2 * 16 * (SA_Q8_MANY_MAX_D / 128)];
+    __m512 kds[SA_Q8_MANY_MAX_D / 32];
+    const int ng = D / 32, iters = (n + 15) / 16;
+    for (int t = 0, it = 0; t < n; t += 16, it++) {
+        const int cnt = n - t < 16 ? n - t : 16;
+        const int8_t *rows[16];
+        const float *srows[16];
+        SA_BLOCK_ROWS(rows, k, t, cnt, row_stride);
+        SA_BLOCK_ROWS(srows, kd, t, cnt, scale_stride);
+        sa_prefetch_part(pf, it, iters);
+        for (int b = 0, c = 0; b < D; b += 128)
+            for (int i = 0; i < 16; i++, c += 2)
+                k_xy(rows[i] + b, &xy[c], &xy[c + 1]);
+        for (int g0 = 0; g0 < ng; g0 += 4)
+            load_scales4(srows, g0, kds + g0);
+        int h = 0;
+        for (; h + 2 <= G; h += 2) {
+            __m512 res[2];
+            scores_q8_block32(qq + (ptrdiff_t)h * D, qd + (ptrdiff_t)h * ng, 2, D, NULL, NULL,
+                              xy, kds, res);
+            store_scores(s[h] + t, cnt, res[0]);
+            store_scores(s[h + 1] + t, cnt, res[1]);
+        }
+        if (h < G) {
+            __m512 res[1];
+            scores_q8_block32(qq + (ptrdiff_t)h * D, qd + (ptrdiff_t)h * ng, 1, D, NULL, NULL,
+                              xy, kds, res);
+            store_scores(s[h] + t, cnt, res[0]);
+        }
+    }
+}

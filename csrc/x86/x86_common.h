@@ -28,6 +28,10 @@
  *   q8_takes(gs, D, scale_stride)                 1 if the SIMD q8 dot takes it
  *   scores_q8_tokens(qq, qd, HB, D, gs, rows, srows, kd_t, scale_stride, cnt, res)
  *   SA_V_HEADS                heads per V accumulation block (2 / 4)
+ *   SA_Q8_MANY_HEADS, q8_many_takes(gs, D), scores_q8_many(...)  optional:
+ *                             scores_q8 for G >= SA_Q8_MANY_HEADS heads when
+ *                             q8_many_takes (the same bits, each K block
+ *                             prepared once for all the heads)
  *   SA_V_WIDE, accv_f32_wide(out, p, D, v, row_stride, t0, t1)  optional: a
  *                             register tile of SA_V_WIDE heads for many heads;
  *                             returns the columns it did (the rest go through
@@ -180,6 +184,12 @@ static void SA_FN(scores_q8)(const int8_t *qq, const float *qd, int G, int D, in
                                       pf);
         return;
     }
+#ifdef SA_Q8_MANY_HEADS
+    if (G >= SA_Q8_MANY_HEADS && q8_many_takes(gs, D)) {
+        scores_q8_many(qq, qd, G, D, k, kd, row_stride, scale_stride, n, s, pf);
+        return;
+    }
+#endif
     const int ng = D / gs, iters = (n + SA_VT - 1) / SA_VT;
     for (int t = 0, it = 0; t < n; t += SA_VT, it++) {
         const int cnt = n - t < SA_VT ? n - t : SA_VT;
@@ -355,7 +365,7 @@ static void SA_FN(accumulate_v_f32)(float *const *out, const float *const *p, in
  * ---------------------------------------------------------------------- */
 
 /* SA_VT int8 of a V row times their group's scale: the dequantised floats
- * (one rounding, as sa_dequantize_rows). */
+ * (one rounding, as dequantize_rows). */
 #define SA_DQ(row, rd, g) SA_MM(mul_ps)(SA_MM(set1_ps)((rd)[g]), vf_load_s8(row))
 
 /* out[h][d .. d + 4*SA_VT) for HB (1 to SA_V_HEADS) heads over tokens
@@ -425,7 +435,7 @@ SA_INLINE void accv_q8_heads(float *const *out, const float *const *p, int HB, i
 /* Group sizes the vector steps do not take (not a multiple of SA_VT): the
  * scalar loop with one fused multiply-add per element (fmaf is the FMA
  * instruction under this file's target), so the result is still bitwise
- * sa_dequantize_rows followed by accumulate_v_f32 (kernels.h). */
+ * dequantize_rows followed by accumulate_v_f32 (kernels.h). */
 #define SA_MULADD(a, b, c) fmaf((a), (b), (c))
 #define SA_SCALAR_FN(kernel) kernel##_scalar
 #include "../scalar_kernels.h"
@@ -451,6 +461,28 @@ static void SA_FN(accumulate_v_q8)(float *const *out, const float *const *p, int
             accv_q8_heads(out + g, p + g, 2, D, gs, v, vd, row_stride, scale_stride, t0, t1);
         if (g < G)
             accv_q8_heads(out + g, p + g, 1, D, gs, v, vd, row_stride, scale_stride, t0, t1);
+    }
+}
+
+/* -------------------------------------------------------------------------
+ * dequantize_rows: SA_DQ per vector (gs a multiple of SA_VT, else the
+ * scalar loop; one product per element either way).
+ * ---------------------------------------------------------------------- */
+
+static void SA_FN(dequantize_rows)(const int8_t *q, const float *scales, int dim, int gs,
+                                   int n, ptrdiff_t row_stride, ptrdiff_t scale_stride,
+                                   float *out)
+{
+    if (gs % SA_VT != 0) {
+        dequantize_rows_scalar(q, scales, dim, gs, n, row_stride, scale_stride, out);
+        return;
+    }
+    for (int t = 0; t < n; t++) {
+        const int8_t *row = q + (ptrdiff_t)t * row_stride;
+        const float *rd = scales + (ptrdiff_t)t * scale_stride;
+        float *o = out + (ptrdiff_t)t * dim;
+        for (int d = 0; d < dim; d += SA_VT)
+            SA_MM(storeu_ps)(o + d, SA_DQ(row + d, rd, d / gs));
     }
 }
 

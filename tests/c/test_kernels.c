@@ -719,6 +719,36 @@ static void test_accumulate_q8(const sa_kernels *kern)
     }
 }
 
+/* dequantize_rows: each element scale * (float)q with one rounding, so
+ * every ISA gives the formula's bits; the output is exactly n x D (the
+ * allocation ends there: ASan or a guard page catches a write past it). */
+static void test_dequantize(const sa_kernels *kern)
+{
+    for (kcase c = {0}; kcase_next(&c, 1);)
+    for (int mode = 0; mode < Q8_ALL127; mode++) {
+        if (c.head_i || (mode != Q8_RANDOM && c.strided))
+            continue;
+        const int D = c.D, gs = c.gs, n = c.n;
+        const ptrdiff_t rs = c.rs, ss = c.ss;
+        strided v, vd;
+        q8_rows_new(&c, n, mode, &v, &vd);
+        const int8_t *vq = (const int8_t *)v.base;
+        const float *vs = (const float *)vd.base;
+        float *got = operand_alloc((size_t)n * D * sizeof(float));
+        kern->dequantize_rows(vq, vs, D, gs, n, rs, ss, got);
+        int same = 1;
+        for (int t = 0; t < n; t++)
+            for (int i = 0; i < D; i++) {
+                volatile float want = vs[t * ss + i / gs] * (float)vq[t * rs + i];
+                same &= memcmp(&got[t * D + i], (const void *)&want, sizeof want) == 0;
+            }
+        check(same, "dequantize_rows D=%d gs=%d n=%d stride=%tdD %s: not scale * q bit for bit",
+              D, gs, n, rs / D, Q8_MODE_NAME[mode]);
+        operand_free(got);
+        strided_free(&v), strided_free(&vd);
+    }
+}
+
 static void test_minmax(const sa_kernels *kern)
 {
     for (kcase c = {0}; kcase_next(&c, 1);)
@@ -1963,8 +1993,9 @@ static const sa_kernels *table_named(const char *name)
 
 /* One test per kernel of the table, each against the portable kernel. */
 static void (*const KERNEL_TESTS[])(const sa_kernels *) = {
-    test_scores_f32,    test_scores_q8, test_softmax,        test_accumulate_f32,
-    test_accumulate_q8, test_minmax,    test_channel_scores, test_stream_sum,
+    test_scores_f32,    test_scores_q8,      test_softmax,    test_accumulate_f32,
+    test_accumulate_q8, test_dequantize,     test_minmax,     test_channel_scores,
+    test_stream_sum,
 };
 
 /* Whether name is one of the comma-separated names of list. */
@@ -2032,8 +2063,9 @@ int main(int argc, char **argv)
             continue;
         check(i > 0 || strcmp(name, "portable") == 0, "the first ISA is not portable");
         if (!check(table->scores_f32 && table->scores_q8 && table->softmax_exp &&
-                   table->accumulate_v_f32 && table->accumulate_v_q8 && table->minmax_scores &&
-                   table->channel_scores && table->stream_sum,
+                   table->accumulate_v_f32 && table->accumulate_v_q8 &&
+                   table->dequantize_rows && table->minmax_scores && table->channel_scores &&
+                   table->stream_sum,
                    "table %s leaves a kernel NULL (not tested further)", name))
             continue;
         if (!avail) {
