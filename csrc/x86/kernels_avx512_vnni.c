@@ -343,8 +343,11 @@ SA_INLINE void scores_q8_tokens(const int8_t *qq, const float *qd, int HB, int D
  * and its scales through load_scales4 once for all the heads, instead of
  * once per pair of heads, and the pairs then read them from L1.  The same
  * values go into the same operations, so the scores are bitwise those of
- * scores_q8_tokens. */
-#define SA_Q8_MANY_HEADS 4
+ * scores_q8_tokens.  Decode's few heads per KV head (4 and 8, K streamed
+ * from memory) ran slower this way on a Zen 4 (docs/results.md), so it
+ * starts at 16 vectors, which a prefill tile always has from 2 heads or 16
+ * rows on. */
+#define SA_Q8_MANY_HEADS 16
 #define SA_Q8_MANY_MAX_D 512
 
 SA_INLINE int q8_many_takes(int gs, int D)

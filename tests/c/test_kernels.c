@@ -415,12 +415,11 @@ static void test_scores_f32(const sa_kernels *kern)
     }
 }
 
-static void test_scores_q8(const sa_kernels *kern)
+/* One scores_q8 case: against portable within TOL_DOT_Q8, and every
+ * (head, token) bitwise its score computed alone. */
+static void scores_q8_case(const sa_kernels *kern, kcase c, int mode)
 {
-    for (kcase c = {0}; kcase_next(&c, 1);)
-    for (int mode = 0; mode < Q8_MODES; mode++) {
-        if (mode != Q8_RANDOM && c.strided) /* values and strides are independent */
-            continue;
+    {
         const int D = c.D, gs = c.gs, ng = c.ng, G = c.G, n = c.n;
         const ptrdiff_t rs = c.rs, ss = c.ss;
         int8_t *qq = operand_alloc((size_t)G * D);
@@ -463,6 +462,27 @@ static void test_scores_q8(const sa_kernels *kern)
         strided_free(&k), strided_free(&kd);
         operand_free(qq), operand_free(qd);
     }
+}
+
+static void test_scores_q8(const sa_kernels *kern)
+{
+    for (kcase c = {0}; kcase_next(&c, 1);)
+        for (int mode = 0; mode < Q8_MODES; mode++)
+            if (mode == Q8_RANDOM || !c.strided) /* values and strides are independent */
+                scores_q8_case(kern, c, mode);
+    /* Prefill's many query vectors per K block (the AVX-512 path that
+     * prepares each block once for all of them starts at 16). */
+    static const int MANY_D[] = {128, 512}, MANY_G[] = {16, 17, 33}, MANY_N[] = {1, 16, 37};
+    for (int i = 0; i < LEN(MANY_D); i++)
+        for (int j = 0; j < LEN(MANY_G); j++)
+            for (int t = 0; t < LEN(MANY_N); t++)
+                for (int e = 0; e < 2; e++) {
+                    const int D = MANY_D[i];
+                    const kcase c = {.D = D, .gs = 32, .ng = D / 32, .G = MANY_G[j],
+                                     .n = MANY_N[t], .rs = (ptrdiff_t)(1 + e) * D,
+                                     .ss = (ptrdiff_t)(1 + e) * (D / 32), .strided = e};
+                    scores_q8_case(kern, c, e ? Q8_RANDOM : Q8_PM127);
+                }
 }
 
 /* ulps between x and the double y, in units of the float spacing at y. */
