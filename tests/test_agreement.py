@@ -84,11 +84,11 @@ def test_prefill_matches_reference(isa, rng, dtype, start, T):
 
 
 @pytest.mark.parametrize("dtype", ["float32", "q8"])
-@pytest.mark.parametrize("D,T", [(64, 6), (128, 20)])
+@pytest.mark.parametrize("D,T", [(64, 6), (64, 20), (128, 20)])
 def test_prefill_row_is_dense_decode(isa, rng, dtype, D, T):
-    """A prefill row is dense decode over the keys it sees, bit for bit (at
-    D = 128 with 40 query vectors per tile, the q8 scores of prefill take
-    the AVX-512 path that prepares each K block once for many heads)."""
+    """A prefill row is dense decode over the keys it sees, bit for bit (with
+    40 query vectors per tile, the q8 scores of prefill take the AVX-512
+    path that prepares each K block once for many heads)."""
     H, Hkv, start = 4, 2, 50
     k, v = make_kv(rng, Hkv, start + T, D, dtype)
     q = rng.standard_normal((H, T, D), dtype=np.float32)

@@ -251,10 +251,12 @@ SA_INLINE void scores_q8_block32(const int8_t *qq, const float *qd, int HB, int 
  * row (the last one masked), one vpdpbusd per (head, token); reduce4 and the
  * lane transpose give the sums of the segment's four 16-byte chunks for the
  * 16 tokens; chunks are added into the current group's sum, and a group's
- * term is added once its last chunk is in. */
+ * term is added once its last chunk is in.  zs and kds, when given, are the
+ * block's segments already loaded and flipped (zs[b / 64 * 16 + i]) and its
+ * gathered scales (kds[g]), made once for many heads (scores_q8_many). */
 SA_INLINE void scores_q8_block16(const int8_t *qq, const float *qd, int HB, int D, int gs,
                                  const int8_t *const *rows, const float *kd_t, __m512i idx,
-                                 __m512 *res)
+                                 const __m512i *zs, const __m512 *kds, __m512 *res)
 {
     const int ng = D / gs, cpg = gs / 16, nchunk = D / 16;
     const __m512i flip = _mm512_set1_epi8((char)0x80);
@@ -274,7 +276,8 @@ SA_INLINE void scores_q8_block16(const int8_t *qq, const float *qd, int HB, int 
             __m512i acc[2][4];
             for (int i = 0; i < 4; i++) {
                 const __m512i z =
-                    _mm512_xor_si512(_mm512_maskz_loadu_epi8(m, rows[4 * j + i] + b), flip);
+                    zs ? zs[b / 64 * 16 + 4 * j + i]
+                       : _mm512_xor_si512(_mm512_maskz_loadu_epi8(m, rows[4 * j + i] + b), flip);
                 for (int h = 0; h < HB; h++)
                     acc[h][i] = _mm512_dpbusd_epi32(bias[h], z, qv[h]);
             }
@@ -292,7 +295,7 @@ SA_INLINE void scores_q8_block16(const int8_t *qq, const float *qd, int HB, int 
                 gsum[h] = _mm512_add_epi32(gsum[h], chunk[h][c]);
             if ((ci + 1) % cpg == 0) {
                 const int g = ci / cpg;
-                const __m512 kdg = gather_scales(kd_t, idx, g);
+                const __m512 kdg = kds ? kds[g] : gather_scales(kd_t, idx, g);
                 for (int h = 0; h < HB; h++) {
                     res[h] = add_group_term(res[h], qd[(ptrdiff_t)h * ng + g], kdg, gsum[h]);
                     gsum[h] = _mm512_setzero_si512();
@@ -322,7 +325,7 @@ SA_INLINE void scores_q8_tokens(const int8_t *qq, const float *qd, int HB, int D
     const __m512i lane = _mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15);
     const __m512i idx = _mm512_mullo_epi32(_mm512_min_epi32(lane, _mm512_set1_epi32(cnt - 1)),
                                            _mm512_set1_epi32((int)scale_stride));
-    scores_q8_block16(qq, qd, HB, D, gs, rows, kd_t, idx, res);
+    scores_q8_block16(qq, qd, HB, D, gs, rows, kd_t, idx, NULL, NULL, res);
 }
 
 /* -------------------------------------------------------------------------
@@ -339,60 +342,85 @@ SA_INLINE void scores_q8_tokens(const int8_t *qq, const float *qd, int HB, int D
 #define SA_V_HEADS 4
 
 /* Many heads against one block (prefill scores a tile's rows x heads, 64
- * query vectors for a Qwen3-VL-2B layer): each block's rows go through k_xy
- * and its scales through load_scales4 once for all the heads, instead of
+ * query vectors for a Qwen3-VL-2B layer, 96 for SmolLM2): each block's rows
+ * are loaded and flipped (and for gs 32, D % 128 == 0 shuffled by k_xy) and
+ * its scales transposed or gathered once for all the heads, instead of
  * once per pair of heads, and the pairs then read them from L1.  The same
  * values go into the same operations, so the scores are bitwise those of
  * scores_q8_tokens.  Decode's few heads per KV head (4 and 8, K streamed
- * from memory) ran slower this way on a Zen 4 (docs/results.md), so it
- * starts at 16 vectors, which a prefill tile always has from 2 heads or 16
- * rows on. */
+ * from memory) did not measurably gain this way on a Zen 4 (results.md),
+ * so it starts at 16 vectors, which a full prefill tile (8 rows or more)
+ * has from 2 heads per KV head on. */
 #define SA_Q8_MANY_HEADS 16
 #define SA_Q8_MANY_MAX_D 512
 
 SA_INLINE int q8_many_takes(int gs, int D)
 {
-    return gs == 32 && D % 128 == 0 && D <= SA_Q8_MANY_MAX_D;
+    return gs % 16 == 0 && D <= SA_Q8_MANY_MAX_D;
 }
 
-static void scores_q8_many(const int8_t *qq, const float *qd, int G, int D, const int8_t *k,
-                           const float *kd, ptrdiff_t row_stride, ptrdiff_t scale_stride,
-                           int n, float *const *s, const sa_prefetch *pf);
+static void scores_q8_many(const int8_t *qq, const float *qd, int G, int D, int gs,
+                           const int8_t *k, const float *kd, ptrdiff_t row_stride,
+                           ptrdiff_t scale_stride, int n, float *const *s,
+                           const sa_prefetch *pf);
 
 #include "x86_common.h"
 
-static void scores_q8_many(const int8_t *qq, const float *qd, int G, int D, const int8_t *k,
-                           const float *kd, ptrdiff_t row_stride, ptrdiff_t scale_stride,
-                           int n, float *const *s, const sa_prefetch *pf)
+static void scores_q8_many(const int8_t *qq, const float *qd, int G, int D, int gs,
+                           const int8_t *k, const float *kd, ptrdiff_t row_stride,
+                           ptrdiff_t scale_stride, int n, float *const *s,
+                           const sa_prefetch *pf)
 {
-    __m512i xy[2 * 16 * (SA_Q8_MANY_MAX_D / 128)];
-    __m512 kds[SA_Q8_MANY_MAX_D / 32];
-    const int ng = D / 32, iters = (n + 15) / 16;
+    /* gs == 32 and D % 128 == 0: scores_q8_block32's X, Y and scales;
+     * else scores_q8_block16's segments and gathered scales */
+    const int wide = gs == 32 && D % 128 == 0;
+    __m512i xy[2 * 16 * (SA_Q8_MANY_MAX_D / 128)]; /* block16: 16 * D/64 of them */
+    __m512 kds[SA_Q8_MANY_MAX_D / 16];
+    const int ng = D / gs, iters = (n + 15) / 16;
+    const __m512i lane = _mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15);
+    const __m512i flip = _mm512_set1_epi8((char)0x80);
     for (int t = 0, it = 0; t < n; t += 16, it++) {
         const int cnt = n - t < 16 ? n - t : 16;
         const int8_t *rows[16];
         const float *srows[16];
         SA_BLOCK_ROWS(rows, k, t, cnt, row_stride);
         SA_BLOCK_ROWS(srows, kd, t, cnt, scale_stride);
+        const float *kd_t = kd + (ptrdiff_t)t * scale_stride;
         sa_prefetch_part(pf, it, iters);
-        for (int b = 0, c = 0; b < D; b += 128)
-            for (int i = 0; i < 16; i++, c += 2)
-                k_xy(rows[i] + b, &xy[c], &xy[c + 1]);
-        for (int g0 = 0; g0 < ng; g0 += 4)
-            load_scales4(srows, g0, kds + g0);
-        int h = 0;
-        for (; h + 2 <= G; h += 2) {
-            __m512 res[2];
-            scores_q8_block32(qq + (ptrdiff_t)h * D, qd + (ptrdiff_t)h * ng, 2, D, NULL, NULL,
-                              xy, kds, res);
-            store_scores(s[h] + t, cnt, res[0]);
-            store_scores(s[h + 1] + t, cnt, res[1]);
+        if (wide) {
+            for (int b = 0, c = 0; b < D; b += 128)
+                for (int i = 0; i < 16; i++, c += 2)
+                    k_xy(rows[i] + b, &xy[c], &xy[c + 1]);
+            for (int g0 = 0; g0 < ng; g0 += 4)
+                load_scales4(srows, g0, kds + g0);
+        } else {
+            for (int b = 0, c = 0; b < D; b += 64) {
+                const __mmask64 m = bytes64(D - b);
+                for (int i = 0; i < 16; i++, c++)
+                    xy[c] = _mm512_xor_si512(_mm512_maskz_loadu_epi8(m, rows[i] + b), flip);
+            }
+            const __m512i idx = _mm512_mullo_epi32(
+                _mm512_min_epi32(lane, _mm512_set1_epi32(cnt - 1)),
+                _mm512_set1_epi32((int)scale_stride));
+            for (int g = 0; g < ng; g++)
+                kds[g] = gather_scales(kd_t, idx, g);
         }
-        if (h < G) {
-            __m512 res[1];
-            scores_q8_block32(qq + (ptrdiff_t)h * D, qd + (ptrdiff_t)h * ng, 1, D, NULL, NULL,
-                              xy, kds, res);
-            store_scores(s[h] + t, cnt, res[0]);
+        int h = 0;
+        for (; h < G; h += 2) {
+            const int HB = G - h >= 2 ? 2 : 1;
+            __m512 res[2];
+            const int8_t *qh = qq + (ptrdiff_t)h * D;
+            const float *qdh = qd + (ptrdiff_t)h * ng;
+            if (wide && HB == 2)
+                scores_q8_block32(qh, qdh, 2, D, NULL, NULL, xy, kds, res);
+            else if (wide)
+                scores_q8_block32(qh, qdh, 1, D, NULL, NULL, xy, kds, res);
+            else if (HB == 2)
+                scores_q8_block16(qh, qdh, 2, D, gs, NULL, NULL, lane, xy, kds, res);
+            else
+                scores_q8_block16(qh, qdh, 1, D, gs, NULL, NULL, lane, xy, kds, res);
+            for (int x = 0; x < HB; x++)
+                store_scores(s[h + x] + t, cnt, res[x]);
         }
     }
 }

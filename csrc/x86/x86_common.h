@@ -186,7 +186,7 @@ static void SA_FN(scores_q8)(const int8_t *qq, const float *qd, int G, int D, in
     }
 #ifdef SA_Q8_MANY_HEADS
     if (G >= SA_Q8_MANY_HEADS && q8_many_takes(gs, D)) {
-        scores_q8_many(qq, qd, G, D, k, kd, row_stride, scale_stride, n, s, pf);
+        scores_q8_many(qq, qd, G, D, gs, k, kd, row_stride, scale_stride, n, s, pf);
         return;
     }
 #endif

@@ -471,16 +471,19 @@ static void test_scores_q8(const sa_kernels *kern)
             if (mode == Q8_RANDOM || !c.strided) /* values and strides are independent */
                 scores_q8_case(kern, c, mode);
     /* Prefill's many query vectors per K block (the AVX-512 path that
-     * prepares each block once for all of them starts at 16). */
-    static const int MANY_D[] = {128, 512}, MANY_G[] = {16, 17, 33}, MANY_N[] = {1, 16, 37};
-    for (int i = 0; i < LEN(MANY_D); i++)
+     * prepares each block once for all of them starts at 16; D up to 512,
+     * its two layouts: gs 32 with D % 128 == 0, and any gs % 16 == 0). */
+    static const int MANY_DG[][2] = {{64, 32}, {128, 32}, {128, 16}, {192, 64},
+                                     {512, 32}, {512, 128}, {528, 16}};
+    static const int MANY_G[] = {16, 17, 33}, MANY_N[] = {1, 16, 37};
+    for (int i = 0; i < LEN(MANY_DG); i++)
         for (int j = 0; j < LEN(MANY_G); j++)
             for (int t = 0; t < LEN(MANY_N); t++)
                 for (int e = 0; e < 2; e++) {
-                    const int D = MANY_D[i];
-                    const kcase c = {.D = D, .gs = 32, .ng = D / 32, .G = MANY_G[j],
+                    const int D = MANY_DG[i][0], gs = MANY_DG[i][1];
+                    const kcase c = {.D = D, .gs = gs, .ng = D / gs, .G = MANY_G[j],
                                      .n = MANY_N[t], .rs = (ptrdiff_t)(1 + e) * D,
-                                     .ss = (ptrdiff_t)(1 + e) * (D / 32), .strided = e};
+                                     .ss = (ptrdiff_t)(1 + e) * (D / gs), .strided = e};
                     scores_q8_case(kern, c, e ? Q8_RANDOM : Q8_PM127);
                 }
 }
