@@ -446,12 +446,8 @@ class KVCache:
             if sel is not None:
                 bst = pst = None
                 kind = self._own_metadata(sel, n, n, None, None)
-                if kind == "bounds":
-                    bst = buf.bounds_st
-                elif kind == "channels":
-                    bst = buf.channels_st
-                elif kind == "probe_rows":
-                    pst = buf.probe_st
+                if kind:
+                    bst, pst = _own_structs(buf, kind)
                 elif sel.scoring in ("minmax", "channels"):
                     bst, pst, keep = metadata_structs(sel, self._view(buf.k, n), buf.kop, n,
                                                       None, None)
@@ -499,12 +495,8 @@ class KVCache:
                 imp = importance_array(importance, seq)
             keep = bst = pst = None
             kind = self._own_metadata(sel, seq, n, bounds, probe_rows, channels)
-            if kind == "bounds":
-                bst = buf.bounds_st
-            elif kind == "channels":
-                bst = buf.channels_st
-            elif kind == "probe_rows":
-                pst = buf.probe_st
+            if kind:
+                bst, pst = _own_structs(buf, kind)
             elif bounds is not None or probe_rows is not None or channels is not None or \
                     sel.scoring in ("minmax", "channels"):
                 bst, pst, keep = metadata_structs(sel, self._view(buf.k, seq), buf.kop, seq,
@@ -554,9 +546,8 @@ class KVCache:
     def _own_metadata(self, sel, seq, n, bounds, probe_rows, channels=None):
         """Which of the cache's own metadata a decode with selection `sel`
         over `seq` of its n rows reads: "bounds", "channels", "probe_rows" or
-        None (the
-        caller passed its own, or none fits and K is probed or the bounds
-        computed for the call)."""
+        None (the caller passed its own, or none fits and K is probed or the
+        bounds computed for the call)."""
         if bounds is not None or probe_rows is not None or channels is not None or seq != n:
             return None
         if sel.scoring == "minmax":
@@ -591,6 +582,18 @@ class KVCache:
                 f"dtype={self.dtype!r}, seq_len={self.seq_len}, capacity={self.capacity})")
 
 
+def _own_structs(buf, kind):
+    """The C structs (bounds-or-channels, probe rows) of a buffer set's own
+    metadata of the kind _own_metadata named (None: neither)."""
+    if kind == "bounds":
+        return buf.bounds_st, None
+    if kind == "channels":
+        return buf.channels_st, None
+    if kind == "probe_rows":
+        return None, buf.probe_st
+    return None, None
+
+
 class _Decoder:
     """KVCache.decoder's prepared call.  What depends on the cache's buffers
     (the selection struct pointing at its bounds or probe-row copies, the
@@ -615,10 +618,7 @@ class _Decoder:
     def _bind(self, buf):
         c, sel = self.cache, self.sel
         kind = None if self.dense else c._own_metadata(sel, 1, 1, None, None)
-        meta = buf.bounds_st if kind == "bounds" else \
-            buf.channels_st if kind == "channels" else None
-        self.params = None if self.dense else sel.params(
-            meta, buf.probe_st if kind == "probe_rows" else None)
+        self.params = None if self.dense else sel.params(*_own_structs(buf, kind))
         self.imp = _ffi.ptr(buf.importance, "float")
         self.buf = buf
 
