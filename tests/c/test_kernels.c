@@ -419,49 +419,47 @@ static void test_scores_f32(const sa_kernels *kern)
  * (head, token) bitwise its score computed alone. */
 static void scores_q8_case(const sa_kernels *kern, kcase c, int mode)
 {
-    {
-        const int D = c.D, gs = c.gs, ng = c.ng, G = c.G, n = c.n;
-        const ptrdiff_t rs = c.rs, ss = c.ss;
-        int8_t *qq = operand_alloc((size_t)G * D);
-        float *qd = operand_alloc((size_t)G * ng * sizeof(float));
-        fill_q8(qq, (size_t)G * D, mode, 1);
-        fill_scales(qd, (size_t)G * ng);
-        strided k, kd;
-        q8_rows_new(&c, n, mode, &k, &kd);
-        const int8_t *kq = (const int8_t *)k.base;
-        const float *ks = (const float *)kd.base;
-        float **ref = rows_new(G, n), **got = rows_new(G, n);
-        const sa_prefetch hint = {{(const char *)kq, (const char *)ks},
-                                  {(size_t)n * rs, (size_t)n * ss * sizeof(float)}};
-        REF->scores_q8(qq, qd, G, D, gs, kq, ks, rs, ss, n, ref, NULL);
-        kern->scores_q8(qq, qd, G, D, gs, kq, ks, rs, ss, n, got, &hint);
+    const int D = c.D, gs = c.gs, ng = c.ng, G = c.G, n = c.n;
+    const ptrdiff_t rs = c.rs, ss = c.ss;
+    int8_t *qq = operand_alloc((size_t)G * D);
+    float *qd = operand_alloc((size_t)G * ng * sizeof(float));
+    fill_q8(qq, (size_t)G * D, mode, 1);
+    fill_scales(qd, (size_t)G * ng);
+    strided k, kd;
+    q8_rows_new(&c, n, mode, &k, &kd);
+    const int8_t *kq = (const int8_t *)k.base;
+    const float *ks = (const float *)kd.base;
+    float **ref = rows_new(G, n), **got = rows_new(G, n);
+    const sa_prefetch hint = {{(const char *)kq, (const char *)ks},
+                              {(size_t)n * rs, (size_t)n * ss * sizeof(float)}};
+    REF->scores_q8(qq, qd, G, D, gs, kq, ks, rs, ss, n, ref, NULL);
+    kern->scores_q8(qq, qd, G, D, gs, kq, ks, rs, ss, n, got, &hint);
 
-        double worst = 0.0;
-        int same = 1;
-        for (int g = 0; g < G; g++)
-            for (int t = 0; t < n; t++) {
-                double mag = 0.0;
-                for (int grp = 0; grp < ng; grp++) {
-                    int64_t isum = 0;
-                    for (int i = grp * gs; i < (grp + 1) * gs; i++)
-                        isum += (int64_t)qq[g * D + i] * kq[t * rs + i];
-                    mag += fabs((double)qd[g * ng + grp] * ks[t * ss + grp] * (double)isum);
-                }
-                const double err = fabs((double)got[g][t] - ref[g][t]);
-                worst = fmax(worst, err / fmax(mag, DBL_MIN));
-                float one, *op = &one;
-                kern->scores_q8(qq + g * D, qd + g * ng, 1, D, gs, kq + t * rs, ks + t * ss,
-                                rs, ss, 1, &op, NULL);
-                same &= memcmp(&one, &got[g][t], sizeof one) == 0;
+    double worst = 0.0;
+    int same = 1;
+    for (int g = 0; g < G; g++)
+        for (int t = 0; t < n; t++) {
+            double mag = 0.0;
+            for (int grp = 0; grp < ng; grp++) {
+                int64_t isum = 0;
+                for (int i = grp * gs; i < (grp + 1) * gs; i++)
+                    isum += (int64_t)qq[g * D + i] * kq[t * rs + i];
+                mag += fabs((double)qd[g * ng + grp] * ks[t * ss + grp] * (double)isum);
             }
-        char what[120];
-        snprintf(what, sizeof what, "scores_q8 D=%d gs=%d G=%d n=%d stride=%tdD %s", D, gs, G,
-                 n, rs / D, Q8_MODE_NAME[mode]);
-        check_kernel(what, worst, TOL_DOT_Q8, same, "a (head, token) pair scored alone");
-        rows_free(ref, G), rows_free(got, G);
-        strided_free(&k), strided_free(&kd);
-        operand_free(qq), operand_free(qd);
-    }
+            const double err = fabs((double)got[g][t] - ref[g][t]);
+            worst = fmax(worst, err / fmax(mag, DBL_MIN));
+            float one, *op = &one;
+            kern->scores_q8(qq + g * D, qd + g * ng, 1, D, gs, kq + t * rs, ks + t * ss,
+                            rs, ss, 1, &op, NULL);
+            same &= memcmp(&one, &got[g][t], sizeof one) == 0;
+        }
+    char what[120];
+    snprintf(what, sizeof what, "scores_q8 D=%d gs=%d G=%d n=%d stride=%tdD %s", D, gs, G,
+             n, rs / D, Q8_MODE_NAME[mode]);
+    check_kernel(what, worst, TOL_DOT_Q8, same, "a (head, token) pair scored alone");
+    rows_free(ref, G), rows_free(got, G);
+    strided_free(&k), strided_free(&kd);
+    operand_free(qq), operand_free(qd);
 }
 
 static void test_scores_q8(const sa_kernels *kern)
