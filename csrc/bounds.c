@@ -21,8 +21,8 @@
 
 /* lo/hi[i - c0] = min/max over rows [r0, r1) of K[kh, t, i], c0 <= i < c1,
  * reading the rows front to back (dequantised for q8). */
-static void channel_range(const sa_kv *k, int kh, int r0, int r1, int c0, int c1, float *lo,
-                          float *hi)
+static void channel_range(const sa_kv *k, int kh, int r0, int r1, int c0, int c1,
+                          float *restrict lo, float *restrict hi)
 {
     const int w = c1 - c0;
     for (int i = 0; i < w; i++)
@@ -37,10 +37,20 @@ static void channel_range(const sa_kv *k, int kh, int r0, int r1, int c0, int c1
         } else {
             const int8_t *row = sa_kv_q8_row(k, kh, t);
             const float *sc = sa_kv_scale_row(k, kh, t);
-            for (int i = c0; i < c1; i++) {
-                const float x = sc[i / k->group_size] * (float)row[i];
-                lo[i - c0] = x < lo[i - c0] ? x : lo[i - c0];
-                hi[i - c0] = x > hi[i - c0] ? x : hi[i - c0];
+            const int gs = k->group_size;
+            float x[CHUNK];
+            /* dequantised q8 group by q8 group (no division per element),
+             * then the ranges in a loop the compiler vectorises: an append
+             * recomputes its block */
+            for (int i = c0; i < c1;) {
+                const int g = i / gs, e = sa_min(c1, (g + 1) * gs);
+                const float s = sc[g];
+                for (; i < e; i++)
+                    x[i - c0] = s * (float)row[i];
+            }
+            for (int i = 0; i < w; i++) {
+                lo[i] = x[i] < lo[i] ? x[i] : lo[i];
+                hi[i] = x[i] > hi[i] ? x[i] : hi[i];
             }
         }
     }
