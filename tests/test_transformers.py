@@ -137,7 +137,7 @@ def test_sparse_prefill_attends_to_fewer_blocks(eager, prompt, eager_run):
 
 
 def test_small_k_runs_and_differs(eager, prompt, eager_run):
-    model = sparse_copy(eager, k_blocks=2)
+    model = sparse_copy(eager, k_blocks=2, record_blocks=True)
     seq, logits = greedy(model, prompt)
     assert torch.isfinite(logits).all()
     # The prefill logits (step 0) are exact; the decode steps attend to 2 blocks.
@@ -150,7 +150,7 @@ def test_small_k_runs_and_differs(eager, prompt, eager_run):
 
 def test_decode_is_exact_attention_over_the_chosen_blocks(eager):
     """Differs from full attention only by the blocks selection dropped."""
-    model = sparse_copy(eager, k_blocks=3)
+    model = sparse_copy(eager, k_blocks=3, record_blocks=True)
     module = model.model.layers[0].self_attn
     g = torch.Generator().manual_seed(2)
     S, D = 200, 128
@@ -349,6 +349,65 @@ def test_q8_cache_feeds_the_q8_kernels_with_a_quarter_of_the_memory(eager, promp
     assert dyn_bytes / q8.nbytes == pytest.approx(128 / 36)
 
 
+def test_q8_decode_step_appends_and_attends_in_one_call(eager, prompt, monkeypatch):
+    """A q8 layer's decode update hands the new token to the attention call,
+    which appends it and attends under one lock: the same bits as appending
+    first and decoding the cache after; anything that reads the layer
+    between the two sees the token appended."""
+    model = sparse_copy(eager, k_blocks=2, kv_dtype="q8", record_blocks=True)
+    module = model.model.layers[0].self_attn
+    settings = model.sparse_attn
+    caches = [sat.SparseKVCache(model) for _ in range(3)]
+    with torch.no_grad():
+        for c in caches:
+            model(prompt, cache=c, use_cache=True)
+    g = torch.Generator().manual_seed(5)
+    k, v = torch.randn(2, 1, 2, 1, 128, generator=g)
+    q = torch.randn(1, 4, 1, 128, generator=g)
+    n = PROMPT_TOKENS
+    fused, ref, read = (c.layers[0] for c in caches)
+    with torch.no_grad():
+        K, V = fused.update(k, v)
+        assert K.shape == (1, 2, n + 1, 128) and V is K
+        out, _ = sat.sparse_topk_attention(module, q, K, V, None, scaling=module.scaling)
+        ref.update(k, v)
+        assert ref.kv.seq_len == n + 1              # reading kv appended the token
+        want, blocks = ref.kv.decode(q[0, :, 0].numpy(), scale=module.scaling, threads=1,
+                                     return_blocks=True, **settings.decode_kwargs())
+    assert fused.kv.seq_len == n + 1 and fused.get_seq_length() == n + 1
+    assert torch.equal(out.view(4, 128), torch.from_numpy(want))
+    np.testing.assert_array_equal(module.sparse_attn_blocks, blocks)
+    for name in ("k", "v"):
+        a, b = getattr(fused.kv, name), getattr(ref.kv, name)
+        np.testing.assert_array_equal(a.data, b.data)
+        np.testing.assert_array_equal(a.scales, b.scales)
+    # Two updates with no attention between: both tokens, in order.  The
+    # layer alone keeps the new rows alive (a model rebinds its names to
+    # what update returns), through the append too: were they freed first,
+    # the memory refilled below would be read.
+    append = sa.KVCache._append_at
+
+    def refill_then_append(self, kp, vp, T):
+        junk = [torch.full((1, 2, 1, 128), float("nan")) for _ in range(16)]
+        return append(self, kp, vp, T)
+
+    read.update(k.clone(), v.clone())
+    monkeypatch.setattr(sa.KVCache, "_append_at", refill_then_append)
+    assert caches[2].get_seq_length() == n + 1
+    monkeypatch.undo()
+    read.update(k + 1, v - 1)
+    read.crop(-1)
+    assert read.kv.seq_len == n + 1
+    np.testing.assert_array_equal(read.kv.k.data, fused.kv.k.data)
+    read.reset()
+    assert read.get_seq_length() == 0
+    # Without record_blocks no blocks are kept.
+    plain = sparse_copy(eager, k_blocks=2, kv_dtype="q8")
+    with torch.no_grad():
+        plain(prompt, cache=sat.SparseKVCache(plain), use_cache=True)
+    assert not hasattr(plain.model.layers[0].self_attn, "sparse_attn_blocks")
+
+
 def test_sparse_kv_cache_allocates_its_layers_before_the_forward(eager, prompt, eager_run):
     """The layers' KVCaches are made with the cache (not inside the first
     forward pass, where their allocations cost torch page faults); a config
@@ -543,7 +602,8 @@ def test_crop_rolls_back_decode_steps_exactly(eager, prompt, kv_dtype):
 
 
 def test_minmax_scoring_uses_the_caches_bounds(eager, prompt):
-    model = sparse_copy(eager, k_blocks=3, scoring="minmax", sink_blocks=1, kv_dtype="q8")
+    model = sparse_copy(eager, k_blocks=3, scoring="minmax", sink_blocks=1, kv_dtype="q8",
+                        record_blocks=True)
     cache = sat.SparseKVCache(model)
     with torch.no_grad():
         model(prompt, cache=cache, use_cache=True)

@@ -339,19 +339,23 @@ class KVCache:
             return
         self._lock.acquire_write()
         try:
-            n, buf = self._n, self._buf
-            if n + T > ck.INT_MAX:
-                raise ArgumentError(f"the cache would hold {n + T} rows; at most "
-                                    f"{ck.INT_MAX} are supported")
-            if n + T > buf.capacity:
-                buf = self._allocate(min(max(n + T, 2 * buf.capacity), ck.INT_MAX), buf, n)
-            rc = lib.sa_kv_append(buf.kop.struct, buf.vop.struct, n, kp, vp, T, buf.bounds_st,
-                                  buf.probe_st if buf.probe_st is not None else ffi.NULL,
-                                  buf.channels_st if buf.channels_st is not None else ffi.NULL)
-            _ffi.check(rc, "KVCache.append")
-            self._buf, self._n = buf, n + T
+            self._append_locked(kp, vp, T)
         finally:
             self._lock.release_write()
+
+    def _append_locked(self, kp, vp, T):
+        """_append_at's work, the write lock held by the caller."""
+        n, buf = self._n, self._buf
+        if n + T > ck.INT_MAX:
+            raise ArgumentError(f"the cache would hold {n + T} rows; at most "
+                                f"{ck.INT_MAX} are supported")
+        if n + T > buf.capacity:
+            buf = self._allocate(min(max(n + T, 2 * buf.capacity), ck.INT_MAX), buf, n)
+        rc = lib.sa_kv_append(buf.kop.struct, buf.vop.struct, n, kp, vp, T, buf.bounds_st,
+                              buf.probe_st if buf.probe_st is not None else ffi.NULL,
+                              buf.channels_st if buf.channels_st is not None else ffi.NULL)
+        _ffi.check(rc, "KVCache.append")
+        self._buf, self._n = buf, n + T
 
     def add_importance(self, importance):
         """Add per-token importance (float32 ``[m <= seq_len]``, any strides,
@@ -645,36 +649,54 @@ class _Decoder:
         """__call__ with cffi pointers to a float32 ``[n_heads, head_dim]``
         query and output that the caller checked and keeps alive (n_heads a
         multiple of the cache's KV heads); returns the blocks array of
-        return_blocks, else None.  The transformers backend's decode step,
-        on torch tensors' data.  Not for a decoder whose selection makes its
-        metadata per call (``slow``)."""
+        return_blocks, else None.  Not for a decoder whose selection makes
+        its metadata per call (``slow``)."""
         return self._run(qp, n_heads, outp)
+
+    def append_call_at(self, kp, vp, qp, n_heads, outp):
+        """call_at after appending one token's K and V (cffi pointers to
+        float32 ``[n_kv_heads, 1, head_dim]`` the caller keeps alive), both
+        under one hold of the cache's write lock, so no other thread sees
+        the cache between the two.  The transformers backend's decode step
+        on a q8 SparseKVCache: the token its update handed over, then the
+        attention, in one lock and two C calls."""
+        c = self.cache
+        c._lock.acquire_write()
+        try:
+            c._append_locked(kp, vp, 1)
+            return self._run_locked(qp, n_heads, outp)
+        finally:
+            c._lock.release_write()
 
     def _run(self, qp, n_heads, outp):
         c = self.cache
         c._lock.acquire_read()
         try:
-            buf, n = c._buf, c._n
-            if n == 0:
-                raise ArgumentError("the cache is empty: append tokens before decoding")
-            if buf is not self.buf:
-                self._bind(buf)
-            if self.dense:
-                rc = lib.sa_dense_decode(qp, n_heads, buf.kop.struct, buf.vop.struct, n,
-                                         self.scale, outp, self.threads)
-                _ffi.check(rc, "dense_decode")
-                return None
-            blocks = np.empty((n_heads, self.sel.n_selected(n)), np.int32) \
-                if self.return_blocks else None
-            rc = lib.sa_sparse_decode(
-                qp, n_heads, buf.kop.struct, buf.vop.struct, n, self.params,
-                self.imp if c._has_importance else ffi.NULL, n, self.scale, outp,
-                ffi.from_buffer("int32_t[]", blocks) if blocks is not None else ffi.NULL,
-                self.threads)
-            _ffi.check(rc, "sparse_decode")
-            return blocks
+            return self._run_locked(qp, n_heads, outp)
         finally:
             c._lock.release_read()
+
+    def _run_locked(self, qp, n_heads, outp):
+        c = self.cache
+        buf, n = c._buf, c._n
+        if n == 0:
+            raise ArgumentError("the cache is empty: append tokens before decoding")
+        if buf is not self.buf:
+            self._bind(buf)
+        if self.dense:
+            rc = lib.sa_dense_decode(qp, n_heads, buf.kop.struct, buf.vop.struct, n,
+                                     self.scale, outp, self.threads)
+            _ffi.check(rc, "dense_decode")
+            return None
+        blocks = np.empty((n_heads, self.sel.n_selected(n)), np.int32) \
+            if self.return_blocks else None
+        rc = lib.sa_sparse_decode(
+            qp, n_heads, buf.kop.struct, buf.vop.struct, n, self.params,
+            self.imp if c._has_importance else ffi.NULL, n, self.scale, outp,
+            ffi.from_buffer("int32_t[]", blocks) if blocks is not None else ffi.NULL,
+            self.threads)
+        _ffi.check(rc, "sparse_decode")
+        return blocks
 
 
 def _own_full(cache, sel):

@@ -131,6 +131,10 @@ class SparseAttnSettings:
         Diagnostics: each attention call adds its time, and the time inside
         the C core, to the module's ``sparse_attn_stats`` (what
         ``sparse-attn bench model`` reports as attention time and glue).
+    record_blocks : bool, default False
+        Diagnostics: each sparse decode step stores the blocks it chose
+        (int32 ``[H, k]``, ascending) as the module's ``sparse_attn_blocks``.
+        Costs an array per layer and step.
     """
 
     k_blocks: int = 32
@@ -150,6 +154,7 @@ class SparseAttnSettings:
     threads: int = None
     compare_exact: bool = False
     profile: bool = False
+    record_blocks: bool = False
 
     def __post_init__(self):
         # The policy fills the knobs left None; selection() checks every knob
@@ -167,6 +172,7 @@ class SparseAttnSettings:
         object.__setattr__(self, "_selection", sel)
         ck.check_bool("compare_exact", self.compare_exact)
         ck.check_bool("profile", self.profile)
+        ck.check_bool("record_blocks", self.record_blocks)
         try:
             layers = list(self.dense_layers)
         except TypeError:
@@ -239,7 +245,7 @@ def register():
 def enable(model, *, k_blocks=32, block_size=32, n_probe=None, recency=True, policy="seed",
            importance_fraction=None, sink_blocks=None, share=None, scoring=None,
            n_channels=None, prefill="exact", dense_layers=(), kv_dtype=None, group_size=32,
-           threads=None, compare_exact=False, profile=False):
+           threads=None, compare_exact=False, profile=False, record_blocks=False):
     """Switch ``model`` to ``sparse_topk`` with these settings (this model only).
 
     Registers the backend, checks the model (CPU, full causal attention in
@@ -271,7 +277,7 @@ def enable(model, *, k_blocks=32, block_size=32, n_probe=None, recency=True, pol
         policy=policy, importance_fraction=importance_fraction, sink_blocks=sink_blocks, share=share,
         scoring=scoring, n_channels=n_channels, prefill=prefill, dense_layers=dense_layers,
         kv_dtype=kv_dtype, group_size=group_size, threads=threads, compare_exact=compare_exact,
-        profile=profile)
+        profile=profile, record_blocks=record_blocks)
     modules = attention_modules(model)
     if not modules:
         raise UnsupportedError(
@@ -404,8 +410,25 @@ class SparseKVLayer(CacheLayerMixin):
         self.dtype = dtype
         self.group_size = ck.check_int("group_size", group_size, minimum=1)
         self.capacity = ck.check_int("capacity", capacity, minimum=1)
-        self.kv = None
+        self._kv = None
+        # a decode step's new token, handed over to the attention (update)
+        self._pending = None
         self.stats = [0, 0.0, 0.0]
+
+    @property
+    def kv(self):
+        """The layer's :class:`sparse_attn.KVCache` (None before the first
+        update or :meth:`allocate`), holding every token the layer was
+        given: a new token a decode step's update left for the attention
+        call is appended first."""
+        if self._pending is not None:
+            self._flush()
+        return self._kv
+
+    def _flush(self):
+        pending = self._pending        # holds the K/V rows alive through the append
+        self._pending = None
+        self._kv._append_at(pending[0], pending[1], 1)
 
     def allocate(self, n_kv_heads, head_dim):
         """Make the layer's :class:`sparse_attn.KVCache` now, for K/V of
@@ -415,11 +438,12 @@ class SparseKVLayer(CacheLayerMixin):
         ops about 2 s of page faults on a 2K-token SmolLM2 prompt
         (docs/design.md).  The first update still
         checks its shape, and remakes the cache if the config was wrong."""
-        self.kv = sa.KVCache(n_kv_heads, head_dim, capacity=self.capacity, dtype=self.dtype,
-                             group_size=self.group_size, block_size=self.block_size,
-                             n_probe=self.n_probe, copy_probe_rows=self.copy_probe_rows,
-                             copy_channels=self.copy_channels)
-        self.state = _CacheState(self.kv)
+        self._pending = None
+        self._kv = sa.KVCache(n_kv_heads, head_dim, capacity=self.capacity, dtype=self.dtype,
+                              group_size=self.group_size, block_size=self.block_size,
+                              n_probe=self.n_probe, copy_probe_rows=self.copy_probe_rows,
+                              copy_channels=self.copy_channels)
+        self.state = _CacheState(self)
 
     def lazy_initialization(self, key_states, value_states):
         _check_cpu("key_states", key_states)
@@ -441,11 +465,19 @@ class SparseKVLayer(CacheLayerMixin):
         """Append the new tokens (``[1, Hkv, T, D]``, any float dtype) and
         return the whole layer's K and V (``[1, Hkv, S, D]``: views of the
         float32 buffers, or q8 placeholders).  ``stats`` keeps the calls, their
-        seconds and the seconds inside the C append."""
+        seconds and the seconds inside the C append.
+
+        A q8 layer's decode step (one new token) hands the token over to the
+        ``sparse_topk`` attention call that reads the placeholder, which
+        appends it and attends under one hold of the cache's lock; anything
+        else that reads the layer (``kv``, ``get_seq_length``, ``crop``, the
+        next update) appends it first."""
         t0 = time.perf_counter()
         if not self.is_initialized:
             self.lazy_initialization(key_states, value_states)
-        kv = self.kv
+        elif self._pending is not None:
+            self._flush()
+        kv = self._kv
         shape = key_states.shape
         if not (len(shape) == 4 and shape[0] == 1 and shape[1] == kv.n_kv_heads
                 and shape[3] == kv.head_dim and value_states.shape == shape):
@@ -454,11 +486,18 @@ class SparseKVLayer(CacheLayerMixin):
                                    f"shape for both), got {list(key_states.shape)} and "
                                    f"{list(value_states.shape)}")
         (kp, k), (vp, v) = _rows_at(key_states), _rows_at(value_states)
+        st = self.stats
+        if shape[2] == 1 and self.dtype == "q8":
+            self._pending = (kp, vp, k, v)       # k and v keep the rows alive
+            self.keys = self.values = _KVPlaceholder(
+                self, "K/V", (1, shape[1], kv._n + 1, shape[3]), self.model_dtype)
+            st[0] += 1
+            st[1] += time.perf_counter() - t0
+            return self.keys, self.values
         t1 = time.perf_counter()
         kv._append_at(kp, vp, shape[2])     # k and v keep the rows alive
         t2 = time.perf_counter()
         self._handles()
-        st = self.stats
         st[0] += 1
         st[1] += time.perf_counter() - t0
         st[2] += t2 - t1
@@ -489,8 +528,9 @@ class SparseKVLayer(CacheLayerMixin):
         return 0 if self.kv is None else self.kv.nbytes
 
     def reset(self):
-        if self.kv is not None:
-            self.kv.reset()
+        self._pending = None
+        if self._kv is not None:
+            self._kv.reset()
         self.keys = self.values = None
         if self.is_initialized:
             self._handles()
@@ -743,12 +783,40 @@ class _CacheState:
     importance, the key bounds and the probe-row copies), and the decode
     calls prepared on it for each settings the model ran with."""
 
-    def __init__(self, kv):
-        self.kv = kv
+    def __init__(self, layer):
+        self.layer, self.kv = layer, layer._kv
         self._decoders = {}
 
     def bind(self, layer_idx, key, value, T):
+        if self.layer._pending is not None:
+            self.layer._flush()
         return self.kv.seq_len
+
+    def step(self, settings, scale, threads, dense, query, n_heads):
+        """A decode step on a prepared decoder, reading the query tensor's
+        data and writing a new output tensor's (no numpy views), the token
+        the layer's update left pending appended in the same hold of the
+        lock.  Returns (out ``[1, 1, H, D]`` float32, the blocks or None,
+        seconds inside the C calls), or None where the general path runs:
+        a decoder that makes its metadata per call (or not this module's:
+        the scoring bench swaps in its own), query heads not a multiple of
+        the KV heads, or a cache of one token (that step is a prefill)."""
+        decoder = self.decoder(settings, scale, threads, dense)
+        kv, pending = self.kv, self.layer._pending
+        if (type(decoder) is not _Decoder or decoder.slow or n_heads % kv.n_kv_heads
+                or kv._n + (pending is not None) < 2):
+            return None
+        q = query if query.dtype is torch.float32 and query.is_contiguous() else \
+            query.detach().to(torch.float32).contiguous()
+        out = torch.empty((1, 1, n_heads, kv.head_dim), dtype=torch.float32)
+        qp, outp = ffi.cast("float *", q.data_ptr()), ffi.cast("float *", out.data_ptr())
+        t1 = time.perf_counter()
+        if pending is None:
+            blocks = decoder.call_at(qp, n_heads, outp)
+        else:
+            self.layer._pending = None
+            blocks = decoder.append_call_at(pending[0], pending[1], qp, n_heads, outp)
+        return out, blocks, time.perf_counter() - t1
 
     def prefill(self, q, scale, threads, sparse):
         return self.kv.prefill(q, scale=scale, threads=threads, **sparse)
@@ -757,8 +825,8 @@ class _CacheState:
         made = self._decoders.get((scale, threads, dense))
         if made is None or made[0] is not settings:   # settings objects are immutable
             made = self._decoders[(scale, threads, dense)] = (settings, self.kv.decoder(
-                scale=scale, threads=threads, dense=dense, return_blocks=not dense,
-                **settings.decode_kwargs()))
+                scale=scale, threads=threads, dense=dense,
+                return_blocks=not dense and settings.record_blocks, **settings.decode_kwargs()))
         return made[1]
 
     def exact(self, q, scale, threads):
@@ -858,56 +926,53 @@ def sparse_topk_attention(module, query, key, value, attention_mask, scaling=Non
             and not ((query.requires_grad or key.requires_grad) and torch.is_grad_enabled())
             and key.shape[-1] == query.shape[-1] == value.shape[-1]):
         _refuse_unsupported(module, query, key, value, attention_mask, dropout)
-    if kwargs:
+    if kwargs and not _CHECKED_KWARGS.isdisjoint(kwargs):
         _refuse_kwargs(module, kwargs)
     _, n_heads, T, D = query.shape
     if scaling is None:
         scaling = getattr(module, "scaling", None) or 1.0 / math.sqrt(D)
     state = _state(module, settings, key, value)
-    S = state.bind(module.layer_idx, key, value, T)
     threads = settings.threads
-    if T == 1 and S > 1:
-        dense = module.layer_idx in settings.dense_layers
-        decoder = state.decoder(settings, scaling, threads, dense)
-        if type(decoder) is _Decoder and not decoder.slow and n_heads % state.kv.n_kv_heads == 0:
-            # a SparseKVCache's layer: the C call reads the query's and
-            # writes the output tensor's data (D is the cache's: checked above)
-            q = query if query.dtype is torch.float32 and query.is_contiguous() else \
-                query.detach().to(torch.float32).contiguous()
-            out = torch.empty((1, 1, n_heads, D), dtype=torch.float32)
-            t1 = time.perf_counter()
-            blocks = decoder.call_at(ffi.cast("float *", q.data_ptr()), n_heads,
-                                     ffi.cast("float *", out.data_ptr()))
-            t2 = time.perf_counter()
-        else:
+    dense = module.layer_idx in settings.dense_layers
+    done = state.step(settings, scaling, threads, dense, query, n_heads) \
+        if T == 1 and type(state) is _CacheState else None
+    if done is not None:            # a SparseKVCache layer's decode step
+        out, blocks, kernel = done
+        decode = True
+    else:
+        S = state.bind(module.layer_idx, key, value, T)
+        decode = T == 1 and S > 1
+        if decode:
+            decoder = state.decoder(settings, scaling, threads, dense)
             qd = _decode_query(query, n_heads, D)
             t1 = time.perf_counter()
             res = decoder(qd)
-            t2 = time.perf_counter()
-            out, blocks = (res, None) if dense else res
+            kernel = time.perf_counter() - t1
+            out, blocks = res if type(res) is tuple else (res, None)
             out = torch.from_numpy(out).view(1, 1, n_heads, D)
-        if not dense:
+        else:
+            q = query.detach()[0]
+            if q.dtype != torch.float32:
+                q = q.to(torch.float32)
+            sparse = {}
+            if settings.prefill == "sparse" and not dense:
+                sparse = settings.decode_kwargs()
+            t1 = time.perf_counter()
+            out = state.prefill(q.contiguous().numpy(), scaling, threads, sparse)
+            kernel = time.perf_counter() - t1
+            out = torch.from_numpy(out).transpose(0, 1).unsqueeze(0)
+    if decode and not dense:
+        if settings.record_blocks:
             md["sparse_attn_blocks"] = blocks
-            if settings.compare_exact:
-                exact = state.exact(_decode_query(query, n_heads, D), scaling, threads)
-                got = out.view(n_heads, D).numpy()
-                err = float(np.abs(got - exact).max() / max(np.abs(exact).max(), 1e-30))
-                md.setdefault("sparse_attn_errors", []).append(err)
-    else:
-        q = query.detach()[0]
-        if q.dtype != torch.float32:
-            q = q.to(torch.float32)
-        sparse = {}
-        if settings.prefill == "sparse" and module.layer_idx not in settings.dense_layers:
-            sparse = settings.decode_kwargs()
-        t1 = time.perf_counter()
-        out = state.prefill(q.contiguous().numpy(), scaling, threads, sparse)
-        t2 = time.perf_counter()
-        out = torch.from_numpy(out).transpose(0, 1).unsqueeze(0)
+        if settings.compare_exact:
+            exact = state.exact(_decode_query(query, n_heads, D), scaling, threads)
+            got = out.view(n_heads, D).numpy()
+            err = float(np.abs(got - exact).max() / max(np.abs(exact).max(), 1e-30))
+            md.setdefault("sparse_attn_errors", []).append(err)
     if out.dtype != query.dtype:
         out = out.to(query.dtype)
     if settings.profile:
-        _record(module, T == 1 and S > 1, time.perf_counter() - t0, t2 - t1)
+        _record(module, decode, time.perf_counter() - t0, kernel)
     return out, None
 
 
@@ -976,6 +1041,9 @@ def _refuse_unsupported(module, query, key, value, attention_mask, dropout):
 
 
 _QUERY_DTYPES = (torch.float32, torch.bfloat16, torch.float16)
+# the keyword arguments _refuse_kwargs looks at (others are ignored)
+_CHECKED_KWARGS = frozenset(("sliding_window", "is_causal", "softcap", "s_aux", "sinks",
+                             "position_bias", "output_attentions"))
 
 
 def _refuse_module(module):
