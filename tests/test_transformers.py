@@ -5,8 +5,10 @@ head_dim 128 and GQA (4 query heads, 2 KV heads), float32 unless stated.
 Skipped as a whole when torch or transformers is not installed
 (``bash scripts/install-transformers-extras.sh`` installs them)."""
 import copy
-import functools
 import doctest
+import functools
+import sys
+import threading
 
 import numpy as np
 import pytest
@@ -385,14 +387,14 @@ def test_q8_decode_step_appends_and_attends_in_one_call(eager, prompt, monkeypat
     # layer alone keeps the new rows alive (a model rebinds its names to
     # what update returns), through the append too: were they freed first,
     # the memory refilled below would be read.
-    append = sa.KVCache._append_at
+    append = sa.KVCache._append_locked
 
     def refill_then_append(self, kp, vp, T):
         junk = [torch.full((1, 2, 1, 128), float("nan")) for _ in range(16)]
         return append(self, kp, vp, T)
 
     read.update(k.clone(), v.clone())
-    monkeypatch.setattr(sa.KVCache, "_append_at", refill_then_append)
+    monkeypatch.setattr(sa.KVCache, "_append_locked", refill_then_append)
     assert caches[2].get_seq_length() == n + 1
     monkeypatch.undo()
     read.update(k + 1, v - 1)
@@ -406,6 +408,37 @@ def test_q8_decode_step_appends_and_attends_in_one_call(eager, prompt, monkeypat
     with torch.no_grad():
         plain(prompt, cache=sat.SparseKVCache(plain), use_cache=True)
     assert not hasattr(plain.model.layers[0].self_attn, "sparse_attn_blocks")
+
+
+def test_reading_the_layers_from_another_thread_during_decode(eager, prompt, eager_run):
+    """A thread that reads every layer's KVCache while the model decodes
+    (a progress display, say) appends a pending token at most once: the
+    logits and the lengths are those of the run without it."""
+    model = sparse_copy(eager, k_blocks=2, kv_dtype="q8")
+    continuation = eager_run[0][:, PROMPT_TOKENS:]
+    want = forced_logits(model, prompt, continuation, sat.SparseKVCache(model))
+    n = PROMPT_TOKENS + continuation.shape[1] - 1
+    for _ in range(3):
+        cache = sat.SparseKVCache(model)
+        stop, seen = threading.Event(), []
+
+        def watch():
+            while not stop.is_set():
+                seen.append(max(layer.kv.seq_len for layer in cache.layers))
+
+        watcher = threading.Thread(target=watch)
+        interval = sys.getswitchinterval()
+        sys.setswitchinterval(1e-6)     # switch threads as often as the interpreter can
+        watcher.start()
+        try:
+            got = forced_logits(model, prompt, continuation, cache)
+        finally:
+            stop.set()
+            watcher.join()
+            sys.setswitchinterval(interval)
+        assert torch.equal(got, want)
+        assert [layer.kv.seq_len for layer in cache.layers] == [n] * len(cache.layers)
+        assert seen and max(seen) <= n
 
 
 def test_sparse_kv_cache_allocates_its_layers_before_the_forward(eager, prompt, eager_run):

@@ -343,6 +343,20 @@ class KVCache:
         finally:
             self._lock.release_write()
 
+    def _append_pending(self, slot):
+        """Append the one token a handoff slot holds (``slot[0]``: cffi
+        pointers to float32 ``[n_kv_heads, 1, head_dim]`` K and V rows first,
+        then what keeps them alive; or None), emptying the slot under the
+        write lock: of threads that race to append it, one does."""
+        self._lock.acquire_write()
+        try:
+            pending = slot[0]           # keeps the rows alive through the append
+            slot[0] = None
+            if pending is not None:
+                self._append_locked(pending[0], pending[1], 1)
+        finally:
+            self._lock.release_write()
+
     def _append_locked(self, kp, vp, T):
         """_append_at's work, the write lock held by the caller."""
         n, buf = self._n, self._buf
@@ -653,17 +667,20 @@ class _Decoder:
         its metadata per call (``slow``)."""
         return self._run(qp, n_heads, outp)
 
-    def append_call_at(self, kp, vp, qp, n_heads, outp):
-        """call_at after appending one token's K and V (cffi pointers to
-        float32 ``[n_kv_heads, 1, head_dim]`` the caller keeps alive), both
-        under one hold of the cache's write lock, so no other thread sees
-        the cache between the two.  The transformers backend's decode step
-        on a q8 SparseKVCache: the token its update handed over, then the
-        attention, in one lock and two C calls."""
+    def append_call_at(self, slot, qp, n_heads, outp):
+        """call_at after appending the token a handoff slot holds (as
+        KVCache._append_pending takes it; an empty slot appends nothing),
+        both under one hold of the cache's write lock, so no other thread
+        sees the cache between the two.  The transformers backend's decode
+        step on a q8 SparseKVCache: the token its update handed over, then
+        the attention, in one lock and two C calls."""
         c = self.cache
         c._lock.acquire_write()
         try:
-            c._append_locked(kp, vp, 1)
+            pending = slot[0]           # keeps the rows alive through the append
+            slot[0] = None
+            if pending is not None:
+                c._append_locked(pending[0], pending[1], 1)
             return self._run_locked(qp, n_heads, outp)
         finally:
             c._lock.release_write()

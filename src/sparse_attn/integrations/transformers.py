@@ -411,8 +411,10 @@ class SparseKVLayer(CacheLayerMixin):
         self.group_size = ck.check_int("group_size", group_size, minimum=1)
         self.capacity = ck.check_int("capacity", capacity, minimum=1)
         self._kv = None
-        # a decode step's new token, handed over to the attention (update)
-        self._pending = None
+        # a decode step's new token, handed over to the attention (update):
+        # a one-slot list, emptied under the cache's write lock by whoever
+        # appends it (KVCache._append_pending, _Decoder.append_call_at)
+        self._pending = [None]
         self.stats = [0, 0.0, 0.0]
 
     @property
@@ -421,14 +423,9 @@ class SparseKVLayer(CacheLayerMixin):
         update or :meth:`allocate`), holding every token the layer was
         given: a new token a decode step's update left for the attention
         call is appended first."""
-        if self._pending is not None:
-            self._flush()
+        if self._pending[0] is not None:
+            self._kv._append_pending(self._pending)
         return self._kv
-
-    def _flush(self):
-        pending = self._pending        # holds the K/V rows alive through the append
-        self._pending = None
-        self._kv._append_at(pending[0], pending[1], 1)
 
     def allocate(self, n_kv_heads, head_dim):
         """Make the layer's :class:`sparse_attn.KVCache` now, for K/V of
@@ -438,7 +435,7 @@ class SparseKVLayer(CacheLayerMixin):
         ops about 2 s of page faults on a 2K-token SmolLM2 prompt
         (docs/design.md).  The first update still
         checks its shape, and remakes the cache if the config was wrong."""
-        self._pending = None
+        self._pending[0] = None
         self._kv = sa.KVCache(n_kv_heads, head_dim, capacity=self.capacity, dtype=self.dtype,
                               group_size=self.group_size, block_size=self.block_size,
                               n_probe=self.n_probe, copy_probe_rows=self.copy_probe_rows,
@@ -475,8 +472,8 @@ class SparseKVLayer(CacheLayerMixin):
         t0 = time.perf_counter()
         if not self.is_initialized:
             self.lazy_initialization(key_states, value_states)
-        elif self._pending is not None:
-            self._flush()
+        elif self._pending[0] is not None:
+            self._kv._append_pending(self._pending)
         kv = self._kv
         shape = key_states.shape
         if not (len(shape) == 4 and shape[0] == 1 and shape[1] == kv.n_kv_heads
@@ -488,7 +485,7 @@ class SparseKVLayer(CacheLayerMixin):
         (kp, k), (vp, v) = _rows_at(key_states), _rows_at(value_states)
         st = self.stats
         if shape[2] == 1 and self.dtype == "q8":
-            self._pending = (kp, vp, k, v)       # k and v keep the rows alive
+            self._pending[0] = (kp, vp, k, v)       # k and v keep the rows alive
             self.keys = self.values = _KVPlaceholder(
                 self, "K/V", (1, shape[1], kv._n + 1, shape[3]), self.model_dtype)
             st[0] += 1
@@ -528,7 +525,7 @@ class SparseKVLayer(CacheLayerMixin):
         return 0 if self.kv is None else self.kv.nbytes
 
     def reset(self):
-        self._pending = None
+        self._pending[0] = None
         if self._kv is not None:
             self._kv.reset()
         self.keys = self.values = None
@@ -788,8 +785,9 @@ class _CacheState:
         self._decoders = {}
 
     def bind(self, layer_idx, key, value, T):
-        if self.layer._pending is not None:
-            self.layer._flush()
+        slot = self.layer._pending
+        if slot[0] is not None:
+            self.kv._append_pending(slot)
         return self.kv.seq_len
 
     def step(self, settings, scale, threads, dense, query, n_heads):
@@ -802,20 +800,19 @@ class _CacheState:
         the scoring bench swaps in its own), query heads not a multiple of
         the KV heads, or a cache of one token (that step is a prefill)."""
         decoder = self.decoder(settings, scale, threads, dense)
-        kv, pending = self.kv, self.layer._pending
+        kv, slot = self.kv, self.layer._pending
         if (type(decoder) is not _Decoder or decoder.slow or n_heads % kv.n_kv_heads
-                or kv._n + (pending is not None) < 2):
+                or kv._n + (slot[0] is not None) < 2):
             return None
         q = query if query.dtype is torch.float32 and query.is_contiguous() else \
             query.detach().to(torch.float32).contiguous()
         out = torch.empty((1, 1, n_heads, kv.head_dim), dtype=torch.float32)
         qp, outp = ffi.cast("float *", q.data_ptr()), ffi.cast("float *", out.data_ptr())
         t1 = time.perf_counter()
-        if pending is None:
+        if slot[0] is None:
             blocks = decoder.call_at(qp, n_heads, outp)
-        else:
-            self.layer._pending = None
-            blocks = decoder.append_call_at(pending[0], pending[1], qp, n_heads, outp)
+        else:       # takes the token under the lock (another thread may have appended it)
+            blocks = decoder.append_call_at(slot, qp, n_heads, outp)
         return out, blocks, time.perf_counter() - t1
 
     def prefill(self, q, scale, threads, sparse):
