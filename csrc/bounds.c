@@ -27,31 +27,29 @@ static void channel_range(const sa_kv *k, int kh, int r0, int r1, int c0, int c1
     const int w = c1 - c0;
     for (int i = 0; i < w; i++)
         lo[i] = INFINITY, hi[i] = -INFINITY;
+    float x[CHUNK];
     for (int t = r0; t < r1; t++) {
+        const float *row;
         if (k->dtype == SA_DTYPE_F32) {
-            const float *row = sa_kv_f32_row(k, kh, t) + c0;
-            for (int i = 0; i < w; i++) {
-                lo[i] = row[i] < lo[i] ? row[i] : lo[i];
-                hi[i] = row[i] > hi[i] ? row[i] : hi[i];
-            }
+            row = sa_kv_f32_row(k, kh, t) + c0;
         } else {
-            const int8_t *row = sa_kv_q8_row(k, kh, t);
+            /* dequantised q8 group by q8 group (no division per element),
+             * so that the ranges below are one loop the compiler vectorises
+             * (an append recomputes its block) */
+            const int8_t *q = sa_kv_q8_row(k, kh, t);
             const float *sc = sa_kv_scale_row(k, kh, t);
             const int gs = k->group_size;
-            float x[CHUNK];
-            /* dequantised q8 group by q8 group (no division per element),
-             * then the ranges in a loop the compiler vectorises: an append
-             * recomputes its block */
             for (int i = c0; i < c1;) {
                 const int g = i / gs, e = sa_min(c1, (g + 1) * gs);
                 const float s = sc[g];
                 for (; i < e; i++)
-                    x[i - c0] = s * (float)row[i];
+                    x[i - c0] = s * (float)q[i];
             }
-            for (int i = 0; i < w; i++) {
-                lo[i] = x[i] < lo[i] ? x[i] : lo[i];
-                hi[i] = x[i] > hi[i] ? x[i] : hi[i];
-            }
+            row = x;
+        }
+        for (int i = 0; i < w; i++) {
+            lo[i] = row[i] < lo[i] ? row[i] : lo[i];
+            hi[i] = row[i] > hi[i] ? row[i] : hi[i];
         }
     }
 }

@@ -350,12 +350,16 @@ class KVCache:
         write lock: of threads that race to append it, one does."""
         self._lock.acquire_write()
         try:
-            pending = slot[0]           # keeps the rows alive through the append
-            slot[0] = None
-            if pending is not None:
-                self._append_locked(pending[0], pending[1], 1)
+            self._append_pending_locked(slot)
         finally:
             self._lock.release_write()
+
+    def _append_pending_locked(self, slot):
+        """_append_pending's work, the write lock held by the caller."""
+        pending = slot[0]               # keeps the rows alive through the append
+        slot[0] = None
+        if pending is not None:
+            self._append_locked(pending[0], pending[1], 1)
 
     def _append_locked(self, kp, vp, T):
         """_append_at's work, the write lock held by the caller."""
@@ -677,10 +681,7 @@ class _Decoder:
         c = self.cache
         c._lock.acquire_write()
         try:
-            pending = slot[0]           # keeps the rows alive through the append
-            slot[0] = None
-            if pending is not None:
-                c._append_locked(pending[0], pending[1], 1)
+            c._append_pending_locked(slot)
             return self._run_locked(qp, n_heads, outp)
         finally:
             c._lock.release_write()
