@@ -65,9 +65,11 @@ def pyplot():
     return plt
 
 
-def timed(fn, repeats):
-    """Run fn `repeats` times (after one warm-up); seconds as (median, min, max)."""
-    fn()
+def timed(fn, repeats, warmup=1):
+    """Run fn `repeats` times after `warmup` untimed runs; seconds as
+    (median, min, max)."""
+    for _ in range(max(1, warmup)):
+        fn()
     times = []
     for _ in range(repeats):
         t0 = time.perf_counter()
