@@ -18,6 +18,7 @@
 #include <immintrin.h>
 
 #include <stdint.h>
+#include <string.h>
 
 #include "../kernels.h"
 #include "x86_helpers.h"
@@ -342,17 +343,28 @@ SA_INLINE void scores_q8_tokens(const int8_t *qq, const float *qd, int HB, int D
 #define SA_V_HEADS 4
 
 /* Many heads against one block (prefill scores a tile's rows x heads, 64
- * query vectors for a Qwen3-VL-2B layer, 96 for SmolLM2): each block's rows
- * are loaded and flipped (and for gs 32, D % 128 == 0 shuffled by k_xy) and
- * its scales transposed or gathered once for all the heads, instead of
- * once per pair of heads, and the pairs then read them from L1.  The same
- * values go into the same operations, so the scores are bitwise those of
- * scores_q8_tokens.  Decode's few heads per KV head (4 and 8, K streamed
- * from memory) did not measurably gain this way on a Zen 4 (results.md),
- * so it starts at 16 vectors, which a full prefill tile (8 rows or more)
- * has from 2 heads per KV head on. */
+ * query vectors for a Qwen3-VL-2B layer, 96 for SmolLM2), K prepared once
+ * per block of 16 rows for all of them.  At gs 32 with D % 128 == 0 the
+ * block goes through k_xy for scores_q8_block32 (scores_q8_many_xy); at
+ * other shapes (head_dim 64: SmolLM2, Qwen2.5-0.5B) in the form of an
+ * int8 GEMM (scores_q8_gemm_many), where the dot form's per-token
+ * reductions, not its vpdpbusd, were the bound: each block of 16 K rows is flipped to unsigned once and
+ * transposed so that vector c holds the bytes 4c .. 4c+3 of the 16 rows
+ * (lane i: row i), and a head's group sum is then gs/4 vpdpbusd of those
+ * vectors with its own 4 bytes broadcast: the 16 tokens' exact sums come
+ * out side by side, with no per-token reduction.  The +128 of the flip is
+ * cancelled by starting each group's sum at -128 * (the sum of the head's
+ * bytes in the group).  The sums are exact integers and the group terms are
+ * added with scores_q8_block32/16's operations in group order, so the
+ * scores are bitwise those of scores_q8_tokens (and of the portable
+ * kernel).  Decode's few heads per KV head (4 and 8, K streamed from
+ * memory) did not measurably gain from preparing K once on a Zen 4
+ * (results.md), so this starts at 16 vectors, which a full prefill tile
+ * (8 rows or more) has from 2 heads per KV head on. */
 #define SA_Q8_MANY_HEADS 16
 #define SA_Q8_MANY_MAX_D 512
+#define SA_Q8_MANY_HB 8    /* heads per pass over a block's vectors: 8 dpbusd chains */
+#define SA_Q8_MANY_CHUNK 64 /* heads whose group offsets are kept at once */
 
 SA_INLINE int q8_many_takes(int gs, int D)
 {
@@ -366,61 +378,175 @@ static void scores_q8_many(const int8_t *qq, const float *qd, int G, int D, int 
 
 #include "x86_common.h"
 
-static void scores_q8_many(const int8_t *qq, const float *qd, int G, int D, int gs,
-                           const int8_t *k, const float *kd, ptrdiff_t row_stride,
-                           ptrdiff_t scale_stride, int n, float *const *s,
-                           const sa_prefetch *pf)
+/* 16 rows of 16 int32 -> their transpose (in place). */
+SA_INLINE void transpose16_epi32(__m512i *r)
 {
-    /* gs == 32 and D % 128 == 0: scores_q8_block32's X, Y and scales;
-     * else scores_q8_block16's segments and gathered scales */
-    const int wide = gs == 32 && D % 128 == 0;
-    __m512i xy[2 * 16 * (SA_Q8_MANY_MAX_D / 128)]; /* block16: 16 * D/64 of them */
-    __m512 kds[SA_Q8_MANY_MAX_D / 16];
-    const int ng = D / gs, iters = (n + 15) / 16;
-    const __m512i lane = _mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15);
-    const __m512i flip = _mm512_set1_epi8((char)0x80);
+    __m512i t[16];
+    for (int i = 0; i < 16; i += 2) {
+        t[i] = _mm512_unpacklo_epi32(r[i], r[i + 1]);
+        t[i + 1] = _mm512_unpackhi_epi32(r[i], r[i + 1]);
+    }
+    for (int i = 0; i < 16; i += 4) {
+        r[i] = _mm512_unpacklo_epi64(t[i], t[i + 2]);
+        r[i + 1] = _mm512_unpackhi_epi64(t[i], t[i + 2]);
+        r[i + 2] = _mm512_unpacklo_epi64(t[i + 1], t[i + 3]);
+        r[i + 3] = _mm512_unpackhi_epi64(t[i + 1], t[i + 3]);
+    }
+    /* Lane L (128 bits) of r[4a + j] is now column 4L + j of rows
+     * 4a .. 4a+3; two rounds of 128-bit lane shuffles put column c's four
+     * lanes side by side in r[c]. */
+    for (int i = 0; i < 4; i++) {
+        t[i] = _mm512_shuffle_i32x4(r[i], r[4 + i], 0x88);
+        t[4 + i] = _mm512_shuffle_i32x4(r[i], r[4 + i], 0xDD);
+        t[8 + i] = _mm512_shuffle_i32x4(r[8 + i], r[12 + i], 0x88);
+        t[12 + i] = _mm512_shuffle_i32x4(r[8 + i], r[12 + i], 0xDD);
+    }
+    for (int i = 0; i < 4; i++) {
+        r[i] = _mm512_shuffle_i32x4(t[i], t[8 + i], 0x88);
+        r[8 + i] = _mm512_shuffle_i32x4(t[i], t[8 + i], 0xDD);
+        r[4 + i] = _mm512_shuffle_i32x4(t[4 + i], t[12 + i], 0x88);
+        r[12 + i] = _mm512_shuffle_i32x4(t[4 + i], t[12 + i], 0xDD);
+    }
+}
+
+/* HB heads' scores against one prepared block: kt[c] = bytes 4c..4c+3 of
+ * the 16 rows (flipped), kds[g] = the rows' scales of group g, off[x * ng
+ * + g] = -128 * (sum of head x's bytes in group g). */
+SA_INLINE void scores_q8_gemm(const int8_t *qq, const float *qd, int HB, int D, int gs,
+                              const __m512i *kt, const __m512 *kds, const int32_t *off,
+                              __m512 *res)
+{
+    const int ng = D / gs, cpg = gs / 4;
+    for (int x = 0; x < HB; x++)
+        res[x] = _mm512_setzero_ps();
+    for (int g = 0; g < ng; g++) {
+        __m512i acc[SA_Q8_MANY_HB];
+        for (int x = 0; x < HB; x++)
+            acc[x] = _mm512_set1_epi32(off[x * ng + g]);
+        for (int c = g * cpg; c < (g + 1) * cpg; c++) {
+            const __m512i kc = kt[c];
+            for (int x = 0; x < HB; x++) {
+                int32_t q4;
+                memcpy(&q4, qq + (ptrdiff_t)x * D + 4 * c, 4);
+                acc[x] = _mm512_dpbusd_epi32(acc[x], kc, _mm512_set1_epi32(q4));
+            }
+        }
+        for (int x = 0; x < HB; x++)
+            res[x] = add_group_term(res[x], qd[(ptrdiff_t)x * ng + g], kds[g], acc[x]);
+    }
+}
+
+/* gs == 32, D % 128 == 0: scores_q8_block32 on the block's X, Y and
+ * scales, made once for all the heads.  At this shape the dot form issues as
+ * many vpdpbusd as the GEMM form below and its shuffles run beside them; the
+ * GEMM form was 10-20% slower here on a Sapphire-Rapids-class Xeon (perf
+ * samples of a 4096-token Qwen3-VL-2B-shaped prefill, alternated builds). */
+static void scores_q8_many_xy(const int8_t *qq, const float *qd, int G, int D,
+                              const int8_t *k, const float *kd, ptrdiff_t row_stride,
+                              ptrdiff_t scale_stride, int n, float *const *s,
+                              const sa_prefetch *pf)
+{
+    __m512i xy[2 * 16 * (SA_Q8_MANY_MAX_D / 128)];
+    __m512 kds[SA_Q8_MANY_MAX_D / 32];
+    const int ng = D / 32, iters = (n + 15) / 16;
     for (int t = 0, it = 0; t < n; t += 16, it++) {
         const int cnt = n - t < 16 ? n - t : 16;
         const int8_t *rows[16];
         const float *srows[16];
         SA_BLOCK_ROWS(rows, k, t, cnt, row_stride);
         SA_BLOCK_ROWS(srows, kd, t, cnt, scale_stride);
-        const float *kd_t = kd + (ptrdiff_t)t * scale_stride;
         sa_prefetch_part(pf, it, iters);
-        if (wide) {
-            for (int b = 0, c = 0; b < D; b += 128)
-                for (int i = 0; i < 16; i++, c += 2)
-                    k_xy(rows[i] + b, &xy[c], &xy[c + 1]);
-            for (int g0 = 0; g0 < ng; g0 += 4)
-                load_scales4(srows, g0, kds + g0);
-        } else {
-            for (int b = 0, c = 0; b < D; b += 64) {
-                const __mmask64 m = bytes64(D - b);
-                for (int i = 0; i < 16; i++, c++)
-                    xy[c] = _mm512_xor_si512(_mm512_maskz_loadu_epi8(m, rows[i] + b), flip);
+        for (int b = 0, c = 0; b < D; b += 128)
+            for (int i = 0; i < 16; i++, c += 2)
+                k_xy(rows[i] + b, &xy[c], &xy[c + 1]);
+        for (int g0 = 0; g0 < ng; g0 += 4)
+            load_scales4(srows, g0, kds + g0);
+        for (int h = 0; h < G; h += 2) {
+            const int HB = G - h >= 2 ? 2 : 1;
+            __m512 res[2];
+            const int8_t *qh = qq + (ptrdiff_t)h * D;
+            const float *qdh = qd + (ptrdiff_t)h * ng;
+            if (HB == 2)
+                scores_q8_block32(qh, qdh, 2, D, NULL, NULL, xy, kds, res);
+            else
+                scores_q8_block32(qh, qdh, 1, D, NULL, NULL, xy, kds, res);
+            for (int x = 0; x < HB; x++)
+                store_scores(s[h + x] + t, cnt, res[x]);
+        }
+    }
+}
+
+static void scores_q8_gemm_many(const int8_t *qq, const float *qd, int G, int D, int gs,
+                                const int8_t *k, const float *kd, ptrdiff_t row_stride,
+                                ptrdiff_t scale_stride, int n, float *const *s,
+                                const sa_prefetch *pf)
+{
+    __m512i kt[SA_Q8_MANY_MAX_D / 4];
+    __m512 kds[SA_Q8_MANY_MAX_D / 16];
+    int32_t off[SA_Q8_MANY_CHUNK * (SA_Q8_MANY_MAX_D / 16)];
+    const int ng = D / gs, iters = (n + 15) / 16, nseg = (D + 63) / 64;
+    const __m512i lane = _mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15);
+    const __m512i flip = _mm512_set1_epi8((char)0x80);
+    for (int h0 = 0; h0 < G; h0 += SA_Q8_MANY_CHUNK) {
+        const int nh = G - h0 < SA_Q8_MANY_CHUNK ? G - h0 : SA_Q8_MANY_CHUNK;
+        for (int x = 0; x < nh; x++)
+            for (int g = 0; g < ng; g++) {
+                const int8_t *qg = qq + (ptrdiff_t)(h0 + x) * D + g * gs;
+                int32_t sum = 0;
+                for (int i = 0; i < gs; i++)
+                    sum += qg[i];
+                off[x * ng + g] = -128 * sum;
             }
+        for (int t = 0, it = 0; t < n; t += 16, it++) {
+            const int cnt = n - t < 16 ? n - t : 16;
+            const int8_t *rows[16];
+            SA_BLOCK_ROWS(rows, k, t, cnt, row_stride);
+            if (h0 == 0)
+                sa_prefetch_part(pf, it, iters);
+            for (int b = 0; b < nseg; b++) {
+                const __mmask64 m = bytes64(D - 64 * b);
+                for (int i = 0; i < 16; i++)
+                    kt[16 * b + i] =
+                        _mm512_xor_si512(_mm512_maskz_loadu_epi8(m, rows[i] + 64 * b), flip);
+                transpose16_epi32(kt + 16 * b);
+            }
+            const float *kd_t = kd + (ptrdiff_t)t * scale_stride;
             const __m512i idx = _mm512_mullo_epi32(
                 _mm512_min_epi32(lane, _mm512_set1_epi32(cnt - 1)),
                 _mm512_set1_epi32((int)scale_stride));
             for (int g = 0; g < ng; g++)
                 kds[g] = gather_scales(kd_t, idx, g);
-        }
-        int h = 0;
-        for (; h < G; h += 2) {
-            const int HB = G - h >= 2 ? 2 : 1;
-            __m512 res[2];
-            const int8_t *qh = qq + (ptrdiff_t)h * D;
-            const float *qdh = qd + (ptrdiff_t)h * ng;
-            if (wide && HB == 2)
-                scores_q8_block32(qh, qdh, 2, D, NULL, NULL, xy, kds, res);
-            else if (wide)
-                scores_q8_block32(qh, qdh, 1, D, NULL, NULL, xy, kds, res);
-            else if (HB == 2)
-                scores_q8_block16(qh, qdh, 2, D, gs, NULL, NULL, lane, xy, kds, res);
-            else
-                scores_q8_block16(qh, qdh, 1, D, gs, NULL, NULL, lane, xy, kds, res);
-            for (int x = 0; x < HB; x++)
-                store_scores(s[h + x] + t, cnt, res[x]);
+            for (int x = 0; x < nh; x += SA_Q8_MANY_HB) {
+                const int h = h0 + x;
+                const int HB = nh - x < SA_Q8_MANY_HB ? nh - x : SA_Q8_MANY_HB;
+                __m512 res[SA_Q8_MANY_HB];
+                const int8_t *qh = qq + (ptrdiff_t)h * D;
+                const float *qdh = qd + (ptrdiff_t)h * ng;
+                const int32_t *o = off + x * ng;
+                switch (HB) {
+                case 8: scores_q8_gemm(qh, qdh, 8, D, gs, kt, kds, o, res); break;
+                case 7: scores_q8_gemm(qh, qdh, 7, D, gs, kt, kds, o, res); break;
+                case 6: scores_q8_gemm(qh, qdh, 6, D, gs, kt, kds, o, res); break;
+                case 5: scores_q8_gemm(qh, qdh, 5, D, gs, kt, kds, o, res); break;
+                case 4: scores_q8_gemm(qh, qdh, 4, D, gs, kt, kds, o, res); break;
+                case 3: scores_q8_gemm(qh, qdh, 3, D, gs, kt, kds, o, res); break;
+                case 2: scores_q8_gemm(qh, qdh, 2, D, gs, kt, kds, o, res); break;
+                default: scores_q8_gemm(qh, qdh, 1, D, gs, kt, kds, o, res); break;
+                }
+                for (int y = 0; y < HB; y++)
+                    store_scores(s[h + y] + t, cnt, res[y]);
+            }
         }
     }
+}
+
+static void scores_q8_many(const int8_t *qq, const float *qd, int G, int D, int gs,
+                           const int8_t *k, const float *kd, ptrdiff_t row_stride,
+                           ptrdiff_t scale_stride, int n, float *const *s,
+                           const sa_prefetch *pf)
+{
+    if (gs == 32 && D % 128 == 0)
+        scores_q8_many_xy(qq, qd, G, D, k, kd, row_stride, scale_stride, n, s, pf);
+    else
+        scores_q8_gemm_many(qq, qd, G, D, gs, k, kd, row_stride, scale_stride, n, s, pf);
 }

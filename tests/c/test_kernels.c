@@ -470,10 +470,11 @@ static void test_scores_q8(const sa_kernels *kern)
                 scores_q8_case(kern, c, mode);
     /* Prefill's many query vectors per K block (the AVX-512 path that
      * prepares each block once for all of them starts at 16; D up to 512,
-     * its two layouts: gs 32 with D % 128 == 0, and any gs % 16 == 0). */
+     * its two layouts: gs 32 with D % 128 == 0, and any gs % 16 == 0; more
+     * than 64 heads take the GEMM form's head chunks). */
     static const int MANY_DG[][2] = {{64, 32}, {128, 32}, {128, 16}, {192, 64},
                                      {512, 32}, {512, 128}, {528, 16}};
-    static const int MANY_G[] = {16, 17, 33}, MANY_N[] = {1, 16, 37};
+    static const int MANY_G[] = {16, 17, 33, 70}, MANY_N[] = {1, 16, 37};
     for (int i = 0; i < LEN(MANY_DG); i++)
         for (int j = 0; j < LEN(MANY_G); j++)
             for (int t = 0; t < LEN(MANY_N); t++)
