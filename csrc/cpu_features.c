@@ -7,6 +7,12 @@
 #include <stdatomic.h>
 #include <string.h>
 
+#if (defined(__x86_64__) || defined(_M_X64)) && defined(__linux__)
+#include <cpuid.h>
+#include <sys/syscall.h>
+#include <unistd.h>
+#endif
+
 #include "internal.h"
 
 #if defined(__aarch64__) && defined(__linux__)
@@ -41,6 +47,48 @@ static int runs_avx512_vnni(void)
     return runs_avx2() && __builtin_cpu_supports("avx512f") &&
            __builtin_cpu_supports("avx512bw") && __builtin_cpu_supports("avx512vl") &&
            __builtin_cpu_supports("avx512vnni");
+#endif
+}
+
+/* AMX-TILE and AMX-INT8 (CPUID 7.0 EDX bits 24, 25), the OS saving the tile
+ * state (XCR0 bits 17, 18), and Linux's per-process permission for it
+ * (arch_prctl ARCH_REQ_XCOMP_PERM; granted once, inherited by threads and
+ * forked children).  Asked once; elsewhere than Linux, never. */
+#ifndef SA_TEST_EMULATED_AVX512
+static int amx_granted(void)
+{
+#if defined(__linux__) && defined(SYS_arch_prctl)
+    unsigned a, b, c, d;
+    if (!__get_cpuid_count(7, 0, &a, &b, &c, &d) || !(d & (1u << 24)) || !(d & (1u << 25)))
+        return 0;
+    if (!__get_cpuid(1, &a, &b, &c, &d) || !(c & (1u << 27))) /* OSXSAVE */
+        return 0;
+    unsigned lo, hi;
+    __asm__ volatile("xgetbv" : "=a"(lo), "=d"(hi) : "c"(0));
+    if ((lo & (3u << 17)) != (3u << 17))
+        return 0;
+    return syscall(SYS_arch_prctl, 0x1023 /* ARCH_REQ_XCOMP_PERM */,
+                   18 /* XFEATURE_XTILEDATA */) == 0;
+#else
+    return 0;
+#endif
+}
+#endif
+
+static int runs_avx512_amx(void)
+{
+#ifdef SA_TEST_EMULATED_AVX512
+    /* scripts/test-c.sh --avx512-emulated: the tile operations are
+     * modelled in C there (tests/c/simde_avx512_shim.h). */
+    return runs_avx512_vnni();
+#else
+    static atomic_int granted; /* 0: not asked yet, 1: yes, -1: no */
+    int g = atomic_load(&granted);
+    if (!g) {
+        g = amx_granted() ? 1 : -1;
+        atomic_store(&granted, g);
+    }
+    return g == 1 && runs_avx512_vnni();
 #endif
 }
 #endif

@@ -14,5 +14,6 @@
 SA_ISA(portable, "portable", ANY, "portable/kernels_portable.c")
 SA_ISA(avx2, "avx2", X86_64, "x86/kernels_avx2.c")
 SA_ISA(avx512_vnni, "avx512-vnni", X86_64, "x86/kernels_avx512_vnni.c")
+SA_ISA(avx512_amx, "avx512-amx", X86_64, "x86/kernels_avx512_amx.c")
 SA_ISA(neon, "neon", AARCH64, "arm/kernels_neon.c")
 SA_ISA(neon_dotprod, "neon-dotprod", AARCH64, "arm/kernels_neon_dotprod.c")

@@ -18,12 +18,14 @@
 #                              callers, each result checked bitwise)
 #   scripts/test-c.sh --avx512-emulated
 #                              x86-64 only: the native ASan + UBSan build, but
-#                              with csrc/x86/kernels_avx512_vnni.c compiled
-#                              for AVX2 through SIMDe (tests/c/simde_avx512_shim.h)
-#                              and the avx512-vnni table reported runnable
-#                              (-DSA_TEST_EMULATED_AVX512), so its kernels and
-#                              the API on it are checked on a CPU without
-#                              AVX-512; must default to avx512-vnni
+#                              with csrc/x86/kernels_avx512_vnni.c (and its AMX
+#                              build, kernels_avx512_amx.c) compiled for AVX2
+#                              through SIMDe and a C model of the AMX tiles
+#                              (tests/c/simde_avx512_shim.h), both tables
+#                              reported runnable (-DSA_TEST_EMULATED_AVX512),
+#                              so their kernels and the API on them are checked
+#                              on a CPU without AVX-512 or AMX; must default to
+#                              avx512-amx
 #
 # The native x86-64 and --arm runs also check that a kernel file, compiled
 # as the extension compiles it, still contains a prefetch instruction.
@@ -152,11 +154,17 @@ if [[ $mode == avx512-emulated ]]; then
     # exactly one line, so a change to the file's preamble fails here loudly
     # instead of silently testing something else.
     src="$repo/csrc/x86/kernels_avx512_vnni.c"
+    amx="$repo/csrc/x86/kernels_avx512_amx.c"
     emu="$build/kernels_avx512_vnni_emulated.c"
-    others=()   # every x86-64 kernel file but the one emulated
+    emu_amx="$build/kernels_avx512_amx_emulated.c"
+    others=()   # every x86-64 kernel file but the two emulated
     while IFS= read -r f; do
-        [[ $f == "$src" ]] || others+=("$f")
+        [[ $f == "$src" || $f == "$amx" ]] || others+=("$f")
     done < <(isa_sources x86_64)
+    if ! grep -q '^#include "kernels_avx512_vnni.c"$' "$amx"; then
+        echo "test-c.sh: $amx no longer includes kernels_avx512_vnni.c" >&2
+        exit 1
+    fi
     for pattern in '^#pragma GCC target(' '^#include <immintrin\.h>' '^#include "\.\./kernels\.h"'; do
         hits=$(grep -c -- "$pattern" "$src" || true)
         if [[ $hits != 1 ]]; then
@@ -168,6 +176,10 @@ if [[ $mode == avx512-emulated ]]; then
         -e 's/^#include <immintrin\.h>/#include "simde_avx512_shim.h"/' \
         -e 's|^#include "\.\./kernels\.h"|#include "kernels.h"|' \
         "$src" >"$emu"
+    # The avx512-amx table is the same file with SA_AMX; its tile operations
+    # are modelled in C by the shim.
+    sed -e 's|^#include "kernels_avx512_vnni.c"$|#include "kernels_avx512_vnni_emulated.c"|' \
+        "$amx" >"$emu_amx"
     exe="$build/test_kernels_avx512_emulated"
     log="$build/test_kernels_avx512_emulated.log"
     simde_flags=()
@@ -177,18 +189,20 @@ if [[ $mode == avx512-emulated ]]; then
     "$cc" "${common[@]}" -I"$repo/csrc/x86" -O1 -g -fno-omit-frame-pointer -Wno-psabi \
         -fsanitize=address,undefined -fno-sanitize-recover=all \
         -DSA_TEST_EMULATED_AVX512 -I"$repo/tests/c" "${simde_flags[@]}" \
-        "${core[@]}" "${others[@]}" "$emu" "$harness" -o "$exe" -lm
+        "${core[@]}" "${others[@]}" "$emu" "$emu_amx" "$harness" -o "$exe" -lm
     status=0
     ASAN_OPTIONS="${ASAN_OPTIONS:-detect_leaks=1}" \
     UBSAN_OPTIONS="${UBSAN_OPTIONS:-print_stacktrace=1:halt_on_error=1}" \
-        run "x86-64, avx512-vnni emulated (expect avx512-vnni)" \
-        "$exe" --expect-isa avx512-vnni | tee "$log" || status=$?  # pipefail: the harness's status
+        run "x86-64, avx512-vnni and avx512-amx emulated (expect avx512-amx)" \
+        "$exe" --expect-isa avx512-amx | tee "$log" || status=$?  # pipefail: the harness's status
     # The harness skips a table it thinks the CPU cannot run; make sure this
-    # build really ran the emulated one (kernel-level and end to end).
-    if ! grep -Eq '^ISA avx512-vnni +runs on this CPU' "$log"; then
-        echo "== avx512-emulated: FAILED (the harness did not run avx512-vnni)"
-        status=1
-    fi
+    # build really ran the emulated ones (kernel-level and end to end).
+    for isa in avx512-vnni avx512-amx; do
+        if ! grep -Eq "^ISA $isa +runs on this CPU" "$log"; then
+            echo "== avx512-emulated: FAILED (the harness did not run $isa)"
+            status=1
+        fi
+    done
     exit "$status"
 fi
 

@@ -11,7 +11,8 @@ __all__ = ["isa", "built_isas", "available_isas", "set_isa", "default_threads"]
 
 def isa():
     """The name of the kernel path in use: ``"portable"``, ``"avx2"``,
-    ``"avx512-vnni"``, ``"neon"`` or ``"neon-dotprod"``."""
+    ``"avx512-vnni"``, ``"avx512-amx"`` (avx512-vnni with prefill's q8 scores
+    on AMX tiles), ``"neon"`` or ``"neon-dotprod"``."""
     return ffi.string(lib.sa_isa_name()).decode()
 
 

@@ -90,4 +90,102 @@ SA_EMU_CONVERT(cvtps_pd, m512d, f64, m256, f32, 8)
 #undef _mm512_cvtps_pd
 #define _mm512_cvtps_pd(a) emu_cvtps_pd(a)
 
+/* AMX (the avx512-amx table: kernels_avx512_vnni.c with SA_AMX).  The tile
+ * state is modelled per thread, as the hardware keeps it: eight tiles of up
+ * to 16 rows x 64 bytes shaped by the last _tile_loadconfig.  Loads and
+ * stores touch exactly rows x colsb bytes per tile (so AddressSanitizer sees
+ * every byte a tile reads or writes); any use outside a valid configuration,
+ * or a tdpbssd whose shapes do not fit, aborts. */
+#include <stdlib.h>
+#include <stdio.h>
+
+typedef struct {
+    uint8_t palette, start_row, reserved[14];
+    uint16_t colsb[16];
+    uint8_t rows[16];
+} emu_tilecfg;
+
+static _Thread_local struct {
+    emu_tilecfg cfg;
+    int configured;
+    uint8_t t[8][16][64];
+} emu_amx;
+
+static inline void emu_amx_fail(const char *what) {
+    fprintf(stderr, "emulated AMX: %s\n", what);
+    abort();
+}
+
+static inline void emu_tile_check(int d) {
+    if (!emu_amx.configured) emu_amx_fail("tile used without a configuration");
+    if (d < 0 || d > 7 || emu_amx.cfg.rows[d] == 0 || emu_amx.cfg.rows[d] > 16 ||
+        emu_amx.cfg.colsb[d] == 0 || emu_amx.cfg.colsb[d] > 64)
+        emu_amx_fail("tile not configured");
+}
+
+static inline void emu_tile_loadconfig(const void *c) {
+    memcpy(&emu_amx.cfg, c, sizeof emu_amx.cfg);
+    if (emu_amx.cfg.palette != 1) emu_amx_fail("palette is not 1");
+    memset(emu_amx.t, 0, sizeof emu_amx.t);
+    emu_amx.configured = 1;
+}
+
+static inline void emu_tile_release(void) {
+    memset(&emu_amx, 0, sizeof emu_amx);
+}
+
+static inline void emu_tile_loadd(int d, const void *base, long stride) {
+    emu_tile_check(d);
+    memset(emu_amx.t[d], 0, sizeof emu_amx.t[d]);
+    for (int r = 0; r < emu_amx.cfg.rows[d]; r++)
+        memcpy(emu_amx.t[d][r], (const char *)base + (ptrdiff_t)r * stride, emu_amx.cfg.colsb[d]);
+}
+
+static inline void emu_tile_stored(int d, void *base, long stride) {
+    emu_tile_check(d);
+    for (int r = 0; r < emu_amx.cfg.rows[d]; r++)
+        memcpy((char *)base + (ptrdiff_t)r * stride, emu_amx.t[d][r], emu_amx.cfg.colsb[d]);
+}
+
+static inline void emu_tile_zero(int d) {
+    emu_tile_check(d);
+    memset(emu_amx.t[d], 0, sizeof emu_amx.t[d]);
+}
+
+/* C[m][n] += sum_k sum_i A[m][4k+i] * B[k][4n+i], signed bytes, int32 lanes
+ * wrapping like the hardware. */
+static inline void emu_tile_dpbssd(int c, int a, int b) {
+    emu_tile_check(c), emu_tile_check(a), emu_tile_check(b);
+    const emu_tilecfg *f = &emu_amx.cfg;
+    const int M = f->rows[c], N = f->colsb[c] / 4, K = f->colsb[a] / 4;
+    if (f->rows[a] != M || f->rows[b] != K || f->colsb[b] != f->colsb[c] || f->colsb[c] % 4 ||
+        f->colsb[a] % 4)
+        emu_amx_fail("tdpbssd shapes do not fit");
+    for (int m = 0; m < M; m++)
+        for (int n = 0; n < N; n++) {
+            int32_t acc;
+            memcpy(&acc, &emu_amx.t[c][m][4 * n], 4);
+            uint32_t u = (uint32_t)acc;
+            for (int k = 0; k < K; k++)
+                for (int i = 0; i < 4; i++)
+                    u += (uint32_t)((int32_t)(int8_t)emu_amx.t[a][m][4 * k + i] *
+                                    (int32_t)(int8_t)emu_amx.t[b][k][4 * n + i]);
+            acc = (int32_t)u;
+            memcpy(&emu_amx.t[c][m][4 * n], &acc, 4);
+        }
+}
+
+#undef _tile_loadconfig
+#undef _tile_release
+#undef _tile_loadd
+#undef _tile_stored
+#undef _tile_zero
+#undef _tile_dpbssd
+#define _tile_loadconfig(c) emu_tile_loadconfig(c)
+#define _tile_release() emu_tile_release()
+#define _tile_loadd(d, base, stride) emu_tile_loadd(d, base, stride)
+#define _tile_stored(d, base, stride) emu_tile_stored(d, base, stride)
+#define _tile_zero(d) emu_tile_zero(d)
+#define _tile_dpbssd(c, a, b) emu_tile_dpbssd(c, a, b)
+
 #endif
