@@ -80,15 +80,17 @@ static int runs_avx512_amx(void)
 #ifdef SA_TEST_EMULATED_AVX512
     /* scripts/test-c.sh --avx512-emulated: the tile operations are
      * modelled in C there (tests/c/simde_avx512_shim.h). */
-    return runs_avx512_vnni();
+    return sa_amx_compiled && runs_avx512_vnni();
 #else
+    if (!sa_amx_compiled || !runs_avx512_vnni())
+        return 0;
     static atomic_int granted; /* 0: not asked yet, 1: yes, -1: no */
     int g = atomic_load(&granted);
     if (!g) {
         g = amx_granted() ? 1 : -1;
         atomic_store(&granted, g);
     }
-    return g == 1 && runs_avx512_vnni();
+    return g == 1;
 #endif
 }
 #endif

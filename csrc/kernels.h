@@ -172,6 +172,10 @@ typedef struct sa_kernels {
 #include "isa_list.h"
 #undef SA_ISA
 
+/* 1 if sa_kernels_avx512_amx was compiled with its AMX scores (the compiler
+ * has the AMX intrinsics), else 0: that table is then avx512-vnni's. */
+SA_IF_X86_64(extern const int sa_amx_compiled;)
+
 /* The table in use; read once per call so a concurrent sa_set_isa never mixes
  * two ISAs inside one call. */
 const sa_kernels *sa_active_kernels(void);

@@ -246,7 +246,7 @@ for i, n, a, f in build_ffi.isa_list():
     local -a insns
     case "$arch" in
         aarch64) insns=("sdot:[[:space:]]sdot[[:space:]]" "neon fmla:[[:space:]]fmla[[:space:]]+v[0-9]+\.4s") ;;
-        x86_64) insns=("avx512-vnni vpdpbusd:[[:space:]]vpdpbusd[[:space:]].*zmm" "avx2 ymm fma:[[:space:]]vfmadd[0-9a-z]*ps[[:space:]].*ymm") ;;
+        x86_64) insns=("avx512-vnni vpdpbusd:[[:space:]]vpdpbusd[[:space:]].*zmm" "avx512-amx tdpbssd:[[:space:]]tdpbssd[[:space:]]" "avx2 ymm fma:[[:space:]]vfmadd[0-9a-z]*ps[[:space:]].*ymm") ;;
     esac
     local spec report=""
     for spec in "${insns[@]}"; do

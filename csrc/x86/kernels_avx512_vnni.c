@@ -545,6 +545,20 @@ static void scores_q8_gemm_many(const int8_t *qq, const float *qd, int G, int D,
 }
 
 #ifdef SA_AMX
+/* A compiler without the AMX intrinsics (GCC < 11, clang < 12) builds this
+ * table as avx512-vnni's and cpu_features.c never hands it out. */
+#if !defined(SA_AMX_COMPILED) && defined(__has_include)
+#if __has_include(<amxtileintrin.h>) && __has_include(<amxint8intrin.h>)
+#define SA_AMX_COMPILED 1
+#endif
+#endif
+#ifndef SA_AMX_COMPILED
+#define SA_AMX_COMPILED 0
+#endif
+const int sa_amx_compiled = SA_AMX_COMPILED;
+#endif
+
+#if defined(SA_AMX) && SA_AMX_COMPILED
 /* -------------------------------------------------------------------------
  * Prefill's q8 scores on AMX tiles (the avx512-amx table: this file compiled
  * again by kernels_avx512_amx.c, for CPUs with AMX-TILE and AMX-INT8 whose
@@ -697,7 +711,7 @@ static void scores_q8_many(const int8_t *qq, const float *qd, int G, int D, int 
                            ptrdiff_t scale_stride, int n, float *const *s,
                            const sa_prefetch *pf)
 {
-#ifdef SA_AMX
+#if defined(SA_AMX) && SA_AMX_COMPILED
     if (amx_takes(gs, D)) {
         scores_q8_amx(qq, qd, G, D, gs, k, kd, row_stride, scale_stride, n, s, pf);
         return;
