@@ -471,9 +471,13 @@ static void test_scores_q8(const sa_kernels *kern)
     /* Prefill's many query vectors per K block (the AVX-512 path that
      * prepares each block once for all of them starts at 16; D up to 512,
      * its two layouts: gs 32 with D % 128 == 0, and any gs % 16 == 0; more
-     * than 64 heads take the GEMM form's head chunks). */
+     * than 64 heads take the GEMM form's head chunks; AMX takes up to 6
+     * groups of 16, 32, 48, 64 or a multiple of 64 bytes). */
     static const int MANY_DG[][2] = {{64, 32}, {128, 32}, {128, 16}, {192, 64},
-                                     {512, 32}, {512, 128}, {528, 16}};
+                                     {512, 32}, {512, 128}, {528, 16},
+                                     /* AMX: 48-byte tiles, 6 groups, a group
+                                      * the tiles do not take (96) */
+                                     {144, 48}, {384, 64}, {192, 96}};
     static const int MANY_G[] = {16, 17, 33, 70}, MANY_N[] = {1, 16, 37};
     for (int i = 0; i < LEN(MANY_DG); i++)
         for (int j = 0; j < LEN(MANY_G); j++)
