@@ -180,6 +180,69 @@ def test_decode_is_exact_attention_over_the_chosen_blocks(eager):
 
 # --------------------------------------------------------------------------- importance
 
+@pytest.mark.parametrize("kv_dtype", [None, "float32", "q8"])
+def test_sdpa_prefill_is_torchs_attention_and_decode_stays_sparse(eager, prompt, kv_dtype,
+                                                                  monkeypatch):
+    """prefill="sdpa": the prompt's attention is torch's causal SDPA on the
+    prompt's own K/V (the first token's logits are eager's), nothing is
+    recorded as importance, the cache still holds every token, and decode
+    runs sparse_attn's kernels."""
+    model = sparse_copy(eager, k_blocks=ALL_BLOCKS, policy="balanced", prefill="sdpa",
+                        kv_dtype=kv_dtype)
+    calls = []
+    real = sat._sdpa_prefill
+    monkeypatch.setattr(sat, "_sdpa_prefill", lambda *a: calls.append(a[0].shape) or real(*a))
+    cache = sat.SparseKVCache(model) if kv_dtype else DynamicCache(config=model.config)
+    with torch.no_grad():
+        first = model(prompt, cache=cache, use_cache=True).logits[0, -1]
+        want = eager(prompt).logits[0, -1]
+        assert (first - want).abs().max().item() < LOGITS_ATOL
+        assert calls == [(1, 4, PROMPT_TOKENS, 128)] * 2          # both layers, once
+        token = first.argmax().view(1, 1)
+        step = model(token, cache=cache, use_cache=True).logits[0, -1]
+        assert len(calls) == 2                                      # decode is not SDPA
+        tol = Q8_LOGITS_ATOL if kv_dtype == "q8" else LOGITS_ATOL
+        assert (step - eager(torch.cat([prompt, token], 1)).logits[0, -1]).abs().max().item() \
+            < tol
+    if kv_dtype:
+        kv = cache.layers[0].kv
+        assert kv.seq_len == PROMPT_TOKENS + 1
+        assert not kv.importance[:PROMPT_TOKENS].any()
+    else:
+        assert not record(model)[:PROMPT_TOKENS].any()
+
+
+def test_sdpa_prefill_serves_only_a_prompt_that_fills_the_cache(eager, prompt, monkeypatch):
+    """A later chunk of a prompt (tokens already cached) runs the exact
+    prefill, which records the importance of what it ran: the second
+    chunk's share of an exact chunked prefill's."""
+    calls = []
+    real = sat._sdpa_prefill
+    monkeypatch.setattr(sat, "_sdpa_prefill", lambda *a: calls.append(a[0].shape) or real(*a))
+    imps = {}
+    for mode in ("exact", "sdpa"):
+        model = sparse_copy(eager, k_blocks=ALL_BLOCKS, policy="balanced", prefill=mode,
+                            kv_dtype="q8")
+        cache = sat.SparseKVCache(model)
+        with torch.no_grad():
+            model(prompt[:, :200], cache=cache, use_cache=True)
+            first = cache.layers[0].kv.importance.copy()
+            chunked = model(prompt[:, 200:], cache=cache, use_cache=True).logits[0, -1]
+        imps[mode] = (first, cache.layers[0].kv.importance.copy())
+        assert (chunked - eager(prompt).logits[0, -1]).abs().max().item() < Q8_LOGITS_ATOL
+    assert calls == [(1, 4, 200, 128)] * 2           # the first chunk only, both layers
+    (e1, e2), (s1, s2) = imps["exact"], imps["sdpa"]
+    assert e1.any() and not s1.any()
+    np.testing.assert_allclose(s2, e2 - np.pad(e1, (0, len(e2) - len(e1))), rtol=1e-4,
+                               atol=1e-5)
+
+
+def test_sdpa_prefill_refuses_an_importance_reserve(eager):
+    with pytest.raises(sa.SparseAttnError, match="importance_fraction"):
+        sat.enable(copy.deepcopy(eager), prefill="sdpa")            # the seed reserves half
+    sat.enable(copy.deepcopy(eager), prefill="sdpa", importance_fraction=0)
+
+
 def record(model, layer=0):
     return model.model.layers[layer].self_attn._sparse_attn_view.record.importance.copy()
 

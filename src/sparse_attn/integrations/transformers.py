@@ -16,7 +16,11 @@ What runs (per attention layer, shape legend of :mod:`sparse_attn`):
   and the ``k_blocks - 1`` earlier blocks the decode knobs choose, docs/spec.md
   §7); the importance of what ran is added to the layer's record, so a
   prompt fed in chunks accumulates it (and a sparse chunk's reserve reads
-  the earlier chunks');
+  the earlier chunks'); or torch's ``scaled_dot_product_attention`` in the
+  model's dtype (``prefill="sdpa"``: a prompt that fills an empty cache in
+  one call, as ``generate`` feeds it; a later chunk runs the exact prefill),
+  which records no importance and so takes only policies without an
+  importance reserve;
 * **decode** (one query token after a prefill): :func:`sparse_attn.sparse_decode`
   with the layer's importance, the model's GQA layout and the model's own
   ``scaling``; layers listed in ``dense_layers`` run :func:`sparse_attn.dense_decode`.
@@ -80,6 +84,7 @@ from sparse_attn._checks import ArgumentError, ArgumentTypeError, SparseAttnErro
 
 NAME = "sparse_topk"
 KV_DTYPES = (None, "float32", "q8")
+PREFILL_MODES = ("exact", "sparse", "sdpa")
 
 __all__ = ["NAME", "register", "enable", "get_settings", "attention_modules",
            "SparseAttnSettings", "SparseKVCache", "SparseKVLayer", "UnsupportedError",
@@ -109,10 +114,18 @@ class SparseAttnSettings:
         "balanced"``) its channel copy of K; with transformers' own cache
         they are made at every step from all of K (correct, but reads the
         whole K).
-    prefill : ``"exact"`` or ``"sparse"``, default ``"exact"``
+    prefill : ``"exact"``, ``"sparse"`` or ``"sdpa"``, default ``"exact"``
         How prompts are attended: exact causal attention, or sparse prefill
-        with the same ``k_blocks`` and knobs as decode (docs/spec.md §7).
-        Layers in ``dense_layers`` prefill exactly either way.
+        with the same ``k_blocks`` and knobs as decode (docs/spec.md §7)
+        (layers in ``dense_layers`` prefill exactly either way), or torch's
+        ``scaled_dot_product_attention`` on the prompt's own K/V in the
+        model's dtype, exact too (for a bfloat16 model on a CPU with AMX it
+        is several times faster than the float32 prefill; measured in
+        docs/results.md).  ``"sdpa"`` records no importance, so it refuses a
+        policy with an importance reserve (``seed``: use ``balanced``,
+        ``recall`` or ``fast``, or ``importance_fraction=0``), and serves only a
+        prompt that fills an empty cache in one call; a later chunk of a
+        prompt runs the exact prefill.
     dense_layers : tuple of int, default ()
         Layer indices whose decode step stays exact (:func:`sparse_attn.dense_decode`).
     kv_dtype : None, ``"float32"`` or ``"q8"``, default None
@@ -181,8 +194,13 @@ class SparseAttnSettings:
         dense = tuple(sorted({ck.check_int(f"dense_layers[{n}]", i, minimum=0)
                               for n, i in enumerate(layers)}))
         object.__setattr__(self, "dense_layers", dense)
-        if self.prefill not in ("exact", "sparse"):
-            raise ArgumentError(f"prefill must be 'exact' or 'sparse', got {self.prefill!r}")
+        if self.prefill not in PREFILL_MODES:
+            raise ArgumentError(f"prefill must be one of {PREFILL_MODES}, got {self.prefill!r}")
+        if self.prefill == "sdpa" and self.importance_fraction > 0:
+            raise ArgumentError(
+                f"prefill='sdpa' records no importance, and policy={self.policy!r} reserves "
+                f"importance_fraction={self.importance_fraction} of the blocks by it: use "
+                "policy='balanced', 'recall' or 'fast', or importance_fraction=0")
         if self.kv_dtype not in KV_DTYPES:
             raise ArgumentError(f"kv_dtype must be one of {KV_DTYPES}, got {self.kv_dtype!r}")
         ck.check_int("group_size", self.group_size, minimum=1)
@@ -415,6 +433,7 @@ class SparseKVLayer(CacheLayerMixin):
         # a one-slot list, emptied under the cache's write lock by whoever
         # appends it (KVCache._append_pending, _Decoder.append_call_at)
         self._pending = [None]
+        self._prompt = None     # prefill="sdpa": the K/V of a prompt that filled the layer
         self.stats = [0, 0.0, 0.0]
 
     @property
@@ -484,6 +503,10 @@ class SparseKVLayer(CacheLayerMixin):
                                    f"{list(value_states.shape)}")
         (kp, k), (vp, v) = _rows_at(key_states), _rows_at(value_states)
         st = self.stats
+        # A prompt filling the empty layer: prefill="sdpa" attends it on
+        # these tensors (the attention call takes them; the next update
+        # drops them).
+        self._prompt = (key_states, value_states) if kv._n == 0 else None
         if shape[2] == 1 and self.dtype == "q8":
             self._pending[0] = (kp, vp, k, v)       # k and v keep the rows alive
             self.keys = self.values = _KVPlaceholder(
@@ -526,6 +549,7 @@ class SparseKVLayer(CacheLayerMixin):
 
     def reset(self):
         self._pending[0] = None
+        self._prompt = None
         if self._kv is not None:
             self._kv.reset()
         self.keys = self.values = None
@@ -548,6 +572,7 @@ class SparseKVLayer(CacheLayerMixin):
                                 f"{tokens_to_remove}")
         if tokens_to_remove == 0 or not self.is_initialized:
             return
+        self._prompt = None
         self.kv.truncate(max(self.kv.seq_len + tokens_to_remove, 0))
         self._handles()
 
@@ -818,6 +843,12 @@ class _CacheState:
     def prefill(self, q, scale, threads, sparse):
         return self.kv.prefill(q, scale=scale, threads=threads, **sparse)
 
+    def prompt_kv(self, T):
+        """The K/V tensors of this call's T tokens when they are the whole
+        layer (a prompt that filled it in one update), else None."""
+        kv, self.layer._prompt = self.layer._prompt, None
+        return kv if kv is not None and kv[0].shape[2] == T == self.kv.seq_len else None
+
     def decoder(self, settings, scale, threads, dense):
         made = self._decoders.get((scale, threads, dense))
         if made is None or made[0] is not settings:   # settings objects are immutable
@@ -838,10 +869,11 @@ class _ViewState:
 
     def __init__(self):
         self.record = _ImportanceRecord()
-        self.k = self.v = None
+        self.key = self.value = self.k = self.v = None
         self.start = 0
 
     def bind(self, layer_idx, key, value, T):
+        self.key, self.value = key, value
         self.k, self.v = _float32_kv("key", key), _float32_kv("value", value)
         S = self.k.shape[1]
         if self.v.shape[1] != S or S < T:
@@ -859,6 +891,9 @@ class _ViewState:
                                      threads=threads, **sparse)
         self.record.add(importance)
         return out
+
+    def prompt_kv(self, T):
+        return (self.key, self.value) if self.start == 0 else None
 
     def decoder(self, settings, scale, threads, dense):
         if dense:
@@ -948,16 +983,23 @@ def sparse_topk_attention(module, query, key, value, attention_mask, scaling=Non
             out, blocks = res if type(res) is tuple else (res, None)
             out = torch.from_numpy(out).view(1, 1, n_heads, D)
         else:
-            q = query.detach()[0]
-            if q.dtype != torch.float32:
-                q = q.to(torch.float32)
-            sparse = {}
-            if settings.prefill == "sparse" and not dense:
-                sparse = settings.decode_kwargs()
-            t1 = time.perf_counter()
-            out = state.prefill(q.contiguous().numpy(), scaling, threads, sparse)
-            kernel = time.perf_counter() - t1
-            out = torch.from_numpy(out).transpose(0, 1).unsqueeze(0)
+            prompt = state.prompt_kv(T) if settings.prefill == "sdpa" else None
+            if prompt is not None:
+                t1 = time.perf_counter()
+                out = _sdpa_prefill(query.detach(), prompt[0].detach(), prompt[1].detach(),
+                                    scaling)
+                kernel = time.perf_counter() - t1
+            else:
+                q = query.detach()[0]
+                if q.dtype != torch.float32:
+                    q = q.to(torch.float32)
+                sparse = {}
+                if settings.prefill == "sparse" and not dense:
+                    sparse = settings.decode_kwargs()
+                t1 = time.perf_counter()
+                out = state.prefill(q.contiguous().numpy(), scaling, threads, sparse)
+                kernel = time.perf_counter() - t1
+                out = torch.from_numpy(out).transpose(0, 1).unsqueeze(0)
     if decode and not dense:
         if settings.record_blocks:
             md["sparse_attn_blocks"] = blocks
@@ -971,6 +1013,21 @@ def sparse_topk_attention(module, query, key, value, attention_mask, scaling=Non
     if settings.profile:
         _record(module, decode, time.perf_counter() - t0, kernel)
     return out, None
+
+
+def _sdpa_prefill(query, key, value, scaling):
+    """prefill="sdpa": torch's causal attention of a whole prompt, ``[1, H,
+    T, D]`` against its own ``[1, Hkv, T, D]`` K/V, in the query's dtype;
+    ``[1, T, H, D]``."""
+    key, value = key.to(query.dtype), value.to(query.dtype)
+    g = query.shape[1] // key.shape[1]
+    sdpa = torch.nn.functional.scaled_dot_product_attention
+    try:
+        out = sdpa(query, key, value, is_causal=True, scale=scaling, enable_gqa=g > 1)
+    except TypeError:       # torch < 2.5: no enable_gqa
+        out = sdpa(query, key.repeat_interleave(g, dim=1), value.repeat_interleave(g, dim=1),
+                   is_causal=True, scale=scaling)
+    return out.transpose(1, 2)
 
 
 def _decode_query(query, n_heads, D):
