@@ -379,6 +379,18 @@ def test_float32_kv_is_read_without_copies():
     assert sat._float32_kv("key", half).dtype == np.float32
 
 
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16])
+@pytest.mark.parametrize("T", [1, 5])
+def test_update_rows_are_float32_hkv_t_d(dtype, T):
+    """What a SparseKVCache appends from an update's K/V: float32 [Hkv, T, D]
+    C-contiguous, from a model's transpose(1, 2) layout in any float dtype."""
+    x = torch.randn(1, T, 3, 64).to(dtype).transpose(1, 2)       # [1, Hkv, T, D]
+    ptr, owner = sat._rows_at(x)
+    got = np.frombuffer(sat.ffi.buffer(ptr, 3 * T * 64 * 4), dtype=np.float32)
+    np.testing.assert_array_equal(got, x.float().reshape(-1).numpy())
+    assert owner.data_ptr() == int(sat.ffi.cast("uintptr_t", ptr))
+
+
 @pytest.mark.parametrize("kv_dtype", [None, "float32"])
 def test_bfloat16_model(eager, prompt, eager_run, kv_dtype):
     model = sparse_copy(eager, k_blocks=ALL_BLOCKS, kv_dtype=kv_dtype).to(torch.bfloat16)

@@ -76,7 +76,6 @@ from transformers.masking_utils import AttentionMaskInterface, causal_mask_funct
 
 import sparse_attn as sa
 from sparse_attn import _checks as ck
-from sparse_attn import _ffi
 from sparse_attn._ffi import ffi
 from sparse_attn.cache import DTYPES as CACHE_DTYPES, _Decoder
 from sparse_attn.selection import POLICIES, selection
@@ -599,27 +598,14 @@ def _rows_at(states):
     """A cffi pointer to one update's tokens as float32 C-contiguous
     ``[Hkv, T, D]``, and what owns that memory (to keep alive for the call):
     the tensor itself when it has that layout (one token's K/V from a model's
-    ``transpose(1, 2)``), else a float32 copy."""
+    ``transpose(1, 2)``), else a float32 C-contiguous copy made by torch (a
+    bfloat16 model's one-token K/V: 2.8 against 7.3 us through numpy)."""
     if states.is_cpu and states.dtype is torch.float32 and states.is_contiguous():
         return ffi.cast("float *", states.data_ptr()), states
     _check_cpu("key/value states", states)
-    a = _new_rows(states)
-    return _ffi.ptr(a, "float"), a
-
-
-def _new_rows(states):
-    """float32 C-contiguous ``[Hkv, T, D]`` numpy array of one update's
-    tokens: a view when it is float32 with that layout (one token's K/V from
-    a model's ``transpose(1, 2)``), else a copy."""
-    t = states.detach() if states.requires_grad else states
-    if t.dtype != torch.float32:
-        t = t.to(torch.float32)
-    _, h, n, d = t.shape
-    try:
-        a = t.view(h, n, d).numpy()
-    except RuntimeError:
-        return t.reshape(h, n, d).contiguous().numpy()
-    return a if a.flags.c_contiguous else np.ascontiguousarray(a)
+    # (.to() returns a float32 tensor itself, whatever its layout)
+    t = states.detach().to(torch.float32).contiguous()
+    return ffi.cast("float *", t.data_ptr()), t
 
 
 class SparseKVCache(Cache):
