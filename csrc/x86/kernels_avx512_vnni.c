@@ -256,12 +256,11 @@ SA_INLINE void scores_q8_block32(const int8_t *qq, const float *qd, int HB, int 
  * row (the last one masked), one vpdpbusd per (head, token); reduce4 and the
  * lane transpose give the sums of the segment's four 16-byte chunks for the
  * 16 tokens; chunks are added into the current group's sum, and a group's
- * term is added once its last chunk is in.  zs and kds, when given, are the
- * block's segments already loaded and flipped (zs[b / 64 * 16 + i]) and its
- * gathered scales (kds[g]), made once for many heads (scores_q8_many). */
+ * term is added once its last chunk is in.  (Many heads take
+ * scores_q8_gemm_many instead.) */
 SA_INLINE void scores_q8_block16(const int8_t *qq, const float *qd, int HB, int D, int gs,
                                  const int8_t *const *rows, const float *kd_t, __m512i idx,
-                                 const __m512i *zs, const __m512 *kds, __m512 *res)
+                                 __m512 *res)
 {
     const int ng = D / gs, cpg = gs / 16, nchunk = D / 16;
     const __m512i flip = _mm512_set1_epi8((char)0x80);
@@ -281,8 +280,7 @@ SA_INLINE void scores_q8_block16(const int8_t *qq, const float *qd, int HB, int 
             __m512i acc[2][4];
             for (int i = 0; i < 4; i++) {
                 const __m512i z =
-                    zs ? zs[b / 64 * 16 + 4 * j + i]
-                       : _mm512_xor_si512(_mm512_maskz_loadu_epi8(m, rows[4 * j + i] + b), flip);
+                    _mm512_xor_si512(_mm512_maskz_loadu_epi8(m, rows[4 * j + i] + b), flip);
                 for (int h = 0; h < HB; h++)
                     acc[h][i] = _mm512_dpbusd_epi32(bias[h], z, qv[h]);
             }
@@ -300,7 +298,7 @@ SA_INLINE void scores_q8_block16(const int8_t *qq, const float *qd, int HB, int 
                 gsum[h] = _mm512_add_epi32(gsum[h], chunk[h][c]);
             if ((ci + 1) % cpg == 0) {
                 const int g = ci / cpg;
-                const __m512 kdg = kds ? kds[g] : gather_scales(kd_t, idx, g);
+                const __m512 kdg = gather_scales(kd_t, idx, g);
                 for (int h = 0; h < HB; h++) {
                     res[h] = add_group_term(res[h], qd[(ptrdiff_t)h * ng + g], kdg, gsum[h]);
                     gsum[h] = _mm512_setzero_si512();
@@ -330,7 +328,7 @@ SA_INLINE void scores_q8_tokens(const int8_t *qq, const float *qd, int HB, int D
     const __m512i lane = _mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15);
     const __m512i idx = _mm512_mullo_epi32(_mm512_min_epi32(lane, _mm512_set1_epi32(cnt - 1)),
                                            _mm512_set1_epi32((int)scale_stride));
-    scores_q8_block16(qq, qd, HB, D, gs, rows, kd_t, idx, NULL, NULL, res);
+    scores_q8_block16(qq, qd, HB, D, gs, rows, kd_t, idx, res);
 }
 
 /* -------------------------------------------------------------------------
@@ -352,8 +350,9 @@ SA_INLINE void scores_q8_tokens(const int8_t *qq, const float *qd, int HB, int D
  * block goes through k_xy for scores_q8_block32 (scores_q8_many_xy); at
  * other shapes (head_dim 64: SmolLM2, Qwen2.5-0.5B) in the form of an
  * int8 GEMM (scores_q8_gemm_many), where the dot form's per-token
- * reductions, not its vpdpbusd, were the bound: each block of 16 K rows is flipped to unsigned once and
- * transposed so that vector c holds the bytes 4c .. 4c+3 of the 16 rows
+ * reductions, not its vpdpbusd, were the bound: each block of 16 K rows is
+ * flipped to unsigned once and (k_block_t) transposed so that vector c
+ * holds the bytes 4c .. 4c+3 of the 16 rows
  * (lane i: row i), and a head's group sum is then gs/4 vpdpbusd of those
  * vectors with its own 4 bytes broadcast: the 16 tokens' exact sums come
  * out side by side, with no per-token reduction.  The +128 of the flip is
@@ -411,6 +410,27 @@ SA_INLINE void transpose16_epi32(__m512i *r)
         r[4 + i] = _mm512_shuffle_i32x4(t[4 + i], t[12 + i], 0x88);
         r[12 + i] = _mm512_shuffle_i32x4(t[4 + i], t[12 + i], 0xDD);
     }
+}
+
+/* A block of 16 K rows (row pointers as SA_BLOCK_ROWS gives them, the
+ * first cnt real) for the GEMM forms: kt[c] = bytes 4c .. 4c+3 of the 16
+ * rows (lane i: row i), flipped to unsigned when `flip` (vpdpbusd) or
+ * signed (tdpbssd), and kds[g] = the rows' scales of group g. */
+SA_INLINE void k_block_t(const int8_t *const *rows, const float *kd_t, ptrdiff_t scale_stride,
+                         int cnt, int D, int gs, int flip, __m512i *kt, __m512 *kds)
+{
+    const __m512i lane = _mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15);
+    const __m512i fl = _mm512_set1_epi8(flip ? (char)0x80 : 0);
+    for (int b = 0; b < (D + 63) / 64; b++) {
+        const __mmask64 m = bytes64(D - 64 * b);
+        for (int i = 0; i < 16; i++)
+            kt[16 * b + i] = _mm512_xor_si512(_mm512_maskz_loadu_epi8(m, rows[i] + 64 * b), fl);
+        transpose16_epi32(kt + 16 * b);
+    }
+    const __m512i idx = _mm512_mullo_epi32(_mm512_min_epi32(lane, _mm512_set1_epi32(cnt - 1)),
+                                           _mm512_set1_epi32((int)scale_stride));
+    for (int g = 0; g < D / gs; g++)
+        kds[g] = gather_scales(kd_t, idx, g);
 }
 
 /* HB heads' scores against one prepared block: kt[c] = bytes 4c..4c+3 of
@@ -488,9 +508,7 @@ static void scores_q8_gemm_many(const int8_t *qq, const float *qd, int G, int D,
     __m512i kt[SA_Q8_MANY_MAX_D / 4];
     __m512 kds[SA_Q8_MANY_MAX_D / 16];
     int32_t off[SA_Q8_MANY_CHUNK * (SA_Q8_MANY_MAX_D / 16)];
-    const int ng = D / gs, iters = (n + 15) / 16, nseg = (D + 63) / 64;
-    const __m512i lane = _mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15);
-    const __m512i flip = _mm512_set1_epi8((char)0x80);
+    const int ng = D / gs, iters = (n + 15) / 16;
     for (int h0 = 0; h0 < G; h0 += SA_Q8_MANY_CHUNK) {
         const int nh = G - h0 < SA_Q8_MANY_CHUNK ? G - h0 : SA_Q8_MANY_CHUNK;
         for (int x = 0; x < nh; x++)
@@ -507,19 +525,8 @@ static void scores_q8_gemm_many(const int8_t *qq, const float *qd, int G, int D,
             SA_BLOCK_ROWS(rows, k, t, cnt, row_stride);
             if (h0 == 0)
                 sa_prefetch_part(pf, it, iters);
-            for (int b = 0; b < nseg; b++) {
-                const __mmask64 m = bytes64(D - 64 * b);
-                for (int i = 0; i < 16; i++)
-                    kt[16 * b + i] =
-                        _mm512_xor_si512(_mm512_maskz_loadu_epi8(m, rows[i] + 64 * b), flip);
-                transpose16_epi32(kt + 16 * b);
-            }
-            const float *kd_t = kd + (ptrdiff_t)t * scale_stride;
-            const __m512i idx = _mm512_mullo_epi32(
-                _mm512_min_epi32(lane, _mm512_set1_epi32(cnt - 1)),
-                _mm512_set1_epi32((int)scale_stride));
-            for (int g = 0; g < ng; g++)
-                kds[g] = gather_scales(kd_t, idx, g);
+            k_block_t(rows, kd + (ptrdiff_t)t * scale_stride, scale_stride, cnt, D, gs, 1, kt,
+                      kds);
             for (int x = 0; x < nh; x += SA_Q8_MANY_HB) {
                 const int h = h0 + x;
                 const int HB = nh - x < SA_Q8_MANY_HB ? nh - x : SA_Q8_MANY_HB;
@@ -566,7 +573,7 @@ const int sa_amx_compiled = SA_AMX_COMPILED;
  *
  * tdpbssd multiplies a 16 x cb tile of signed bytes (16 query vectors, cb
  * bytes of a group) by a cb/4 x 64 tile whose row r holds bytes 4r .. 4r+3
- * of 16 K rows, which is the transposed block scores_q8_gemm_many makes
+ * of 16 K rows, which is the transposed block k_block_t makes
  * (without the flip: both operands are signed here), into 16 x 16 exact
  * int32 sums.  A group's sums go through memory to the same group term as
  * every other path, in group order, so the scores are bitwise those of the
@@ -614,8 +621,8 @@ SA_INLINE int amx_takes(int gs, int D)
 
 /* The 16 x 16 group sums at c (c[256 g + 16 i + j]: vector i, token j) ->
  * the scores of the vectors h0 .. h0+nh-1 for tokens t .. t+cnt-1. */
-SA_INLINE void amx_group_terms(const int32_t *c, const float *qd, int ng, int G, int h0,
-                               int nh, const __m512 *kds, float *const *s, int t, int cnt)
+SA_INLINE void amx_group_terms(const int32_t *c, const float *qd, int ng, int h0, int nh,
+                               const __m512 *kds, float *const *s, int t, int cnt)
 {
     for (int i = 0; i < nh; i++) {
         const float *qdh = qd + (ptrdiff_t)(h0 + i) * ng;
@@ -624,7 +631,6 @@ SA_INLINE void amx_group_terms(const int32_t *c, const float *qd, int ng, int G,
             res = add_group_term(res, qdh[g], kds[g], _mm512_load_si512(c + 256 * g + 16 * i));
         store_scores(s[h0 + i] + t, cnt, res);
     }
-    (void)G;
 }
 
 SA_AMX_FN static void scores_q8_amx(const int8_t *qq, const float *qd, int G, int D, int gs,
@@ -636,9 +642,8 @@ SA_AMX_FN static void scores_q8_amx(const int8_t *qq, const float *qd, int G, in
     __m512 kds[SA_AMX_GROUPS];
     int32_t c16[2][SA_AMX_GROUPS * 256] __attribute__((aligned(64)));
     int8_t qpad[16 * SA_Q8_MANY_MAX_D] __attribute__((aligned(64)));
-    const int ng = D / gs, iters = (n + 15) / 16, nseg = (D + 63) / 64;
+    const int ng = D / gs, iters = (n + 15) / 16;
     const int cb = gs < 64 ? gs : 64, tail = G % 16;
-    const __m512i lane = _mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15);
 
     /* The last, partial block of query vectors, zero-padded to 16 rows. */
     if (tail) {
@@ -659,17 +664,7 @@ SA_AMX_FN static void scores_q8_amx(const int8_t *qq, const float *qd, int G, in
         const int8_t *rows[16];
         SA_BLOCK_ROWS(rows, k, t, cnt, row_stride);
         sa_prefetch_part(pf, it, iters);
-        for (int b = 0; b < nseg; b++) {
-            const __mmask64 m = bytes64(D - 64 * b);
-            for (int i = 0; i < 16; i++)
-                kt[16 * b + i] = _mm512_maskz_loadu_epi8(m, rows[i] + 64 * b);
-            transpose16_epi32(kt + 16 * b);
-        }
-        const float *kd_t = kd + (ptrdiff_t)t * scale_stride;
-        const __m512i idx = _mm512_mullo_epi32(_mm512_min_epi32(lane, _mm512_set1_epi32(cnt - 1)),
-                                               _mm512_set1_epi32((int)scale_stride));
-        for (int g = 0; g < ng; g++)
-            kds[g] = gather_scales(kd_t, idx, g);
+        k_block_t(rows, kd + (ptrdiff_t)t * scale_stride, scale_stride, cnt, D, gs, 0, kt, kds);
 
         /* A pipeline over blocks of 16 query vectors: block x's tiles are
          * issued, then block x - 1's sums (stored before) become scores
@@ -687,7 +682,7 @@ SA_AMX_FN static void scores_q8_amx(const int8_t *qq, const float *qd, int G, in
             }
             if (prev >= 0) {
                 const int nh = G - prev < 16 ? G - prev : 16;
-                amx_group_terms(c16[x ^ 1], qd, ng, G, prev, nh, kds, s, t, cnt);
+                amx_group_terms(c16[x ^ 1], qd, ng, prev, nh, kds, s, t, cnt);
             }
             if (h0 >= G)
                 break;
