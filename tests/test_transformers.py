@@ -237,6 +237,16 @@ def test_sdpa_prefill_serves_only_a_prompt_that_fills_the_cache(eager, prompt, m
                                atol=1e-5)
 
 
+def test_other_prefills_hold_no_prompt_kv(eager, prompt):
+    """Whatever the prefill mode, a SparseKVCache layer keeps no reference to
+    the prompt's K/V tensors after its attention call."""
+    model = sparse_copy(eager, k_blocks=ALL_BLOCKS, kv_dtype="q8")
+    cache = sat.SparseKVCache(model)
+    with torch.no_grad():
+        model(prompt, cache=cache, use_cache=True)
+    assert all(layer._prompt is None for layer in cache.layers)
+
+
 def test_sdpa_prefill_refuses_an_importance_reserve(eager):
     with pytest.raises(sa.SparseAttnError, match="importance_fraction"):
         sat.enable(copy.deepcopy(eager), prefill="sdpa")            # the seed reserves half

@@ -503,8 +503,8 @@ class SparseKVLayer(CacheLayerMixin):
         (kp, k), (vp, v) = _rows_at(key_states), _rows_at(value_states)
         st = self.stats
         # A prompt filling the empty layer: prefill="sdpa" attends it on
-        # these tensors (the attention call takes them; the next update
-        # drops them).
+        # these tensors (the attention call of this update takes them,
+        # whatever the mode).
         self._prompt = (key_states, value_states) if kv._n == 0 else None
         if shape[2] == 1 and self.dtype == "q8":
             self._pending[0] = (kp, vp, k, v)       # k and v keep the rows alive
@@ -969,8 +969,10 @@ def sparse_topk_attention(module, query, key, value, attention_mask, scaling=Non
             out, blocks = res if type(res) is tuple else (res, None)
             out = torch.from_numpy(out).view(1, 1, n_heads, D)
         else:
-            prompt = state.prompt_kv(T) if settings.prefill == "sdpa" else None
-            if prompt is not None:
+            # taken whatever the mode, so a prompt's K/V never outlives its
+            # layer's call (30 layers of a 7K prompt would hold ~300 MB)
+            prompt = state.prompt_kv(T)
+            if prompt is not None and settings.prefill == "sdpa":
                 t1 = time.perf_counter()
                 out = _sdpa_prefill(query.detach(), prompt[0].detach(), prompt[1].detach(),
                                     scaling)
