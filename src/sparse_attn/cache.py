@@ -344,9 +344,9 @@ class KVCache:
             self._lock.release_write()
 
     def _append_pending(self, slot):
-        """Append the one token a handoff slot holds (``slot[0]``: cffi
-        pointers to float32 ``[n_kv_heads, 1, head_dim]`` K and V rows first,
-        then what keeps them alive; or None), emptying the slot under the
+        """Append the one token a handoff slot holds (``slot[0]``: a cffi
+        pointer to float32 ``[n_kv_heads, 1, head_dim]`` K rows, what keeps
+        them alive, the same two for V; or None), emptying the slot under the
         write lock: of threads that race to append it, one does."""
         self._lock.acquire_write()
         try:
@@ -359,7 +359,7 @@ class KVCache:
         pending = slot[0]               # keeps the rows alive through the append
         slot[0] = None
         if pending is not None:
-            self._append_locked(pending[0], pending[1], 1)
+            self._append_locked(pending[0], pending[2], 1)
 
     def _append_locked(self, kp, vp, T):
         """_append_at's work, the write lock held by the caller."""

@@ -363,30 +363,39 @@ def _prepare_cache_for_generation(self, generation_config, model_kwargs, *args, 
 # --------------------------------------------------------------------------- the q8 / float32 cache
 
 class _KVPlaceholder(torch.Tensor):
-    """What a q8 :class:`SparseKVLayer` returns as K or V: the shape and
+    """What a q8 :class:`SparseKVLayer` returns as K and V: the shape and
     dtype transformers expects, no data, and a reference to the layer.  Only
     the sparse_topk attention function knows to read the layer's q8 buffers;
-    any torch operation on it raises instead of computing on garbage."""
+    any torch operation on it raises instead of computing on garbage.
 
-    @staticmethod
-    def __new__(cls, layer, which, shape, dtype):
-        t = torch.Tensor._make_wrapper_subclass(cls, shape, dtype=dtype, device="cpu")
-        t._sparse_attn_layer = layer
-        t._which = which
-        return t
+    Each layer makes its own subclass (:meth:`for_layer`) holding the layer
+    as a class attribute, so a decode step's placeholder is one
+    ``_make_wrapper_subclass`` call with no attributes to set."""
+
+    _sparse_attn_layer = None
+
+    @classmethod
+    def for_layer(cls, layer):
+        return type(cls.__name__, (cls,), {"_sparse_attn_layer": layer})
+
+    @classmethod
+    def make(cls, shape, dtype):
+        return _make_wrapper(cls, shape, dtype=dtype, device="cpu")
 
     __torch_function__ = torch._C._disabled_torch_function_impl
 
     @classmethod
     def __torch_dispatch__(cls, func, types, args=(), kwargs=None):
         raise UnsupportedError(
-            f"{func} on the q8 {args[0]._which if args and isinstance(args[0], cls) else 'KV'} "
-            "of a SparseKVCache: its K/V are q8 buffers only the 'sparse_topk' attention can "
-            "read. Use attn_implementation='sparse_topk' with this cache, or a DynamicCache "
-            "with other implementations")
+            f"{func} on the q8 K/V of a SparseKVCache: its K/V are q8 buffers only the "
+            "'sparse_topk' attention can read. Use attn_implementation='sparse_topk' with this "
+            "cache, or a DynamicCache with other implementations")
 
     def __repr__(self):
-        return f"<q8 {self._which} placeholder {tuple(self.shape)} of {self._sparse_attn_layer!r}>"
+        return f"<q8 K/V placeholder {tuple(self.shape)} of {self._sparse_attn_layer!r}>"
+
+
+_make_wrapper = torch.Tensor._make_wrapper_subclass
 
 
 class SparseKVLayer(CacheLayerMixin):
@@ -433,6 +442,8 @@ class SparseKVLayer(CacheLayerMixin):
         # appends it (KVCache._append_pending, _Decoder.append_call_at)
         self._pending = [None]
         self._prompt = None     # prefill="sdpa": the K/V of a prompt that filled the layer
+        self._placeholder = _KVPlaceholder.for_layer(self)
+        self._token_shape = None
         self.stats = [0, 0.0, 0.0]
 
     @property
@@ -475,6 +486,8 @@ class SparseKVLayer(CacheLayerMixin):
         self.model_dtype = key_states.dtype
         self.device = key_states.device
         self.is_initialized = True
+        # update's decode-step handoff takes K/V of this shape (q8 only)
+        self._token_shape = torch.Size((1, hkv, 1, d)) if self.dtype == "q8" else None
 
     def update(self, key_states, value_states, *args, **kwargs):
         """Append the new tokens (``[1, Hkv, T, D]``, any float dtype) and
@@ -488,12 +501,25 @@ class SparseKVLayer(CacheLayerMixin):
         else that reads the layer (``kv``, ``get_seq_length``, ``crop``, the
         next update) appends it first."""
         t0 = time.perf_counter()
+        shape = key_states.shape
+        if shape == self._token_shape and value_states.shape == shape and \
+                self._pending[0] is None and self._kv._n:
+            # a q8 decode step: the token is handed over to the attention
+            # call (see below), and the placeholder made with no other work
+            self._pending[0] = _rows_at(key_states) + _rows_at(value_states)
+            self._prompt = None
+            self.keys = self.values = _make_wrapper(
+                self._placeholder, (1, shape[1], self._kv._n + 1, shape[3]),
+                dtype=self.model_dtype, device="cpu")
+            st = self.stats
+            st[0] += 1
+            st[1] += time.perf_counter() - t0
+            return self.keys, self.values
         if not self.is_initialized:
             self.lazy_initialization(key_states, value_states)
         elif self._pending[0] is not None:
             self._kv._append_pending(self._pending)
         kv = self._kv
-        shape = key_states.shape
         if not (len(shape) == 4 and shape[0] == 1 and shape[1] == kv.n_kv_heads
                 and shape[3] == kv.head_dim and value_states.shape == shape):
             want = [1, kv.n_kv_heads, "T", kv.head_dim]
@@ -507,9 +533,10 @@ class SparseKVLayer(CacheLayerMixin):
         # whatever the mode).
         self._prompt = (key_states, value_states) if kv._n == 0 else None
         if shape[2] == 1 and self.dtype == "q8":
-            self._pending[0] = (kp, vp, k, v)       # k and v keep the rows alive
-            self.keys = self.values = _KVPlaceholder(
-                self, "K/V", (1, shape[1], kv._n + 1, shape[3]), self.model_dtype)
+            self._pending[0] = (kp, k, vp, v)       # k and v keep the rows alive
+            self.keys = self.values = _make_wrapper(
+                self._placeholder, (1, shape[1], kv._n + 1, shape[3]), dtype=self.model_dtype,
+                device="cpu")
             st[0] += 1
             st[1] += time.perf_counter() - t0
             return self.keys, self.values
@@ -530,7 +557,7 @@ class SparseKVLayer(CacheLayerMixin):
             self.keys._sparse_attn_layer = self.values._sparse_attn_layer = self
         else:
             # one placeholder stands for both (one fewer tensor per step)
-            self.keys = self.values = _KVPlaceholder(self, "K/V", shape, self.model_dtype)
+            self.keys = self.values = self._placeholder.make(shape, self.model_dtype)
 
     def get_seq_length(self):
         return 0 if self.kv is None else self.kv.seq_len
@@ -794,6 +821,8 @@ class _CacheState:
     def __init__(self, layer):
         self.layer, self.kv = layer, layer._kv
         self._decoders = {}
+        self._last = (None, None, None, None, None)     # settings, scale, threads, dense, decoder
+        self._out = torch.empty(0)      # a decode output's shape, for empty_like
 
     def bind(self, layer_idx, key, value, T):
         slot = self.layer._pending
@@ -801,7 +830,7 @@ class _CacheState:
             self.kv._append_pending(slot)
         return self.kv.seq_len
 
-    def step(self, settings, scale, threads, dense, query, n_heads):
+    def step(self, settings, scale, threads, dense, query, qdt, n_heads):
         """A decode step on a prepared decoder, reading the query tensor's
         data and writing a new output tensor's (no numpy views), the token
         the layer's update left pending appended in the same hold of the
@@ -810,14 +839,22 @@ class _CacheState:
         a decoder that makes its metadata per call (or not this module's:
         the scoring bench swaps in its own), query heads not a multiple of
         the KV heads, or a cache of one token (that step is a prefill)."""
-        decoder = self.decoder(settings, scale, threads, dense)
+        last = self._last
+        if last[0] is settings and last[1] == scale and last[2] == threads and last[3] == dense:
+            decoder = last[4]
+        else:
+            decoder = self.decoder(settings, scale, threads, dense)
+            self._last = (settings, scale, threads, dense, decoder)
         kv, slot = self.kv, self.layer._pending
         if (type(decoder) is not _Decoder or decoder.slow or n_heads % kv.n_kv_heads
                 or kv._n + (slot[0] is not None) < 2):
             return None
-        q = query if query.dtype is torch.float32 and query.is_contiguous() else \
+        q = query if qdt is torch.float32 and query.is_contiguous() else \
             query.detach().to(torch.float32).contiguous()
-        out = torch.empty((1, 1, n_heads, kv.head_dim), dtype=torch.float32)
+        out = self._out
+        if out.shape[2:3] != (n_heads,):
+            out = self._out = torch.empty((1, 1, n_heads, kv.head_dim), dtype=torch.float32)
+        out = torch.empty_like(out)
         qp, outp = ffi.cast("float *", q.data_ptr()), ffi.cast("float *", out.data_ptr())
         t1 = time.perf_counter()
         if slot[0] is None:
@@ -938,21 +975,26 @@ def sparse_topk_attention(module, query, key, value, attention_mask, scaling=Non
     settings = md.get("sparse_attn") or _settings_of(module)
     # One cheap test of everything _refuse_unsupported checks; it runs (and
     # raises with the reason) only when the test fails.
+    # (a SparseKVCache's q8 placeholder stands for K and V, on the CPU,
+    # without grad: its own checks are the shape's)
+    qs, qdt = query.shape, query.dtype
+    ph = value is key and isinstance(key, _KVPlaceholder)
     if not (md.get("_sparse_attn_checked") and attention_mask is None and not dropout
-            and query.is_cpu and query.dtype in _QUERY_DTYPES and query.shape[0] == 1
-            and (key.is_cpu or type(key) is _KVPlaceholder)
-            and not ((query.requires_grad or key.requires_grad) and torch.is_grad_enabled())
-            and key.shape[-1] == query.shape[-1] == value.shape[-1]):
+            and query.is_cpu and qdt in _QUERY_DTYPES and qs[0] == 1
+            and (ph or key.is_cpu)
+            and not ((query.requires_grad or not ph and key.requires_grad)
+                     and torch.is_grad_enabled())
+            and key.shape[-1] == qs[-1] and (ph or value.shape[-1] == qs[-1])):
         _refuse_unsupported(module, query, key, value, attention_mask, dropout)
     if kwargs and not _CHECKED_KWARGS.isdisjoint(kwargs):
         _refuse_kwargs(module, kwargs)
-    _, n_heads, T, D = query.shape
+    _, n_heads, T, D = qs
     if scaling is None:
         scaling = getattr(module, "scaling", None) or 1.0 / math.sqrt(D)
-    state = _state(module, settings, key, value)
+    state = key._sparse_attn_layer.state if ph else _state(module, settings, key, value)
     threads = settings.threads
     dense = module.layer_idx in settings.dense_layers
-    done = state.step(settings, scaling, threads, dense, query, n_heads) \
+    done = state.step(settings, scaling, threads, dense, query, qdt, n_heads) \
         if T == 1 and type(state) is _CacheState else None
     if done is not None:            # a SparseKVCache layer's decode step
         out, blocks, kernel = done
@@ -996,8 +1038,8 @@ def sparse_topk_attention(module, query, key, value, attention_mask, scaling=Non
             got = out.view(n_heads, D).numpy()
             err = float(np.abs(got - exact).max() / max(np.abs(exact).max(), 1e-30))
             md.setdefault("sparse_attn_errors", []).append(err)
-    if out.dtype != query.dtype:
-        out = out.to(query.dtype)
+    if out.dtype is not qdt:
+        out = out.to(qdt)
     if settings.profile:
         _record(module, decode, time.perf_counter() - t0, kernel)
     return out, None
