@@ -273,13 +273,6 @@ int sa_kernel_accumulate_v(const float *p, const sa_kv *v, int n, float *out);
  * its 64-bit words (and of the bytes after the last whole word), the same
  * on every ISA, so the reads happen. */
 int sa_stream_read(const void *buf, int64_t n_bytes, int threads, uint64_t *checksum);
-
-/* Wake the worker threads that sleep between calls, ahead of a call that
- * will use them: they poll for the next call as they do after one, so the
- * call does not pay their wake-up (tens of microseconds on a VM, the whole
- * gain of a second thread on a small model's decode step).  Changes no
- * result; does nothing when no worker sleeps or a call is running. */
-void sa_wake_workers(void);
 /* cdef-end */
 
 #define SA_VALUE_LIMIT 281474976710656.0f /* 2^SA_VALUE_LIMIT_LOG2 */

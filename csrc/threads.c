@@ -18,16 +18,9 @@
  *
  * Between jobs a worker first polls for SPIN_NS, then sleeps on a condition
  * variable; the caller polls the same way for workers finishing their last
- * item.  Consecutive calls then find their workers awake.  In a model the
- * calls are a layer apart (~1 ms of torch's work on a small model), too far
- * to poll through without taking a core from torch, so the workers sleep,
- * and the call pays their wake-up: a SmolLM2-shaped sparse decode call (3 KV
- * heads, 2K tokens) after 0.9 ms of other work ran in 121-124 us on 2
- * threads against 102-110 on one (bench/wake_workers.py, docs/design.md).
- * sa_wake_workers lets a caller wake them ahead of a call (the transformers
- * backend does when a decode step's K/V arrive, some tens of microseconds
- * before the attention call): they wake to no job and poll, and the same
- * call took 77-81 us.
+ * item.  Back-to-back calls then find their workers awake; calls a model's
+ * layer apart (~1 ms) find them asleep and pay the wake-up, ~28 us of the
+ * caller's time on the development VM (docs/design.md, Threads).
  */
 #include <pthread.h>
 #include <stdatomic.h>
@@ -66,10 +59,9 @@ static struct {
     job *open;                 /* the job workers may join, or NULL once closed */
     int max_worker;            /* workers 1..max_worker may join it */
     atomic_int busy;           /* workers inside the open job (changed under lock) */
-    atomic_int sleepers;       /* workers waiting on `wake` (changed under lock) */
     unsigned long born[SA_MAX_WORKERS]; /* the generation each worker started at */
 } pool = {PTHREAD_MUTEX_INITIALIZER, PTHREAD_MUTEX_INITIALIZER, PTHREAD_COND_INITIALIZER,
-          PTHREAD_COND_INITIALIZER, 0, 0, NULL, 0, 0, 0, {0}};
+          PTHREAD_COND_INITIALIZER, 0, 0, NULL, 0, 0, {0}};
 
 /* How long a thread polls before it sleeps on a condition variable.  On the
  * development VM (2 threads, 4096 tokens, seed k=32, in cache) polling took
@@ -133,14 +125,9 @@ static void *worker_main(void *arg)
             spin_for_job(seen);
             pthread_mutex_lock(&pool.lock);
         }
-        if (pool.generation == seen) {
-            pool.sleepers++;
-            while (pool.generation == seen)
-                pthread_cond_wait(&pool.wake, &pool.lock);
-            pool.sleepers--;
-        }
+        while (pool.generation == seen)
+            pthread_cond_wait(&pool.wake, &pool.lock);
         seen = pool.generation;
-        /* (a job, or sa_wake_workers: open is NULL, and the loop polls) */
         job *j = pool.open;
         if (j && w <= pool.max_worker) {
             pool.busy++;
@@ -164,7 +151,6 @@ static void reset_in_child(void)
     pool.started = 0;
     pool.open = NULL;
     pool.busy = 0;
-    pool.sleepers = 0;
 }
 
 static pthread_once_t atfork_once = PTHREAD_ONCE_INIT;
@@ -192,18 +178,6 @@ static int ensure_workers(int want)
             break;
     }
     return pool.started + 1;
-}
-
-void sa_wake_workers(void)
-{
-    if (atomic_load_explicit(&pool.sleepers, memory_order_relaxed) == 0)
-        return;
-    pthread_mutex_lock(&pool.lock);
-    if (pool.open == NULL && pool.sleepers > 0) {
-        pool.generation++;
-        pthread_cond_broadcast(&pool.wake);
-    }
-    pthread_mutex_unlock(&pool.lock);
 }
 
 int sa_workers_for(int n_items, int threads)

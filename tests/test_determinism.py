@@ -55,30 +55,6 @@ def test_concurrent_python_threads_get_the_same_bytes(rng):
             assert got == want
 
 
-def test_woken_workers_change_no_byte(rng):
-    """wake_workers before a threaded call, with the workers asleep (a pause
-    past their polling), polling, or woken from several threads at once
-    while others decode: the single-threaded bytes every time."""
-    import time
-    from concurrent.futures import ThreadPoolExecutor
-    k, v = make_kv(rng, 3, 2000, 64, "q8")
-    q = rng.standard_normal((9, 64), dtype=np.float32)
-    want = sa.sparse_decode(q, k, v, k_blocks=8, threads=1).tobytes()
-    for r in range(6):
-        if r % 2:
-            time.sleep(0.002)
-        sa.wake_workers()
-        assert sa.sparse_decode(q, k, v, k_blocks=8, threads=2).tobytes() == want
-
-    def woken(i):
-        sa.wake_workers()
-        if i % 3 == 0:
-            time.sleep(0.0005)
-        return sa.sparse_decode(q, k, v, k_blocks=8, threads=2).tobytes()
-    with ThreadPoolExecutor(4) as ex:
-        assert list(ex.map(woken, range(24))) == [want] * 24
-
-
 def test_forked_child_computes_the_same(rng):
     """The worker pool does not survive fork(); a forked child starts its own."""
     import multiprocessing as mp

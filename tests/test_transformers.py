@@ -18,7 +18,7 @@ transformers = pytest.importorskip("transformers")
 sat = pytest.importorskip("sparse_attn.integrations.transformers")
 
 import sparse_attn as sa  # noqa: E402
-from transformers import AttentionInterface, DynamicCache, Qwen3Config, Qwen3ForCausalLM  # noqa: E402
+from transformers import DynamicCache, Qwen3Config, Qwen3ForCausalLM  # noqa: E402
 
 # Same float32 attention, summed in another order than torch's matmul, then
 # two decoder layers and the LM head: a few ulps of the logits' size.
@@ -493,38 +493,6 @@ def test_q8_decode_step_appends_and_attends_in_one_call(eager, prompt, monkeypat
     with torch.no_grad():
         plain(prompt, cache=sat.SparseKVCache(plain), use_cache=True)
     assert not hasattr(plain.model.layers[0].self_attn, "sparse_attn_blocks")
-
-
-@pytest.mark.parametrize("cache", ["q8", "float32", "transformers"])
-def test_decode_wakes_the_workers_before_each_layers_call(eager, prompt, cache, monkeypatch):
-    """Each layer of a decode step wakes the C core's sleeping workers once
-    (sa_wake_workers) ahead of its C call, on every kind of cache; the
-    tokens are those of a run without the wake."""
-    calls = []
-    model = sparse_copy(eager, k_blocks=2, kv_dtype=None if cache == "transformers" else cache)
-
-    def run():
-        c = DynamicCache() if cache == "transformers" else sat.SparseKVCache(model)
-        with torch.no_grad():
-            first = int(model(prompt, cache=c, use_cache=True).logits[0, -1].argmax())
-        calls.clear()
-        return decode_steps(model, c, first, 3)
-    monkeypatch.setattr(sat, "_wake_workers", lambda: calls.append("wake"))
-
-    def spy(module, *args, **kwargs):
-        calls.append("attention")
-        return sat.sparse_topk_attention(module, *args, **kwargs)
-    AttentionInterface.register(sat.NAME, spy)
-    try:
-        woken = run()
-    finally:
-        sat.register()
-    # (transformers' own cache: woken inside the attention call, before the
-    # K/V views are made; a SparseKVCache: at its update, before the call)
-    order = ["attention", "wake"] if cache == "transformers" else ["wake", "attention"]
-    assert calls == order * (3 * model.config.num_hidden_layers)
-    monkeypatch.undo()
-    assert run() == woken
 
 
 def test_reading_the_layers_from_another_thread_during_decode(eager, prompt, eager_run):

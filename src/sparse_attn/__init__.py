@@ -11,7 +11,7 @@ import os as _os
 
 from ._checks import ArgumentError, ArgumentTypeError, KernelError, SparseAttnError
 from .attention import (accumulate_v, dense_decode, prefill, probe_scores, q8_dot,
-                        select_blocks, sparse_decode, wake_workers)
+                        select_blocks, sparse_decode)
 from .cache import KVCache
 from .isa import available_isas, built_isas, isa, set_isa
 from .metadata import BlockBounds, ChannelCopy, ProbeRows, block_bounds, channel_copy, probe_rows
@@ -23,7 +23,7 @@ __version__ = "0.2.0"
 __all__ = [
     "POLICIES", "Q8", "KVCache", "BlockBounds", "quantize_q8", "probe_scores", "select_blocks",
     "block_bounds", "ProbeRows", "probe_rows", "ChannelCopy", "channel_copy", "sparse_decode",
-    "dense_decode", "prefill", "q8_dot", "accumulate_v", "wake_workers", "isa", "set_isa",
+    "dense_decode", "prefill", "q8_dot", "accumulate_v", "isa", "set_isa",
     "available_isas", "built_isas", "SparseAttnError", "ArgumentError",
     "ArgumentTypeError", "KernelError",
 ]

@@ -67,18 +67,6 @@ def _importance_args(importance):
     return _ffi.ptr(importance, "float"), importance.shape[0]
 
 
-def wake_workers():
-    """Wake the C core's worker threads that sleep between calls, ahead of
-    a call that will use several threads: they poll for it as they do right
-    after a call, so it does not pay their wake-up (about 30 us on the
-    development VM, which on a small model's decode step was all a second
-    thread gained).  For a caller with other work between its calls (a
-    model's layers), some microseconds before the call; the transformers
-    backend does it when a layer's K/V arrive.  Changes no result; does
-    nothing when no worker sleeps or a call is running."""
-    lib.sa_wake_workers()
-
-
 def sparse_call(q, n_heads, kop, vop, seq_len, sel, importance, bounds_st, probe_st, scale,
                 threads, return_blocks):
     """One sa_sparse_decode over checked operands (the cache's path too)."""

@@ -1460,13 +1460,9 @@ static void *cc_worker(void *arg)
     a->ok = out && pre && imp;
     for (int r = 0; r < CC_ROUNDS && a->ok; r++) {
         const float sc = 1.0f / sqrtf((float)d->D);
-        sa_wake_workers(); /* while other callers' jobs run, or none */
         a->ok &= sa_sparse_decode(d->q, d->H, &d->k, &d->v, d->seq_len, a->p, d->importance,
                                   d->seq_len, sc, out, NULL, 1 + r % 3) == SA_OK;
         a->ok &= !memcmp(out, a->want_sparse, out_n * sizeof(float));
-        if (r % 2)
-            usleep(200); /* past the workers' polling: they sleep */
-        sa_wake_workers();
         a->ok &= sa_dense_decode(d->q, d->H, &d->k, &d->v, d->seq_len, sc, out, 2) == SA_OK;
         a->ok &= !memcmp(out, a->want_dense, out_n * sizeof(float));
         a->ok &= sa_prefill(d->qp, d->H, d->T, &d->k, &d->v, d->seq_len - d->T, NULL, NULL, 0, sc, pre, imp,
@@ -1507,39 +1503,6 @@ static void test_concurrent_callers(void)
         free(ws), free(wd), free(wp), free(wi);
         e2e_data_free(&d);
     }
-}
-
-/* sa_wake_workers between threaded calls, with the workers asleep (a
- * pause past their polling), polling, or not started: every result is
- * bitwise the single-threaded one. */
-static void test_wake_workers(void)
-{
-    e2e_data d;
-    e2e_data_new(&d, SA_DTYPE_Q8, 64, 32, 3, 2, 32 * 9 + 5, 32);
-    set_where("sa_wake_workers");
-    int with_imp;
-    const sa_select_params p = pset(&d, 0, &with_imp);
-    const size_t out_n = (size_t)d.H * d.D;
-    float *want = xmalloc(out_n * 4), *out = xmalloc(out_n * 4);
-    const float sc = 1.0f / sqrtf((float)d.D);
-    sa_wake_workers();
-    check(sa_sparse_decode(d.q, d.H, &d.k, &d.v, d.seq_len, &p, d.importance, d.seq_len, sc,
-                           want, NULL, 1) == SA_OK, "single-threaded baseline");
-    for (int r = 0; r < 12; r++) {
-        if (r % 3 == 1)
-            usleep(300);
-        if (r % 3 != 2)
-            sa_wake_workers();
-        if (r % 4 == 3)
-            usleep(20);
-        memset(out, 0, out_n * 4);
-        check(sa_sparse_decode(d.q, d.H, &d.k, &d.v, d.seq_len, &p, d.importance, d.seq_len, sc,
-                               out, NULL, 2 + r % 2) == SA_OK &&
-                  !memcmp(out, want, out_n * 4),
-              "round %d: other bytes than the single-threaded run", r);
-    }
-    free(want), free(out);
-    e2e_data_free(&d);
 }
 
 /* ====================================================================== */
@@ -2097,7 +2060,6 @@ int main(int argc, char **argv)
         /* What ThreadSanitizer needs to see: the worker pool under 1-3
          * threads per call, and concurrent callers; on the best ISA. */
         test_concurrent_callers();
-        test_wake_workers();
         printf("%ld passed, %ld failed\n", n_passed, n_failed);
         return n_failed ? 1 : 0;
     }
@@ -2174,7 +2136,6 @@ int main(int argc, char **argv)
     test_quantize();
     test_e2e(isas, n_isas);
     test_concurrent_callers();
-    test_wake_workers();
     /* Argument checks do not depend on the ISA; portable always has every
      * kernel, so an incomplete table elsewhere cannot crash them. */
     sa_set_isa("portable");

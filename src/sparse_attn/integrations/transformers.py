@@ -76,7 +76,7 @@ from transformers.masking_utils import AttentionMaskInterface, causal_mask_funct
 
 import sparse_attn as sa
 from sparse_attn import _checks as ck
-from sparse_attn._ffi import ffi, lib
+from sparse_attn._ffi import ffi
 from sparse_attn.cache import DTYPES as CACHE_DTYPES, _Decoder
 from sparse_attn.selection import POLICIES, selection
 from sparse_attn._checks import ArgumentError, ArgumentTypeError, SparseAttnError
@@ -396,7 +396,6 @@ class _KVPlaceholder(torch.Tensor):
 
 
 _make_wrapper = torch.Tensor._make_wrapper_subclass
-_wake_workers = lib.sa_wake_workers
 
 
 class SparseKVLayer(CacheLayerMixin):
@@ -502,7 +501,6 @@ class SparseKVLayer(CacheLayerMixin):
         else that reads the layer (``kv``, ``get_seq_length``, ``crop``, the
         next update) appends it first."""
         t0 = time.perf_counter()
-        _wake_workers()     # the attention call comes next: see sa_wake_workers
         shape = key_states.shape
         if shape == self._token_shape and value_states.shape == shape and \
                 self._pending[0] is None and self._kv._n:
@@ -898,7 +896,6 @@ class _ViewState:
         self.start = 0
 
     def bind(self, layer_idx, key, value, T):
-        _wake_workers()     # before the K/V views: see sa_wake_workers
         self.key, self.value = key, value
         self.k, self.v = _float32_kv("key", key), _float32_kv("value", value)
         S = self.k.shape[1]
