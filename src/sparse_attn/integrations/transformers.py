@@ -506,6 +506,7 @@ class SparseKVLayer(CacheLayerMixin):
                 self._pending[0] is None and self._kv._n:
             # a q8 decode step: the token is handed over to the attention
             # call (see below), and the placeholder made with no other work
+            # (the general path below does the same, after its checks)
             self._pending[0] = _rows_at(key_states) + _rows_at(value_states)
             self._prompt = None
             self.keys = self.values = _make_wrapper(
@@ -534,9 +535,8 @@ class SparseKVLayer(CacheLayerMixin):
         self._prompt = (key_states, value_states) if kv._n == 0 else None
         if shape[2] == 1 and self.dtype == "q8":
             self._pending[0] = (kp, k, vp, v)       # k and v keep the rows alive
-            self.keys = self.values = _make_wrapper(
-                self._placeholder, (1, shape[1], kv._n + 1, shape[3]), dtype=self.model_dtype,
-                device="cpu")
+            self.keys = self.values = self._placeholder.make(
+                (1, shape[1], kv._n + 1, shape[3]), self.model_dtype)
             st[0] += 1
             st[1] += time.perf_counter() - t0
             return self.keys, self.values
