@@ -631,7 +631,7 @@ def _rows_at(states):
         return ffi.cast("float *", states.data_ptr()), states
     _check_cpu("key/value states", states)
     # (.to() returns a float32 tensor itself, whatever its layout)
-    t = states.detach().to(torch.float32).contiguous()
+    t = states.to(torch.float32).contiguous()
     return ffi.cast("float *", t.data_ptr()), t
 
 
@@ -850,7 +850,7 @@ class _CacheState:
                 or kv._n + (slot[0] is not None) < 2):
             return None
         q = query if qdt is torch.float32 and query.is_contiguous() else \
-            query.detach().to(torch.float32).contiguous()
+            query.to(torch.float32).contiguous()
         out = self._out
         if out.shape[2:3] != (n_heads,):
             out = self._out = torch.empty((1, 1, n_heads, kv.head_dim), dtype=torch.float32)
