@@ -820,8 +820,8 @@ class _CacheState:
 
     def __init__(self, layer):
         self.layer, self.kv = layer, layer._kv
-        self._decoders = {}
-        self._last = (None, None, None, None, None)     # settings, scale, threads, dense, decoder
+        # the decode call made last: (settings, scale, threads, dense, decoder)
+        self._last = (None, None, None, None, None)
         self._out = torch.empty(0)      # a decode output's shape, for empty_like
 
     def bind(self, layer_idx, key, value, T):
@@ -839,12 +839,7 @@ class _CacheState:
         a decoder that makes its metadata per call (or not this module's:
         the scoring bench swaps in its own), query heads not a multiple of
         the KV heads, or a cache of one token (that step is a prefill)."""
-        last = self._last
-        if last[0] is settings and last[1] == scale and last[2] == threads and last[3] == dense:
-            decoder = last[4]
-        else:
-            decoder = self.decoder(settings, scale, threads, dense)
-            self._last = (settings, scale, threads, dense, decoder)
+        decoder = self.decoder(settings, scale, threads, dense)
         kv, slot = self.kv, self.layer._pending
         if (type(decoder) is not _Decoder or decoder.slow or n_heads % kv.n_kv_heads
                 or kv._n + (slot[0] is not None) < 2):
@@ -873,12 +868,17 @@ class _CacheState:
         return kv if kv is not None and kv[0].shape[2] == T == self.kv.seq_len else None
 
     def decoder(self, settings, scale, threads, dense):
-        made = self._decoders.get((scale, threads, dense))
-        if made is None or made[0] is not settings:   # settings objects are immutable
-            made = self._decoders[(scale, threads, dense)] = (settings, self.kv.decoder(
+        """The layer's prepared decode call for these settings: the one made
+        last when they are the same (settings objects are immutable; a layer
+        runs one model's settings, scale, threads and dense flag), else a
+        new one."""
+        last = self._last
+        if not (last[0] is settings and last[1] == scale and last[2] == threads
+                and last[3] == dense):
+            last = self._last = (settings, scale, threads, dense, self.kv.decoder(
                 scale=scale, threads=threads, dense=dense,
                 return_blocks=not dense and settings.record_blocks, **settings.decode_kwargs()))
-        return made[1]
+        return last[4]
 
     def exact(self, q, scale, threads):
         return self.kv.dense_decode(q, scale=scale, threads=threads)
