@@ -44,9 +44,15 @@
 #include "probe_rows.h"
 #include "rows.h"
 
+/* A tile's score rows are written, exponentiated, read for V and read for
+ * the importance, so they should stay near the core: with a 16 MiB cap a
+ * Qwen2.5-0.5B layer (7 query heads per KV head, head_dim 64) at 16384
+ * tokens kept 14.7 MB of rows per worker and ran 1.45x slower than with
+ * 2 MiB (and 0.65x torch SDPA's speed); a smaller tile only reads K/V more
+ * often (docs/results.md, "Prefill tiles"). */
 #define TILE_ROWS 32                    /* query rows per tile, at most */
-#define MIN_TILE_ROWS 8                 /* ... and at least, when the cap shrinks it */
-#define SCORE_BYTES ((size_t)16 << 20)  /* one worker's score rows, at most */
+#define MIN_TILE_ROWS 4                 /* ... and at least, when the cap shrinks it */
+#define SCORE_BYTES ((size_t)2 << 20)   /* one worker's score rows, at most */
 #define DQ_ROWS 64                      /* q8 V rows dequantised at a time */
 #define ITEMS_TARGET 32                 /* work items per call, about */
 

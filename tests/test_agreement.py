@@ -98,6 +98,24 @@ def test_prefill_row_is_dense_decode(isa, rng, dtype, D, T):
         assert row.tobytes() == np.ascontiguousarray(out[:, t]).tobytes()
 
 
+@pytest.mark.parametrize("dtype", ["float32", "q8"])
+def test_prefill_with_capped_tiles(isa, rng, dtype):
+    """64 query heads on one KV head at 2100 tokens: a tile's score rows
+    would pass prefill.c's cap (2 MiB per worker) at 32, 16 and 8 rows, so
+    its tiles are 4 rows; still dense decode bit for bit per row, and the
+    reference's output and importance."""
+    H, Hkv, D, start, T = 64, 1, 16, 2088, 12
+    k, v = make_kv(rng, Hkv, start + T, D, dtype, 16)
+    q = rng.standard_normal((H, T, D), dtype=np.float32)
+    out, imp = sa.prefill(q, k, v, start=start)
+    want, want_imp = ref.prefill(q, k, v, start=start)
+    assert rel_err(out, want) < rtol_for(k)
+    assert rel_err(imp, want_imp) < rtol_for(k)
+    for t in range(T):
+        row = sa.dense_decode(np.ascontiguousarray(q[:, t]), k, v, seq_len=start + t + 1)
+        assert row.tobytes() == np.ascontiguousarray(out[:, t]).tobytes()
+
+
 def test_chunked_prefill_adds_up(isa, rng):
     """Prefill in chunks: outputs equal one-shot prefill, importance adds up."""
     H, Hkv, D, S = 4, 2, 64, 90
