@@ -772,3 +772,46 @@ def test_balanced_policy_keeps_and_reads_the_channel_copy(eager, prompt):
     seed = sat.SparseKVCache(sparse_copy(eager, k_blocks=2), dtype="float32")
     forced_logits(sparse_copy(eager, k_blocks=2), prompt, cont[:, :2], seed)
     assert seed.layers[0].kv.channels is None
+
+
+
+def assert_same_copy(got, k):
+    want = sa.channel_copy(k)
+    assert got.k_rows == want.k_rows == k.shape[1]
+    assert np.array_equal(got.data, want.data) and np.array_equal(got.scales, want.scales)
+
+
+def test_balanced_on_a_transformers_cache_keeps_its_channel_copy(eager, prompt):
+    """On transformers' own cache the backend keeps each layer's channel copy
+    between steps (making again only the blocks with new rows): after the
+    steps it is channel_copy() of the cache's K, bit for bit."""
+    model = sparse_copy(eager, k_blocks=2, policy="balanced")
+    cache = DynamicCache(config=eager.config)
+    module = model.model.layers[1].self_attn
+    with torch.no_grad():
+        model(prompt, cache=cache, use_cache=True)
+        for t in range(40):         # 300 -> 340 rows: across a block boundary
+            model(prompt[:, t:t + 1], cache=cache, use_cache=True)
+    assert_same_copy(module._sparse_attn_view.channels(32), cache.layers[1].keys[0].numpy())
+
+
+def test_the_kept_channel_copy_grows_and_restarts():
+    """The view state's copy over chunks and single rows, past its first
+    room of 64 blocks, then a new sequence, then another block size."""
+    g = torch.Generator().manual_seed(5)
+    K = torch.randn(1, 2, 2200, 64, generator=g)
+    state = sat._ViewState()
+    for S, T in [(100, 100), (101, 1), (130, 29), (2100, 1970), (2101, 1), (2200, 99)]:
+        state.bind(0, K[:, :, :S], K[:, :, :S], T)
+        assert_same_copy(state.channels(32), K[0, :, :S].numpy())
+    assert state._copy[0][0].shape[2] >= 2200 // 32
+    K2 = torch.randn(1, 2, 50, 64, generator=g)
+    state.bind(0, K2, K2, 50)       # a new sequence (its prompt fills the cache)
+    assert_same_copy(state.channels(32), K2[0].numpy())
+    state.bind(0, K[:, :, :51], K[:, :, :51], 1)
+    with pytest.raises(sat.UnsupportedError, match="another sequence"):
+        state.bind(0, K[:, :, :80], K[:, :, :80], 1)
+    state.bind(0, K[:, :, :52], K[:, :, :52], 1)
+    got = state.channels(16)
+    want = sa.channel_copy(K[0, :, :52].numpy(), block_size=16)
+    assert np.array_equal(got.data, want.data) and np.array_equal(got.scales, want.scales)

@@ -75,8 +75,10 @@ from transformers.cache_utils import Cache, CacheLayerMixin, DynamicCache
 from transformers.masking_utils import AttentionMaskInterface, causal_mask_function
 
 import sparse_attn as sa
-from sparse_attn import _checks as ck
+from sparse_attn import _checks as ck, metadata as _metadata
+from sparse_attn import _ffi
 from sparse_attn._ffi import ffi
+from sparse_attn._operands import kv_operand
 from sparse_attn.cache import DTYPES as CACHE_DTYPES, _Decoder
 from sparse_attn.selection import POLICIES, selection
 from sparse_attn._checks import ArgumentError, ArgumentTypeError, SparseAttnError
@@ -894,6 +896,10 @@ class _ViewState:
         self.record = _ImportanceRecord()
         self.key = self.value = self.k = self.v = None
         self.start = 0
+        # The channel copy of K that scoring="channels" reads: (arrays,
+        # struct) for up to arrays[0].shape[2] blocks, covering the rows
+        # the struct's k_rows says; None until a decode needs it.
+        self._copy = None
 
     def bind(self, layer_idx, key, value, T):
         self.key, self.value = key, value
@@ -905,6 +911,38 @@ class _ViewState:
         self.record.prepare(layer_idx, S - T, S)
         self.start = S - T
         return S
+
+    def channels(self, block_size):
+        """The channel copy (spec §6) of this call's K for
+        ``scoring="channels"``, kept between calls: the rows before this
+        call's are the sequence's own (the importance record has checked
+        that the cache holds the sequence it recorded), so only the blocks
+        holding new rows are made again, as a :class:`sparse_attn.KVCache`
+        does on append.  A new sequence, head layout or block size starts
+        the copy again; the room for blocks doubles as it fills."""
+        hkv, S, D = self.k.shape
+        kop = kv_operand("k", self.k)
+        copy = self._copy
+        if copy is not None:
+            arrays, st = copy
+            if (arrays[0].shape[:2] != (hkv, D) or st.block_size != block_size
+                    or st.k_rows > self.start):
+                copy = None
+        nb = -(-S // block_size)
+        if copy is None or nb > arrays[0].shape[2]:
+            room = max(nb, 64) if copy is None else max(nb, 2 * arrays[0].shape[2])
+            fresh = _metadata.empty_channels(hkv, room, D, block_size)
+            done = 0
+            if copy is not None:
+                done = st.k_rows
+                have = -(-done // block_size)
+                for src, dst in zip(arrays, fresh):
+                    dst[:, :, :have] = src[:, :, :have]
+            arrays, st = fresh, _metadata.channels_struct(fresh, block_size, done)
+            self._copy = (arrays, st)
+        _ffi.check(_ffi.lib.sa_channels_update(kop.struct, st.k_rows, S, st),
+                   "sparse_topk channel copy")
+        return sa.ChannelCopy._wrap(arrays[0][:, :, :nb], arrays[1][:, :, :nb], block_size, S)
 
     def prefill(self, q, scale, threads, sparse):
         if sparse:
@@ -922,6 +960,8 @@ class _ViewState:
         if dense:
             return lambda q: sa.dense_decode(q, self.k, self.v, scale=scale, threads=threads)
         kw = settings.decode_kwargs()
+        if settings.scoring == "channels":
+            kw["channels"] = self.channels(settings.block_size)
         return lambda q: sa.sparse_decode(q, self.k, self.v, importance=self.record.importance,
                                           scale=scale, threads=threads, return_blocks=True,
                                           **kw)
