@@ -94,7 +94,7 @@ def test_every_block_is_dense_and_threads_do_not_change_bits(isa, rng, dtype):
 def test_cache_keeps_its_channel_copy_up_to_date(isa, rng, dtype):
     Hkv, D, H = 2, 64, 6
     cache = sa.KVCache(Hkv, D, capacity=10, dtype=dtype, copy_channels=True)
-    plain = sa.KVCache(Hkv, D, capacity=10, dtype=dtype)
+    plain = sa.KVCache(Hkv, D, capacity=10, dtype=dtype, copy_channels=False)
     q = rng.standard_normal((H, D), dtype=np.float32)
     decode = cache.decoder(k_blocks=3, policy="balanced")
     for T in (1, 40, 3, 1, 1, 90, 7, 33):
@@ -253,7 +253,7 @@ def test_the_core_refuses_a_missing_or_stale_copy(rng):
     p.n_channels = 0
     assert call(p) == lib.SA_ERR_PARAM
     # an append that would leave the copy behind is refused before writing
-    cache_k = sa.KVCache(2, 64, capacity=64, copy_channels=True)
+    cache_k = sa.KVCache(2, 64, capacity=64, copy_channels=True, copy_probe_rows=True)
     buf = cache_k._buf
     buf.channels_st.k_rows = 5
     x = np.zeros((2, 1, 64), np.float32)

@@ -1,6 +1,8 @@
 """Copies of the probe's rows (ProbeRows): the probe reads them instead of
 every step-th row of K, with bitwise the same scores, selections and outputs,
 and a KVCache keeps them current through appends, growth and rollbacks."""
+import functools
+
 import numpy as np
 import pytest
 
@@ -25,6 +27,12 @@ def _kv(rng, dtype, hkv, s, d, gs=32):
     if dtype == "q8":
         return sa.quantize_q8(k, gs), sa.quantize_q8(v, gs)
     return k, v
+
+
+def seed_cache(*args, copy_probe_rows=True, **kwargs):
+    """A KVCache made for the seed's probe: its copies on, no channel copy
+    (the defaults serve policy="balanced")."""
+    return sa.KVCache(*args, copy_probe_rows=copy_probe_rows, copy_channels=False, **kwargs)
 
 
 def _same(a, b):
@@ -74,7 +82,7 @@ def test_cache_keeps_its_copies_current(dtype):
     after each, the cache's copies of full blocks equal fresh copies of its K,
     and decode through the cache (which reads them) equals decode probing K."""
     rng = np.random.default_rng(1)
-    cache = sa.KVCache(2, 64, capacity=40, dtype=dtype)
+    cache = seed_cache(2, 64, capacity=40, dtype=dtype)
     q = rng.standard_normal((4, 64), dtype=np.float32)
 
     def check():
@@ -87,8 +95,8 @@ def test_cache_keeps_its_copies_current(dtype):
         assert np.array_equal(a[:, :full], b[:, :full])
         if dtype == "q8":
             assert np.array_equal(ours.rows.scales[:, :full], fresh.rows.scales[:, :full])
-        assert cache.metadata_for(k_blocks=2) == "probe_rows"
-        got = cache.decode(q, k_blocks=2, return_blocks=True)
+        assert cache.metadata_for(k_blocks=2, policy="seed") == "probe_rows"
+        got = cache.decode(q, k_blocks=2, return_blocks=True, policy="seed")
         want = sa.sparse_decode(q, cache.k, cache.v, k_blocks=2, return_blocks=True,
                                 importance=cache.importance if cache.importance.any() else None)
         assert np.array_equal(got[1], want[1]) and _same(got[0], want[0])
@@ -113,10 +121,10 @@ def test_cache_keeps_its_copies_current(dtype):
 
 def test_cache_uses_copies_only_when_they_fit_the_call():
     rng = np.random.default_rng(2)
-    cache = sa.KVCache(2, 64, capacity=256, n_probe=4)
+    cache = seed_cache(2, 64, capacity=256, n_probe=4)
     x = rng.standard_normal((2, 200, 64), dtype=np.float32)
     cache.append(x, x)
-    meta = cache.metadata_for
+    meta = functools.partial(cache.metadata_for, policy="seed")
     assert meta(n_probe=4) == "probe_rows"
     assert meta() is None                        # default n_probe 8: not what they hold
     assert meta(n_probe=4, block_size=16) is None
@@ -126,22 +134,24 @@ def test_cache_uses_copies_only_when_they_fit_the_call():
     assert meta(policy="fast", block_size=16) is None
     q = rng.standard_normal((4, 64), dtype=np.float32)
     for kw in (dict(), dict(n_probe=4), dict(n_probe=4, seq_len=150)):
-        got = cache.decode(q, k_blocks=2, **kw)
+        got = cache.decode(q, k_blocks=2, policy="seed", **kw)
         assert _same(got, sa.sparse_decode(q, cache.k, cache.v, k_blocks=2, **kw))
 
 
 def test_cache_without_copies():
     rng = np.random.default_rng(3)
-    cache = sa.KVCache(2, 64, capacity=16, copy_probe_rows=False)
+    cache = seed_cache(2, 64, capacity=16, copy_probe_rows=False)
     x = rng.standard_normal((2, 100, 64), dtype=np.float32)
     cache.append(x, x)
-    assert cache.probe_rows is None and cache.metadata_for() is None
-    with_copies = sa.KVCache(2, 64, capacity=16)
+    assert cache.probe_rows is None and cache.metadata_for(policy="seed") is None
+    assert sa.KVCache(2, 64).probe_rows is None          # not kept by default
+    with_copies = seed_cache(2, 64, capacity=16)
     with_copies.append(x, x)
     assert with_copies.metadata_nbytes > cache.metadata_nbytes
     assert with_copies.nbytes == cache.nbytes
     q = rng.standard_normal((4, 64), dtype=np.float32)
-    assert _same(cache.decode(q, k_blocks=2), with_copies.decode(q, k_blocks=2))
+    assert _same(cache.decode(q, k_blocks=2, policy="seed"),
+                 with_copies.decode(q, k_blocks=2, policy="seed"))
     with pytest.raises(ArgumentTypeError, match="copy_probe_rows"):
         sa.KVCache(2, 64, copy_probe_rows="yes")
     with pytest.raises(ArgumentError, match="n_probe"):
@@ -237,14 +247,14 @@ def test_probe_of_every_row_and_the_recall_policy(isa):
 
 def test_n_probe_all_needs_no_copies_and_bad_values_are_refused():
     rng = np.random.default_rng(7)
-    cache = sa.KVCache(2, 64, capacity=64, n_probe=32)
+    cache = seed_cache(2, 64, capacity=64, n_probe=32)
     assert cache.probe_rows is None
-    assert cache.metadata_nbytes < sa.KVCache(2, 64, capacity=64).metadata_nbytes
-    seeded = sa.KVCache(2, 64, capacity=64)
+    assert cache.metadata_nbytes < seed_cache(2, 64, capacity=64).metadata_nbytes
+    seeded = seed_cache(2, 64, capacity=64)
     x = rng.standard_normal((2, 100, 64), dtype=np.float32)
     seeded.append(x, x)
     assert seeded.metadata_for(policy="recall") is None
-    assert seeded.metadata_for(n_probe="all") is None
+    assert seeded.metadata_for(policy="seed", n_probe="all") is None
     assert seeded.metadata_for(policy="recall", n_probe=8) == "probe_rows"
     q = rng.standard_normal((4, 64), dtype=np.float32)
     assert _same(seeded.decode(q, k_blocks=2, policy="recall"),

@@ -62,8 +62,13 @@ def test_cache_append_grows_and_matches_direct(isa, rng, dtype):
         kd, vd = k_all, v_all
     q = rng.standard_normal((4, D), dtype=np.float32)
     # The cache's views (with a head stride of `capacity` rows) give the same
-    # bytes as contiguous copies of the same values.
-    assert cache.decode(q, k_blocks=2).tobytes() == sa.sparse_decode(q, kd, vd, k_blocks=2).tobytes()
+    # bytes as contiguous copies of the same values; the cache decodes with
+    # policy="balanced" by default (from its channel copy), the plain
+    # function with the seed's rule.
+    assert cache.decode(q, k_blocks=2).tobytes() == \
+        sa.sparse_decode(q, kd, vd, k_blocks=2, policy="balanced").tobytes()
+    assert cache.decode(q, k_blocks=2, policy="seed").tobytes() == \
+        sa.sparse_decode(q, kd, vd, k_blocks=2).tobytes()
     assert sa.dense_decode(q, cache.k, cache.v).tobytes() == sa.dense_decode(q, kd, vd).tobytes()
 
 
@@ -114,7 +119,7 @@ def test_cache_prefill_accumulates_importance(rng):
     whole, imp = sa.prefill(q, k, v)
     np.testing.assert_array_equal(np.concatenate([out1, out2], axis=1), whole)
     assert rel_err(cache.importance, imp) < 1e-5
-    got = cache.decode(q[:, -1].copy(), k_blocks=1)
+    got = cache.decode(q[:, -1].copy(), k_blocks=1, policy="seed")
     want = sa.sparse_decode(q[:, -1].copy(), k, v, k_blocks=1, importance=cache.importance.copy())
     assert got.tobytes() == want.tobytes()
 

@@ -249,8 +249,9 @@ def test_other_prefills_hold_no_prompt_kv(eager, prompt):
 
 def test_sdpa_prefill_refuses_an_importance_reserve(eager):
     with pytest.raises(sa.SparseAttnError, match="importance_fraction"):
-        sat.enable(copy.deepcopy(eager), prefill="sdpa")            # the seed reserves half
-    sat.enable(copy.deepcopy(eager), prefill="sdpa", importance_fraction=0)
+        sat.enable(copy.deepcopy(eager), prefill="sdpa", policy="seed")  # reserves half
+    sat.enable(copy.deepcopy(eager), prefill="sdpa", policy="seed", importance_fraction=0)
+    sat.enable(copy.deepcopy(eager), prefill="sdpa")                # balanced: no reserve
 
 
 def record(model, layer=0):
@@ -301,15 +302,16 @@ def test_sparse_kv_cache_probe_rows_follow_the_policy(eager, prompt):
     """A SparseKVCache keeps probe-row copies only for a policy whose probe
     reads some rows; decoding from them gives exactly the logits of the same
     model on transformers' own cache (whose K the probe reads directly)."""
-    model = sparse_copy(eager, k_blocks=2)
+    model = sparse_copy(eager, k_blocks=2, policy="seed")
     cont = prompt[:, :6]
     cache = sat.SparseKVCache(model, dtype="float32")
     got = forced_logits(model, prompt, cont, cache)
+    assert cache.layers[0].kv.channels is None
     rows = cache.layers[0].kv.probe_rows
     assert rows is not None and rows.k_rows == PROMPT_TOKENS + cont.shape[1] - 1
     want = forced_logits(model, prompt, cont, DynamicCache(config=eager.config))
     assert torch.equal(got, want)
-    for policy in ("recall", "fast"):
+    for policy in ("recall", "fast", "balanced"):
         other = sparse_copy(eager, k_blocks=2, policy=policy)
         c = sat.SparseKVCache(other, dtype="float32")
         forced_logits(other, prompt, cont[:, :2], c)
@@ -752,11 +754,13 @@ def test_policy_fills_the_knobs_left_unset(eager):
 
 
 def test_balanced_policy_keeps_and_reads_the_channel_copy(eager, prompt):
-    """policy="balanced": a SparseKVCache made for the model keeps the channel
-    copy up to date, decoding from it gives exactly the logits of the same
-    model on transformers' own cache (whose K the copy is made from at each
-    step), and the blocks are those select_blocks picks from the cache."""
-    model = sparse_copy(eager, k_blocks=2, policy="balanced")
+    """policy="balanced" (the default): a SparseKVCache made for the model
+    keeps the channel copy up to date, and decoding from it gives exactly
+    the logits of the same model on transformers' own cache (where the
+    backend keeps a copy of its own) and on a cache without the copy (made
+    for each call)."""
+    model = sparse_copy(eager, k_blocks=2)
+    assert model.sparse_attn.policy == "balanced"
     assert model.sparse_attn.scoring == "channels" and model.sparse_attn.n_channels == 16
     cont = prompt[:, :6]
     cache = sat.SparseKVCache(model, dtype="float32")
@@ -769,10 +773,20 @@ def test_balanced_policy_keeps_and_reads_the_channel_copy(eager, prompt):
     plain = sat.SparseKVCache(model, dtype="float32", copy_channels=False)
     assert torch.equal(forced_logits(model, prompt, cont, plain), want)
     assert plain.layers[0].kv.channels is None
-    seed = sat.SparseKVCache(sparse_copy(eager, k_blocks=2), dtype="float32")
-    forced_logits(sparse_copy(eager, k_blocks=2), prompt, cont[:, :2], seed)
+    seeded = sparse_copy(eager, k_blocks=2, policy="seed")
+    seed = sat.SparseKVCache(seeded, dtype="float32")
+    forced_logits(seeded, prompt, cont[:, :2], seed)
     assert seed.layers[0].kv.channels is None
-
+    # a model never passed to enable() runs with the defaults: its cache
+    # keeps the channel copy; a layer that decodes densely keeps none
+    assert sat.SparseKVCache(eager.config).layers[0].copy_channels
+    layers = sat.SparseKVCache(sparse_copy(eager, dense_layers=[0])).layers
+    assert not layers[0].copy_channels and layers[1].copy_channels
+    c = sat.SparseKVCache(sparse_copy(eager, dense_layers=[0]), dtype="float32")
+    meta = [layer.kv.metadata_nbytes for layer in c.layers]     # allocated from the config
+    assert c.metadata_nbytes == sum(meta) and meta[0] < meta[1]
+    layers = sat.SparseKVCache(sparse_copy(eager, dense_layers=[0]), copy_channels=True).layers
+    assert layers[0].copy_channels
 
 
 def assert_same_copy(got, k):

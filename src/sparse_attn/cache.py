@@ -13,7 +13,7 @@ from .metadata import (BlockBounds, ChannelCopy, ProbeRows, bounds_struct, chann
                        default_scale_group, empty_bounds, empty_channels, empty_probe_rows,
                        probe_rows_struct)
 from .q8 import Q8
-from .selection import n_probe_value, selection
+from .selection import CACHE_POLICY, n_probe_value, selection
 
 DTYPES = ("q8", "float32")
 
@@ -118,20 +118,22 @@ class KVCache:
     block_size : int, default 32; the blocks whose key bounds (for
         ``scoring="minmax"``) and probe-row copies the cache keeps up to date
     n_probe : int or ``"all"``, default 8; the probe the copies serve
-    copy_probe_rows : bool, default True; keep copies of the rows the probe
+    copy_probe_rows : bool, default False; keep copies of the rows the probe
         samples (:class:`ProbeRows`), so that decode with ``scoring="probe"``
-        at this block_size and n_probe reads a quarter of K's bytes for the
-        probe instead of about all of them (same result, bitwise).  They cost
-        a quarter of K's memory with the defaults; turn them off when memory
-        is tighter than time, or when only ``scoring="minmax"`` or a probe of
-        every row (``n_probe="all"``, the ``recall`` policy) is used.  None
-        are kept when ``n_probe >= block_size``
-    copy_channels : bool, default False; keep the channel-major copy of K
-        that ``scoring="channels"`` (the ``balanced`` policy) reads at this
-        block_size: ``head_dim * (block_size + 4)`` bytes per block and KV
-        head, about K's own size for q8 K (a quarter of it for float32).
-        Without it such a decode makes the copy for the call, reading all of
-        K
+        (``policy="seed"``) at this block_size and n_probe reads a quarter of
+        K's bytes for the probe instead of about all of them (same result,
+        bitwise).  They cost a quarter of K's memory with the defaults; turn
+        them on with ``copy_channels=False`` when the seed's rule is the one
+        decoded with.  None are kept when ``n_probe >= block_size``
+    copy_channels : bool, default True; keep the channel-major copy of K
+        that ``scoring="channels"`` (``policy="balanced"``, the default of
+        :meth:`decode`) reads at this block_size: ``head_dim * (block_size +
+        4)`` bytes per block and KV head, about K's own size for q8 K (a
+        quarter of it for float32).  Without it such a decode makes the copy
+        for the call, reading all of K (about 75x a dense decode's time,
+        docs/results.md); turn it off when memory is tighter than recall and
+        decode with ``policy="seed"`` (with ``copy_probe_rows=True``),
+        ``"fast"`` or ``"recall"``
 
     Examples
     --------
@@ -148,7 +150,7 @@ class KVCache:
     """
 
     def __init__(self, n_kv_heads, head_dim, *, capacity=4096, dtype="q8", group_size=32,
-                 block_size=32, n_probe=8, copy_probe_rows=True, copy_channels=False):
+                 block_size=32, n_probe=8, copy_probe_rows=False, copy_channels=True):
         self.n_kv_heads = ck.check_int("n_kv_heads", n_kv_heads, minimum=1)
         self.head_dim = ck.check_int("head_dim", head_dim, minimum=1)
         capacity = ck.check_int("capacity", capacity, minimum=1)
@@ -435,14 +437,15 @@ class KVCache:
 
     # ----------------------------------------------------------------- attention
     def prefill(self, q, *, k_blocks=None, block_size=None, n_probe=None, recency=True,
-                policy="seed", importance_fraction=None, sink_blocks=None, share=None,
+                policy=CACHE_POLICY, importance_fraction=None, sink_blocks=None, share=None,
                 scoring=None, n_channels=None, scale=None, threads=None):
         """Causal prefill of the last T appended tokens' queries
         (``q`` float32 ``[H, T, head_dim]``); adds their importance to the
         cache's record.  Returns the attention output ``[H, T, head_dim]``.
 
         ``k_blocks=None`` is exact prefill; with ``k_blocks`` it is sparse
-        prefill (:func:`sparse_attn.prefill`, same knobs) over the cache,
+        prefill (:func:`sparse_attn.prefill`, same knobs, but
+        ``policy="balanced"`` by default as in :meth:`decode`) over the cache,
         its importance reserve reading the importance recorded by earlier
         prefills, its selection the cache's key bounds (``"minmax"``) or
         probe-row copies (``"probe"``) when ``block_size`` (default: the
@@ -485,12 +488,14 @@ class KVCache:
             self._lock.release_write()
 
     def decode(self, q, *, seq_len=None, k_blocks=32, block_size=None, n_probe=None,
-               importance=_RECORDED, recency=True, scale=None, policy="seed",
+               importance=_RECORDED, recency=True, scale=None, policy=CACHE_POLICY,
                importance_fraction=None, sink_blocks=None, share=None, scoring=None,
                n_channels=None, bounds=None, probe_rows=None, channels=None, threads=None,
                return_blocks=False):
-        """:func:`sparse_attn.sparse_decode` over the cache (same arguments),
-        with its recorded importance unless ``importance=`` is given
+        """:func:`sparse_attn.sparse_decode` over the cache (same arguments,
+        but ``policy="balanced"`` by default, read from the channel copy the
+        cache keeps; the plain function's default is ``"seed"``, which needs
+        no copy), with its recorded importance unless ``importance=`` is given
         (``None``: no reserve), its key bounds for ``scoring="minmax"`` and
         its probe-row copies for ``scoring="probe"`` when ``block_size``
         (default: the cache's) and ``n_probe`` are the cache's and
@@ -531,7 +536,7 @@ class KVCache:
             self._lock.release_read()
 
     def decoder(self, *, k_blocks=32, block_size=None, n_probe=None, recency=True,
-                policy="seed", importance_fraction=None, sink_blocks=None, share=None,
+                policy=CACHE_POLICY, importance_fraction=None, sink_blocks=None, share=None,
                 scoring=None, n_channels=None, scale=None, threads=None, dense=False,
                 return_blocks=False):
         """A decode call prepared for these settings (those of :meth:`decode`;
@@ -583,7 +588,7 @@ class KVCache:
         return None
 
     def metadata_for(self, *, seq_len=None, k_blocks=32, block_size=None, n_probe=None,
-                     policy="seed", scoring=None, n_channels=None, bounds=None,
+                     policy=CACHE_POLICY, scoring=None, n_channels=None, bounds=None,
                      probe_rows=None, channels=None, **knobs):
         """Which of its own metadata :meth:`decode` with these arguments
         reads: ``"bounds"`` (its key bounds), ``"channels"`` (its channel

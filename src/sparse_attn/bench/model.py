@@ -14,9 +14,10 @@ KV cache's bytes, and whether the needle's answer came out.
 A configuration is a few words: ``sdpa`` (transformers' own attention), or
 ``exact`` / ``k=N`` for sparse_topk with every block / N blocks, with
 optional ``q8`` or ``float32`` (a SparseKVCache of that dtype; default:
-transformers' DynamicCache, float), ``policy=NAME`` and ``prefill=exact`` /
-``prefill=sparse`` / ``prefill=sdpa`` (torch's attention for the prompt; a
-policy without an importance reserve).
+transformers' DynamicCache, float), ``policy=NAME`` (default: the
+backend's, ``balanced``; ``policy=seed`` is the article's rule) and
+``prefill=exact`` / ``prefill=sparse`` / ``prefill=sdpa`` (torch's attention
+for the prompt; a policy without an importance reserve).
 """
 import math
 import time
@@ -24,7 +25,7 @@ import time
 import numpy as np
 
 from sparse_attn.needles import NEEDLES, answer_found, build_prompt, load_model
-from sparse_attn.selection import POLICIES
+from sparse_attn.selection import CACHE_POLICY, POLICIES
 
 from .common import log, pyplot
 
@@ -38,7 +39,7 @@ def parse_config(text):
     if not words:
         raise ValueError("an empty configuration")
     conf = dict(label=" ".join(words), kind="sparse", kv_dtype=None, k_blocks=None,
-                policy="seed", prefill="exact")
+                policy=CACHE_POLICY, prefill="exact")
     for w in words:
         if w == "sdpa":
             conf["kind"] = "sdpa"
@@ -144,6 +145,7 @@ def run_config(model, tokenizer, ids, needle, conf, args):
         sat.enable(model, **settings)
         for m in modules:
             m.__dict__.pop("sparse_attn_stats", None)
+            m.__dict__.pop("_sparse_attn_view", None)   # a previous run's copies
         cache = sat.SparseKVCache(model, capacity=len(ids) + args.new_tokens + 8) \
             if conf["kv_dtype"] else DynamicCache()
     measured_rss = _reset_peak_rss()
@@ -202,6 +204,16 @@ def run_config(model, tokenizer, ids, needle, conf, args):
         kv_bytes = sum(int(t.numel() * t.element_size()) for layer in cache.layers
                        for t in (getattr(layer, "keys", None), getattr(layer, "values", None))
                        if t is not None)
+    # what is kept beside K and V for selection: a SparseKVCache's metadata,
+    # or the channel copies the backend keeps for transformers' own cache
+    meta_bytes = getattr(cache, "metadata_nbytes", None)
+    if meta_bytes is None:
+        meta_bytes = 0
+        if conf["kind"] != "sdpa":
+            for m in modules:
+                view = m.__dict__.get("_sparse_attn_view")
+                if view is not None and view._copy is not None:
+                    meta_bytes += sum(a.nbytes for a in view._copy[0])
     ms = np.array(steps) * 1e3
     return dict(config=conf["label"], kind=conf["kind"], tokens=len(ids), ttft_s=ttft,
                 decode_ms=float(np.median(ms)) if len(ms) else math.nan,
@@ -211,7 +223,7 @@ def run_config(model, tokenizer, ids, needle, conf, args):
                 attn_share=(attn_s / sum(steps)) if steps else math.nan,
                 glue_us=glue_us, glue_mean_us=glue_mean_us,
                 peak_rss_mb=_peak_rss_mb() if measured_rss else math.nan,
-                kv_mb=kv_bytes / 2**20, found=answer_found(text, needle), text=text,
+                kv_mb=(kv_bytes + meta_bytes) / 2**20, meta_mb=meta_bytes / 2**20, found=answer_found(text, needle), text=text,
                 new_tokens=len(out))
 
 
@@ -271,7 +283,8 @@ def print_model_table(model, rows, args):
           "the step); glue = the backend's Python per layer and token outside the C core "
           "(the attention call and, with a SparseKVCache, its update; median over the "
           "steps, the mean in --json as glue_mean_us); RSS = peak resident "
-          "memory of the configuration.\n")
+          "memory of the configuration; KV = the cache's K and V and what it keeps beside "
+          "them for selection (the channel copy, key bounds, probe copies; --json: meta_mb).\n")
     head = (f"{'tokens':>6} {'config':<16} {'TTFT s':>7} {'decode ms/token [min–max]':>26} "
             f"{'attn ms':>8} {'share':>6} {'glue us':>8} {'RSS MB':>7} {'KV MB':>6} "
             f"{'needle':>6}")

@@ -80,7 +80,7 @@ from sparse_attn import _ffi
 from sparse_attn._ffi import ffi
 from sparse_attn._operands import kv_operand
 from sparse_attn.cache import DTYPES as CACHE_DTYPES, _Decoder
-from sparse_attn.selection import POLICIES, selection
+from sparse_attn.selection import CACHE_POLICY, POLICIES, selection
 from sparse_attn._checks import ArgumentError, ArgumentTypeError, SparseAttnError
 
 NAME = "sparse_topk"
@@ -108,8 +108,9 @@ class SparseAttnSettings:
     k_blocks, block_size, n_probe, recency, policy, importance_fraction, sink_blocks, share,
     scoring, n_channels
         As :func:`sparse_attn.sparse_decode` (defaults 32, 32, None, True,
-        ``"seed"``; n_probe and the knobs left None come from the policy: the
-        seed's rules, spec §2 and §6, unless another preset is named).  With
+        ``"balanced"``; n_probe and the knobs left None come from the policy:
+        the ``balanced`` preset's channel scores, spec §6, unless another
+        preset is named; ``policy="seed"`` is the article's rule).  With
         ``scoring="minmax"`` a :class:`SparseKVCache` supplies the key bounds
         it keeps up to date, and with ``scoring="channels"`` (``policy=
         "balanced"``) its channel copy of K; with transformers' own cache
@@ -155,7 +156,7 @@ class SparseAttnSettings:
     block_size: int = 32
     n_probe: int = None
     recency: bool = True
-    policy: str = "seed"
+    policy: str = CACHE_POLICY
     importance_fraction: float = None
     sink_blocks: int = None
     share: str = None
@@ -221,6 +222,9 @@ class SparseAttnSettings:
                     n_channels=self.n_channels)
 
 
+_DEFAULT_SELECTION = SparseAttnSettings()._selection
+
+
 def attention_modules(model):
     """The attention modules of a transformers model: the ones the
     AttentionInterface is called with (they know their layer and scaling)."""
@@ -261,7 +265,7 @@ def register():
     AttentionMaskInterface.register(NAME, sparse_topk_mask)
 
 
-def enable(model, *, k_blocks=32, block_size=32, n_probe=None, recency=True, policy="seed",
+def enable(model, *, k_blocks=32, block_size=32, n_probe=None, recency=True, policy=CACHE_POLICY,
            importance_fraction=None, sink_blocks=None, share=None, scoring=None,
            n_channels=None, prefill="exact", dense_layers=(), kv_dtype=None, group_size=32,
            threads=None, compare_exact=False, profile=False, record_blocks=False):
@@ -414,12 +418,13 @@ class SparseKVLayer(CacheLayerMixin):
         ``scoring="minmax"`` and of the probe-row copies kept for
         ``scoring="probe"`` (the model's ``block_size`` when the cache is made from it)
     n_probe : int, default 8; the probe the copies serve (the model's ``n_probe``)
-    copy_probe_rows : bool, default True; keep the probe-row copies (a quarter of K's
-        memory); a cache made from a model whose policy does not read them (minmax
-        scoring, or a probe of every row) keeps none
-    copy_channels : bool, default False; keep the channel copy of K that
-        ``scoring="channels"`` reads (about K's size for q8); a cache made from a
-        model whose policy scores channels (``balanced``) keeps it
+    copy_probe_rows : bool, default False; keep the probe-row copies (a quarter of K's
+        memory); a cache made from a model whose policy probes some of each
+        block's rows (``seed``) keeps them, any other keeps none
+    copy_channels : bool, default True; keep the channel copy of K that
+        ``scoring="channels"`` (``balanced``, the default policy) reads (about
+        K's size for q8); a cache made from a model keeps it when the model's
+        policy scores channels, else not
     """
 
     is_sliding = False
@@ -427,7 +432,7 @@ class SparseKVLayer(CacheLayerMixin):
     is_croppable = True
 
     def __init__(self, dtype="q8", group_size=32, capacity=1024, block_size=32, n_probe=8,
-                 copy_probe_rows=True, copy_channels=False, **kwargs):
+                 copy_probe_rows=False, copy_channels=True, **kwargs):
         super().__init__()
         self.block_size = ck.check_int("block_size", block_size, minimum=1)
         self.n_probe = ck.check_int("n_probe", n_probe, minimum=1)
@@ -658,7 +663,7 @@ class SparseKVCache(Cache):
     copy_channels : bool or None, default None: whether each layer keeps the
         channel copy of K that ``scoring="channels"`` (``policy="balanced"``)
         reads (about K's size for q8); None keeps it when the model's policy
-        scores channels.  Without it such a decode makes the copy at every
+        scores channels (``balanced``, the default, does).  Without it such a decode makes the copy at every
         step (correct, but a read of all of K)
 
     Examples
@@ -682,16 +687,21 @@ class SparseKVCache(Cache):
             raise UnsupportedError(f"SparseKVCache serves full-attention layers only; this model "
                                    f"has layer types {sorted(kinds)}: use a DynamicCache")
         block_size = getattr(settings, "block_size", 32)
-        sel = getattr(settings, "_selection", None)
+        # A model never passed to enable() runs with the default settings.
+        sel = getattr(settings, "_selection", None) or _DEFAULT_SELECTION
         # Copies serve a probe of some rows; a probe of every row reads K
         # itself, and minmax scoring reads the key bounds instead.
-        copies = sel is None or sel.reads == "probe_rows"
-        n_probe = sel.n_probe if copies and sel is not None else 8
-        channels = sel is not None and sel.reads == "channels" if copy_channels is None \
+        copies = sel.reads == "probe_rows"
+        n_probe = sel.n_probe if copies else 8
+        channels = sel.reads == "channels" if copy_channels is None \
             else ck.check_bool("copy_channels", copy_channels)
+        # a layer that decodes densely (dense_layers) reads no metadata
+        dense = set(getattr(settings, "dense_layers", ()))
         super().__init__(layers=[SparseKVLayer(dtype, group_size, capacity, block_size, n_probe,
-                                               copies, channels)
-                                 for _ in range(n_layers)])
+                                               copies and i not in dense,
+                                               channels and (i not in dense
+                                                             or copy_channels is not None))
+                                 for i in range(n_layers)])
         self.dtype = dtype
         shape = _kv_shape(text)
         if shape is not None:
@@ -702,6 +712,12 @@ class SparseKVCache(Cache):
     def nbytes(self):
         """Bytes held by every layer's K and V (at their current capacity)."""
         return sum(layer.nbytes for layer in self.layers)
+
+    @property
+    def metadata_nbytes(self):
+        """Bytes of what every layer keeps beside K and V for selection (key
+        bounds, channel copy, probe-row copies; :attr:`sparse_attn.KVCache.metadata_nbytes`)."""
+        return sum(layer.kv.metadata_nbytes for layer in self.layers if layer.kv is not None)
 
 
 def _kv_shape(text):
@@ -919,7 +935,7 @@ class _ViewState:
         that the cache holds the sequence it recorded), so only the blocks
         holding new rows are made again, as a :class:`sparse_attn.KVCache`
         does on append.  A new sequence, head layout or block size starts
-        the copy again; the room for blocks doubles as it fills."""
+        the copy again; the room for blocks grows by a quarter as it fills."""
         hkv, S, D = self.k.shape
         kop = kv_operand("k", self.k)
         copy = self._copy
@@ -930,7 +946,7 @@ class _ViewState:
                 copy = None
         nb = -(-S // block_size)
         if copy is None or nb > arrays[0].shape[2]:
-            room = max(nb, 64) if copy is None else max(nb, 2 * arrays[0].shape[2])
+            room = max(64, nb + nb // 4)     # a quarter more: O(1) copying per row
             fresh = _metadata.empty_channels(hkv, room, D, block_size)
             done = 0
             if copy is not None:
