@@ -14,9 +14,13 @@ from sparse_attn.selection import selection
 from conftest import make_kv, rel_err, rtol_for
 
 
+# head_dim 200 and 96 (q8 groups of 48) cross the copy's tiles of 64
+# channels, block sizes 50 and 100 its tiles of 32 rows
 @pytest.mark.parametrize("dtype,D,gs", [("float32", 64, None), ("q8", 128, 32),
-                                        ("float32", 67, None), ("q8", 24, 8)])
-@pytest.mark.parametrize("block_size,seq_len", [(32, 300), (7, 100), (50, 49), (32, 32)])
+                                        ("float32", 67, None), ("q8", 24, 8),
+                                        ("float32", 200, None), ("q8", 96, 48)])
+@pytest.mark.parametrize("block_size,seq_len", [(32, 300), (7, 100), (50, 49), (32, 32),
+                                                (100, 250)])
 def test_channel_copy_is_the_reference_copy(rng, dtype, D, gs, block_size, seq_len):
     k, _ = make_kv(rng, 3, seq_len + 9, D, dtype, gs or 32)
     copy = sa.channel_copy(k, block_size=block_size, seq_len=seq_len)
