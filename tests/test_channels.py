@@ -266,3 +266,18 @@ def test_the_core_refuses_a_missing_or_stale_copy(rng):
                           buf.channels_st)
     assert rc == lib.SA_ERR_CHANNELS
     assert "channel copy" in ffi.string(lib.sa_strerror(rc)).decode()
+
+
+def test_a_nan_in_k_given_directly_is_left_out_of_its_scale(rng):
+    """K given directly is not scanned; a NaN in it is ignored by its
+    block's channel maximum and quantises to -127 (as sa_quantize_row),
+    the rest of the copy unchanged."""
+    k = rng.standard_normal((2, 100, 96), dtype=np.float32)
+    clean = k.copy()
+    k[1, 37, 70] = np.nan
+    clean[1, 37, 70] = 0.0
+    got, want = sa.channel_copy(k), sa.channel_copy(clean)
+    np.testing.assert_array_equal(got.scales, want.scales)
+    expect = want.data.copy()
+    expect[1, 70, 1, 5] = -127
+    np.testing.assert_array_equal(got.data, expect)
