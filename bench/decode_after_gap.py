@@ -33,14 +33,15 @@ def main():
     H, Hkv, D = 9, 3, 64
     print(f"isa {sa.isa()}; gap {args.gap_us:.0f} us of numpy work before each call")
     for S in (int(x) for x in args.lengths.split(",")):
-        cache = sa.KVCache(Hkv, D, capacity=S, dtype="q8")
+        cache = sa.KVCache(Hkv, D, capacity=S, dtype="q8", copy_probe_rows=True)
         cache.append(rng.standard_normal((Hkv, S, D), np.float32),
                      rng.standard_normal((Hkv, S, D), np.float32))
         q = rng.standard_normal((H, D), np.float32)
         for r in range(args.rounds):
             ways = {"1 thread": (1, True), "2 threads": (2, True), "2 threads back to back": (2, False)}
             times, outs = {w: [] for w in ways}, {}
-            decoders = {w: cache.decoder(k_blocks=32, threads=t) for w, (t, _) in ways.items()}
+            decoders = {w: cache.decoder(k_blocks=32, policy="seed", threads=t)
+                        for w, (t, _) in ways.items()}
             for i in range(args.calls):
                 for w, (_, gap) in ways.items():
                     t = time.perf_counter()

@@ -829,3 +829,29 @@ def test_the_kept_channel_copy_grows_and_restarts():
     got = state.channels(16)
     want = sa.channel_copy(K[0, :, :52].numpy(), block_size=16)
     assert np.array_equal(got.data, want.data) and np.array_equal(got.scales, want.scales)
+
+
+@pytest.mark.parametrize("policy", ["seed", "recall", "fast", "balanced"])
+def test_the_view_states_decode_is_sparse_decode(policy):
+    """On transformers' own cache the decode step calls the C core on
+    operands made once per step: bit for bit what sparse_decode (and
+    dense_decode for a dense layer) gives with the same knobs, the layer's
+    importance and, for balanced, a fresh channel copy."""
+    g = torch.Generator().manual_seed(7)
+    K = torch.randn(1, 2, 300, 64, generator=g)
+    V = torch.randn(1, 2, 300, 64, generator=g)
+    q = torch.randn(4, 64, generator=g).numpy()
+    settings = sat.SparseAttnSettings(k_blocks=3, policy=policy, threads=1)
+    state = sat._ViewState()
+    state.bind(0, K[:, :, :200], V[:, :, :200], 200)
+    state.record.add(np.linspace(0, 1, 200, dtype=np.float32))
+    for S in (201, 202, 240):
+        state.bind(0, K[:, :, :S], V[:, :, :S], S - state.record.length)
+        got, blocks = state.decoder(settings, 0.125, 1, False)(q)
+        k, v = K[0, :, :S].numpy(), V[0, :, :S].numpy()
+        want, want_blocks = sa.sparse_decode(q, k, v, importance=state.record.importance,
+                                             scale=0.125, threads=1, return_blocks=True,
+                                             policy=policy, k_blocks=3)
+        assert got.tobytes() == want.tobytes() and np.array_equal(blocks, want_blocks)
+        dense = state.decoder(settings, 0.125, 1, True)(q)
+        assert dense.tobytes() == sa.dense_decode(q, k, v, scale=0.125, threads=1).tobytes()

@@ -78,7 +78,8 @@ import sparse_attn as sa
 from sparse_attn import _checks as ck, metadata as _metadata
 from sparse_attn import _ffi
 from sparse_attn._ffi import ffi
-from sparse_attn._operands import kv_operand
+from sparse_attn._operands import kv_operand, kv_pair, query, scale_value
+from sparse_attn.attention import dense_call, metadata_structs, sparse_call
 from sparse_attn.cache import DTYPES as CACHE_DTYPES, _Decoder
 from sparse_attn.selection import CACHE_POLICY, POLICIES, selection
 from sparse_attn._checks import ArgumentError, ArgumentTypeError, SparseAttnError
@@ -114,8 +115,9 @@ class SparseAttnSettings:
         ``scoring="minmax"`` a :class:`SparseKVCache` supplies the key bounds
         it keeps up to date, and with ``scoring="channels"`` (``policy=
         "balanced"``) its channel copy of K; with transformers' own cache
-        they are made at every step from all of K (correct, but reads the
-        whole K).
+        the backend keeps each layer's channel copy itself (making again
+        only the blocks with new rows), while the key bounds are made at
+        every step from all of K (correct, but reads the whole K).
     prefill : ``"exact"``, ``"sparse"`` or ``"sdpa"``, default ``"exact"``
         How prompts are attended: exact causal attention, or sparse prefill
         with the same ``k_blocks`` and knobs as decode (docs/spec.md §7)
@@ -663,8 +665,9 @@ class SparseKVCache(Cache):
     copy_channels : bool or None, default None: whether each layer keeps the
         channel copy of K that ``scoring="channels"`` (``policy="balanced"``)
         reads (about K's size for q8); None keeps it when the model's policy
-        scores channels (``balanced``, the default, does).  Without it such a decode makes the copy at every
-        step (correct, but a read of all of K)
+        scores channels (``balanced``, the default, does).  Without it such
+        a decode makes the copy at every step (correct, but a read of all
+        of K)
 
     Examples
     --------
@@ -928,16 +931,15 @@ class _ViewState:
         self.start = S - T
         return S
 
-    def channels(self, block_size):
-        """The channel copy (spec §6) of this call's K for
-        ``scoring="channels"``, kept between calls: the rows before this
+    def _channels_struct(self, kop, block_size):
+        """The sa_channels of the channel copy (spec §6) of this call's K
+        for ``scoring="channels"``, kept between calls: the rows before this
         call's are the sequence's own (the importance record has checked
         that the cache holds the sequence it recorded), so only the blocks
         holding new rows are made again, as a :class:`sparse_attn.KVCache`
         does on append.  A new sequence, head layout or block size starts
         the copy again; the room for blocks grows by a quarter as it fills."""
         hkv, S, D = self.k.shape
-        kop = kv_operand("k", self.k)
         copy = self._copy
         if copy is not None:
             arrays, st = copy
@@ -958,6 +960,14 @@ class _ViewState:
             self._copy = (arrays, st)
         _ffi.check(_ffi.lib.sa_channels_update(kop.struct, st.k_rows, S, st),
                    "sparse_topk channel copy")
+        return st
+
+    def channels(self, block_size):
+        """The kept channel copy of this call's K, brought up to date
+        (:class:`sparse_attn.ChannelCopy`, views)."""
+        S = self.k.shape[1]
+        self._channels_struct(kv_operand("k", self.k), block_size)
+        arrays, nb = self._copy[0], -(-S // block_size)
         return sa.ChannelCopy._wrap(arrays[0][:, :, :nb], arrays[1][:, :, :nb], block_size, S)
 
     def prefill(self, q, scale, threads, sparse):
@@ -973,14 +983,30 @@ class _ViewState:
         return (self.key, self.value) if self.start == 0 else None
 
     def decoder(self, settings, scale, threads, dense):
+        """This step's decode call: sparse_decode's (or dense_decode's)
+        C call on operands made once for the step, with no argument
+        checks beyond the query's: K and V are the float32 views bind
+        made, the importance is the layer's record and the channel copy
+        the one kept here."""
+        kop, vop, S = kv_pair(self.k, self.v, None)
+        scale, threads = scale_value(scale, kop.head_dim), ck.check_threads(threads)
         if dense:
-            return lambda q: sa.dense_decode(q, self.k, self.v, scale=scale, threads=threads)
-        kw = settings.decode_kwargs()
-        if settings.scoring == "channels":
-            kw["channels"] = self.channels(settings.block_size)
-        return lambda q: sa.sparse_decode(q, self.k, self.v, importance=self.record.importance,
-                                          scale=scale, threads=threads, return_blocks=True,
-                                          **kw)
+            def call(q):
+                q, n_heads = query(q, kop, 2)
+                return dense_call(q, n_heads, kop, vop, S, scale, threads)
+            return call
+        sel = settings._selection
+        if sel.scoring == "channels":
+            bst, pst, keep = self._channels_struct(kop, sel.block_size), None, self._copy
+        else:       # the bounds made for the call (minmax), or K probed
+            bst, pst, keep = metadata_structs(sel, self.k, kop, S, None, None)
+        importance = self.record.importance
+
+        def call(q, _keep=keep):
+            q, n_heads = query(q, kop, 2)
+            return sparse_call(q, n_heads, kop, vop, S, sel, importance, bst, pst, scale,
+                               threads, True)
+        return call
 
     def exact(self, q, scale, threads):
         return sa.dense_decode(q, self.k, self.v, scale=scale, threads=threads)
