@@ -48,6 +48,31 @@ def test_quick_bench_reports_the_needle_and_the_collapse(tmp_path):
         assert sparse["needle"] == 1.0 and pre[(dtype, "32", "fast")]["needle"] == 1.0
 
 
+def test_prefill_rounds_alternate_the_rows_and_report_medians(tmp_path):
+    out = tmp_path / "bench.json"
+    res = run([sys.executable, "-m", "sparse_attn.bench", "--quick", "--no-baselines",
+               "--configs", "dense", "--prefill-rounds", "3", "--json", str(out)])
+    assert "3 round(s), the rows alternated" in res.stdout and "[min-max]" in res.stdout
+    pre = {(r["dtype"], r["config"], r["policy"]): r for r in json.loads(out.read_text())["prefill"]}
+    assert len(pre) == 4
+    for r in pre.values():
+        t = r["s_rounds"]
+        assert len(t) == 3 and r["s"] == sorted(t)[1]
+        assert (r["s_min"], r["s_max"]) == (min(t), max(t))
+    for config, policy in (("exact", None), ("32", "seed")):
+        q8, f32 = pre[("q8", config, policy)], pre[("float32", config, policy)]
+        assert q8["vs_float32"] == pytest.approx(f32["s"] / q8["s"])
+        lo, hi = q8["vs_float32_range"]
+        per_round = [a / b for a, b in zip(f32["s_rounds"], q8["s_rounds"])]
+        assert (lo, hi) == (min(per_round), max(per_round))
+        assert f32["vs_float32"] is None and f32["vs_float32_range"] is None
+    exact = pre[("q8", "exact", None)]
+    assert exact["speedup_vs_exact"] == 1.0 and exact["speedup_vs_exact_range"] == [1.0, 1.0]
+    bad = subprocess.run([sys.executable, "-m", "sparse_attn.bench", "--prefill-rounds", "0"],
+                         capture_output=True, text=True, timeout=60)
+    assert bad.returncode == 2 and "--prefill-rounds" in bad.stderr
+
+
 def test_baseline_rows_compare_with_sparse_attn_dense_float32_only(tmp_path):
     # Without a sparse_attn float32 dense row there is nothing to compare the
     # baselines with: torch's row must not be measured against numpy's.

@@ -102,6 +102,9 @@ def parse_args(argv, prog="python -m sparse_attn.bench"):
     ap.add_argument("--prefill-layers", type=int, default=1,
                     help="layers whose prefill is timed; the table scales to --layers "
                          "(default %(default)s)")
+    ap.add_argument("--prefill-rounds", type=int, default=1,
+                    help="rounds of the prefill table: each round times every row once, in "
+                         "table order; a row reports its median [min-max] (default %(default)s)")
     ap.add_argument("--repeats", type=int, default=5)
     ap.add_argument("--threads", type=int, default=None,
                     help="threads for sparse_attn and torch (default: SPARSE_ATTN_NUM_THREADS "
@@ -142,8 +145,9 @@ def parse_args(argv, prog="python -m sparse_attn.bench"):
         ap.error("--prefill-lengths takes integers (or 'none'), --prefill-configs integers")
     if set(args.prefill_lengths) - set(args.lengths):
         ap.error("--prefill-lengths must be among --lengths")
-    if any(c < 1 for c in args.prefill_configs) or args.prefill_layers < 1:
-        ap.error("--prefill-configs and --prefill-layers must be >= 1")
+    if any(c < 1 for c in args.prefill_configs) or args.prefill_layers < 1 or \
+            args.prefill_rounds < 1:
+        ap.error("--prefill-configs, --prefill-layers and --prefill-rounds must be >= 1")
     args.dtypes = [d.strip() for d in args.dtypes.split(",")]
     try:
         args.policies = [parse_policy(p) for p in args.policies.split(";") if p.strip()]

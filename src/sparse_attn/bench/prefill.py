@@ -6,7 +6,9 @@ bfloat16, causal, GQA) when it is installed.
 A prefill's cost has the same shape in every layer, so ``--prefill-layers``
 layers are timed (default 1, one call each: a prefill is long enough that
 its first call is representative) and the figure is that time times
-``--layers``: the table says so.  The queries are random (prefill's
+``--layers``: the table says so.  ``--prefill-rounds N`` times every row N
+times, round by round (rows alternated), and reports medians with their
+range; ``vs f32`` compares a q8 row with the float32 row of its config.  The queries are random (prefill's
 work does not depend on their values); K and V are the synthetic context's.
 
 The needle column of a sparse row is the decode table's check redone after
@@ -42,20 +44,24 @@ def needle_after_sparse_prefill(bases, kb, knobs, args):
 
 
 def run_prefill(length, bases, args, torch):
-    """Rows of the prefill table for one context length."""
+    """Rows of the prefill table for one context length.
+
+    Every row is timed ``--prefill-rounds`` times, a round timing each row
+    once in table order, so the rows alternate and a shared machine's drift
+    falls on all of them; a row's ``s`` is the median of its rounds (its
+    range in ``s_min``/``s_max``, each round in ``s_rounds``), and the
+    ratios are those of the medians (``*_range``: the ratio's range over the
+    rounds, each round against the same round's reference)."""
     rng = np.random.default_rng(args.seed * 7919 + length)
     ctx = bases[0][0]
     q = rng.standard_normal((args.heads, length, args.head_dim), dtype=np.float32)
     scale_layers = args.layers / args.prefill_layers
-    rows = []
+    rows, fns = [], []
 
     def add(impl, dtype, config, policy, fn, needle):
-        log(f"  [{length}] prefill {impl} {dtype} {config} {policy or ''}")
-        t0 = time.perf_counter()
-        fn()
         rows.append(dict(length=length, impl=impl, dtype=dtype, config=config, policy=policy,
-                         needle=needle, s=(time.perf_counter() - t0) * scale_layers,
-                         layers_timed=args.prefill_layers))
+                         needle=needle, layers_timed=args.prefill_layers, s_rounds=[]))
+        fns.append(fn)
 
     for dtype in args.dtypes:
         if dtype == "q8":
@@ -67,7 +73,6 @@ def run_prefill(length, bases, args, torch):
             for _ in range(args.prefill_layers):
                 sa.prefill(q, k, v, threads=args.threads)
         add("sparse_attn", dtype, "exact", None, exact, 1.0)
-        meta = {}
         for name, knobs in args.policies:
             kw = {key: val for key, val in knobs.items() if key != "dense_layers"}
             if args.n_probe is not None:
@@ -101,30 +106,61 @@ def run_prefill(length, bases, args, torch):
                     for _ in range(args.prefill_layers):
                         sdpa(tq, tk, tv, is_causal=True, enable_gqa=True)
             add("torch-sdpa", name, "exact", None, torch_prefill, 1.0)
-            del tq, tk, tv
-    exact_time = {r["dtype"]: r["s"] for r in rows
-                  if r["impl"] == "sparse_attn" and r["config"] == "exact"}
-    torch_f32 = next((r["s"] for r in rows if r["impl"] == "torch-sdpa"
-                      and r["dtype"] == "float32"), None)
+    for rnd in range(args.prefill_rounds):
+        for r, fn in zip(rows, fns):
+            log(f"  [{length}] prefill {r['impl']} {r['dtype']} {r['config']} "
+                f"{r['policy'] or ''} (round {rnd + 1}/{args.prefill_rounds})")
+            t0 = time.perf_counter()
+            fn()
+            r["s_rounds"].append((time.perf_counter() - t0) * scale_layers)
+    fns.clear()
     for r in rows:
-        ref = exact_time.get(r["dtype"]) if r["impl"] == "sparse_attn" else None
-        r["speedup_vs_exact"] = ref / r["s"] if ref else None
-        r["vs_torch_f32"] = torch_f32 / r["s"] if torch_f32 else None
+        t = r["s_rounds"]
+        r.update(s=float(np.median(t)), s_min=min(t), s_max=max(t))
+    exact = {r["dtype"]: r for r in rows if r["impl"] == "sparse_attn" and r["config"] == "exact"}
+    torch_f32 = next((r for r in rows if r["impl"] == "torch-sdpa" and r["dtype"] == "float32"),
+                     None)
+    ours_f32 = {(r["config"], r["policy"]): r for r in rows
+                if r["impl"] == "sparse_attn" and r["dtype"] == "float32"}
+    for r in rows:
+        ours = r["impl"] == "sparse_attn"
+        for key, ref in (("speedup_vs_exact", exact.get(r["dtype"]) if ours else None),
+                         ("vs_torch_f32", torch_f32),
+                         ("vs_float32", ours_f32.get((r["config"], r["policy"]))
+                          if ours and r["dtype"] == "q8" else None)):
+            r[key] = ref["s"] / r["s"] if ref else None
+            r[key + "_range"] = _ratio_range(ref["s_rounds"], r["s_rounds"]) if ref else None
     return rows
 
 
+def _ratio_range(ref, mine):
+    """[min, max] over the rounds of the reference's time / this row's."""
+    ratios = [a / b for a, b in zip(ref, mine)]
+    return [min(ratios), max(ratios)]
+
+
 def print_prefill_table(rows, args):
+    rounds = args.prefill_rounds
     print(f"\nPrefill of the whole context, {args.layers} layers x ({args.heads} q heads, "
           f"{args.kv_heads} KV heads, head_dim {args.head_dim}); {args.prefill_layers} layer(s) "
-          f"timed, times {args.layers}; ISA {sa.isa()}, {args.threads} thread(s).")
+          f"timed, times {args.layers}; ISA {sa.isa()}, {args.threads} thread(s); "
+          f"{rounds} round(s), the rows alternated.")
     print("vs exact = exact prefill time at the same KV dtype / this row's; vs torch = torch "
-          "SDPA float32 causal time / this row's (> 1: faster than torch).\n")
+          "SDPA float32 causal time / this row's (> 1: faster than torch); vs f32 = the "
+          "float32 row of the same config / this q8 row's."
+          + (" Times are medians [min-max] over the rounds; ratios, those of the medians "
+             "(their range over the rounds in --json)." if rounds > 1 else "") + "\n")
+    spread = rounds > 1
     head = (f"{'ctx':>6} {'impl':<12} {'KV':<9} {'config':<6} {'policy':<8} {'needle':>6} "
-            f"{'prefill s':>10} {'vs exact':>8} {'vs torch':>8}")
+            f"{'prefill s':>10} " + (f"{'[min-max]':<15} " if spread else "")
+            + f"{'vs exact':>8} {'vs torch':>8} {'vs f32':>8}")
 
     def line(r):
+        span = f"[{r['s_min']:.2f}-{r['s_max']:.2f}]"
         return (f"{r['length']:>6} {r['impl']:<12} {r['dtype']:<9} "
                 f"{config_cell(r['config'], 'exact'):<6} {r['policy'] or '-':<8} "
                 f"{needle_cell(r['needle']):>6} {r['s']:10.2f} "
-                f"{ratio_cell(r['speedup_vs_exact']):>8} {ratio_cell(r['vs_torch_f32']):>8}")
+                + (f"{span:<15} " if spread else "")
+                + f"{ratio_cell(r['speedup_vs_exact']):>8} {ratio_cell(r['vs_torch_f32']):>8} "
+                f"{ratio_cell(r['vs_float32']):>8}")
     print_grouped(head, rows, line)
