@@ -198,13 +198,10 @@ SA_INLINE void k_xy(const int8_t *r, __m512i *x, __m512i *y)
 /* gs == 32, D % 128 == 0 (the common q8 shape).  Per 128 bytes of a row,
  * k_xy's X and Y; two vpdpbusd into one accumulator then leave each group
  * in its own 128-bit lane, so a quad of tokens needs only reduce4 and four
- * quads one lane transpose to give [group: 16 tokens].  xy and kds, when
- * given, are the block's rows already through k_xy (xy[2 * (b / 128 * 16 +
- * i)], then Y) and its scales already through load_scales4 (kds[g]): the
- * same values, made once for many heads (scores_q8_many). */
+ * quads one lane transpose to give [group: 16 tokens]. */
 SA_INLINE void scores_q8_block32(const int8_t *qq, const float *qd, int HB, int D,
                                  const int8_t *const *rows, const float *const *srows,
-                                 const __m512i *xy, const __m512 *kds, __m512 *res)
+                                 __m512 *res)
 {
     const int ng = D / 32;
     for (int h = 0; h < HB; h++)
@@ -222,12 +219,7 @@ SA_INLINE void scores_q8_block32(const int8_t *qq, const float *qd, int HB, int 
             __m512i acc[2][4];
             for (int i = 0; i < 4; i++) {
                 __m512i x, y;
-                if (xy) {
-                    x = xy[2 * (b / 128 * 16 + 4 * j + i)];
-                    y = xy[2 * (b / 128 * 16 + 4 * j + i) + 1];
-                } else {
-                    k_xy(rows[4 * j + i] + b, &x, &y);
-                }
+                k_xy(rows[4 * j + i] + b, &x, &y);
                 for (int h = 0; h < HB; h++)
                     acc[h][i] = _mm512_dpbusd_epi32(_mm512_dpbusd_epi32(bias[h], x, qx[h]), y,
                                                     qy[h]);
@@ -236,10 +228,8 @@ SA_INLINE void scores_q8_block32(const int8_t *qq, const float *qd, int HB, int 
                 quad[h][j] = reduce4_epi32(acc[h][0], acc[h][1], acc[h][2], acc[h][3]);
         }
         const int g0 = b / 32;
-        __m512 own[4];
-        const __m512 *kdg = kds ? kds + g0 : own;
-        if (!kds)
-            load_scales4(srows, g0, own);
+        __m512 kdg[4];
+        load_scales4(srows, g0, kdg);
         for (int h = 0; h < HB; h++) {
             __m512i isum[4];
             transpose_lanes(quad[h][0], quad[h][1], quad[h][2], quad[h][3], isum);
@@ -322,7 +312,7 @@ SA_INLINE void scores_q8_tokens(const int8_t *qq, const float *qd, int HB, int D
                                 __m512 *res)
 {
     if (gs == 32 && D % 128 == 0) {
-        scores_q8_block32(qq, qd, HB, D, rows, srows, NULL, NULL, res);
+        scores_q8_block32(qq, qd, HB, D, rows, srows, res);
         return;
     }
     const __m512i lane = _mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15);
@@ -345,21 +335,19 @@ SA_INLINE void scores_q8_tokens(const int8_t *qq, const float *qd, int HB, int D
 #define SA_V_HEADS 4
 
 /* Many heads against one block (prefill scores a tile's rows x heads, 64
- * query vectors for a Qwen3-VL-2B layer, 96 for SmolLM2), K prepared once
- * per block of 16 rows for all of them.  At gs 32 with D % 128 == 0 the
- * block goes through k_xy for scores_q8_block32 (scores_q8_many_xy); at
- * other shapes (head_dim 64: SmolLM2, Qwen2.5-0.5B) in the form of an
- * int8 GEMM (scores_q8_gemm_many), where the dot form's per-token
- * reductions, not its vpdpbusd, were the bound: each block of 16 K rows is
- * flipped to unsigned once and (k_block_t) transposed so that vector c
- * holds the bytes 4c .. 4c+3 of the 16 rows
- * (lane i: row i), and a head's group sum is then gs/4 vpdpbusd of those
- * vectors with its own 4 bytes broadcast: the 16 tokens' exact sums come
- * out side by side, with no per-token reduction.  The +128 of the flip is
- * cancelled by starting each group's sum at -128 * (the sum of the head's
- * bytes in the group).  The sums are exact integers and the group terms are
- * added with scores_q8_block32/16's operations in group order, so the
- * scores are bitwise those of scores_q8_tokens (and of the portable
+ * query vectors for a Qwen3-VL-2B layer, 96 for SmolLM2), in the form of
+ * an int8 GEMM (scores_q8_gemm_many): each block of 16 K rows is
+ * transposed once (k_block_t) so that vector c holds the bytes 4c .. 4c+3
+ * of the 16 rows (lane i: row i), and a vector's group sum is then gs/4
+ * vpdpbusd of those vectors with its own 4 bytes broadcast: the 16
+ * tokens' exact sums come out side by side, with no per-token reduction
+ * (the dot form's reductions, not its vpdpbusd, bound it with many heads).
+ * vpdpbusd takes one operand unsigned: the query's bytes, +128 (flipped
+ * once per call for all the tokens), and each group's sum starts at -128
+ * times the sum of the token's K bytes in the group (k_group_bias, once per
+ * block for all the heads).  The sums are exact integers and the group
+ * terms are added with scores_q8_block32/16's operations in group order,
+ * so the scores are bitwise those of scores_q8_tokens (and of the portable
  * kernel).  Decode's few heads per KV head (4 and 8, K streamed from
  * memory) did not measurably gain from preparing K once on a Zen 4
  * (results.md), so this starts at 16 vectors, which a full prefill tile
@@ -367,7 +355,7 @@ SA_INLINE void scores_q8_tokens(const int8_t *qq, const float *qd, int HB, int D
 #define SA_Q8_MANY_HEADS 16
 #define SA_Q8_MANY_MAX_D 512
 #define SA_Q8_MANY_HB 8    /* heads per pass over a block's vectors: 8 dpbusd chains */
-#define SA_Q8_MANY_CHUNK 64 /* heads whose group offsets are kept at once */
+#define SA_Q8_MANY_CHUNK 64 /* heads whose flipped bytes are kept at once */
 
 SA_INLINE int q8_many_takes(int gs, int D)
 {
@@ -417,14 +405,13 @@ SA_INLINE void transpose16_epi32(__m512i *r)
  * rows (lane i: row i), flipped to unsigned when `flip` (vpdpbusd) or
  * signed (tdpbssd), and kds[g] = the rows' scales of group g. */
 SA_INLINE void k_block_t(const int8_t *const *rows, const float *kd_t, ptrdiff_t scale_stride,
-                         int cnt, int D, int gs, int flip, __m512i *kt, __m512 *kds)
+                         int cnt, int D, int gs, __m512i *kt, __m512 *kds)
 {
     const __m512i lane = _mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15);
-    const __m512i fl = _mm512_set1_epi8(flip ? (char)0x80 : 0);
     for (int b = 0; b < (D + 63) / 64; b++) {
         const __mmask64 m = bytes64(D - 64 * b);
         for (int i = 0; i < 16; i++)
-            kt[16 * b + i] = _mm512_xor_si512(_mm512_maskz_loadu_epi8(m, rows[i] + 64 * b), fl);
+            kt[16 * b + i] = _mm512_maskz_loadu_epi8(m, rows[i] + 64 * b);
         transpose16_epi32(kt + 16 * b);
     }
     const __m512i idx = _mm512_mullo_epi32(_mm512_min_epi32(lane, _mm512_set1_epi32(cnt - 1)),
@@ -433,11 +420,43 @@ SA_INLINE void k_block_t(const int8_t *const *rows, const float *kd_t, ptrdiff_t
         kds[g] = gather_scales(kd_t, idx, g);
 }
 
-/* HB heads' scores against one prepared block: kt[c] = bytes 4c..4c+3 of
- * the 16 rows (flipped), kds[g] = the rows' scales of group g, off[x * ng
- * + g] = -128 * (sum of head x's bytes in group g). */
-SA_INLINE void scores_q8_gemm(const int8_t *qq, const float *qd, int HB, int D, int gs,
-                              const __m512i *kt, const __m512 *kds, const int32_t *off,
+/* acc += the 4-byte dot products of u's unsigned bytes with s's signed
+ * bytes.  GCC 12 kept a copy of the accumulator around each
+ * _mm512_dpbusd_epi32 of a loop (two register moves per instruction, and
+ * spills); the asm pins it in its register.  Under the SIMDe test build (no
+ * __AVX512VNNI__) the intrinsic stands in. */
+#if defined(__AVX512VNNI__) && defined(__GNUC__)
+#define sa_dpbusd(acc, u, s) __asm__("vpdpbusd %2, %1, %0" : "+v"(acc) : "v"(u), "v"(s))
+#else
+#define sa_dpbusd(acc, u, s) ((acc) = _mm512_dpbusd_epi32((acc), (u), (s)))
+#endif
+
+/* The 4 bytes of a flipped query vector at q, in every lane. */
+SA_INLINE __m512i q4_bcast(const uint8_t *q)
+{
+    int32_t q4;
+    memcpy(&q4, q, 4);
+    return _mm512_set1_epi32(q4);
+}
+
+/* kb[g] = -128 * (the sum of each token's K bytes in group g), lane i for
+ * row i of the transposed block kt: what cancels the query's +128. */
+SA_INLINE void k_group_bias(const __m512i *kt, int D, int gs, __m512i *kb)
+{
+    const __m512i ones = _mm512_set1_epi8(1);
+    for (int g = 0, c = 0; g < D / gs; g++) {
+        __m512i sum = _mm512_setzero_si512();
+        for (const int end = c + gs / 4; c < end; c++)
+            sum = _mm512_dpbusd_epi32(sum, ones, kt[c]);
+        kb[g] = _mm512_sub_epi32(_mm512_setzero_si512(), _mm512_slli_epi32(sum, 7));
+    }
+}
+
+/* HB vectors' scores against one prepared block: qu = their bytes + 128
+ * (row stride D), kt[c] = bytes 4c..4c+3 of the 16 rows, kds[g] and kb[g]
+ * the rows' scales and bias of group g. */
+SA_INLINE void scores_q8_gemm(const uint8_t *qu, const float *qd, int HB, int D, int gs,
+                              const __m512i *kt, const __m512 *kds, const __m512i *kb,
                               __m512 *res)
 {
     const int ng = D / gs, cpg = gs / 4;
@@ -446,103 +465,97 @@ SA_INLINE void scores_q8_gemm(const int8_t *qq, const float *qd, int HB, int D, 
     for (int g = 0; g < ng; g++) {
         __m512i acc[SA_Q8_MANY_HB];
         for (int x = 0; x < HB; x++)
-            acc[x] = _mm512_set1_epi32(off[x * ng + g]);
+            acc[x] = kb[g];
         for (int c = g * cpg; c < (g + 1) * cpg; c++) {
             const __m512i kc = kt[c];
-            for (int x = 0; x < HB; x++) {
-                int32_t q4;
-                memcpy(&q4, qq + (ptrdiff_t)x * D + 4 * c, 4);
-                acc[x] = _mm512_dpbusd_epi32(acc[x], kc, _mm512_set1_epi32(q4));
-            }
+            for (int x = 0; x < HB; x++)
+                sa_dpbusd(acc[x], q4_bcast(qu + (ptrdiff_t)x * D + 4 * c), kc);
         }
         for (int x = 0; x < HB; x++)
             res[x] = add_group_term(res[x], qd[(ptrdiff_t)x * ng + g], kds[g], acc[x]);
     }
 }
 
-/* gs == 32, D % 128 == 0: scores_q8_block32 on the block's X, Y and
- * scales, made once for all the heads.  At this shape the dot form issues as
- * many vpdpbusd as the GEMM form below and its shuffles run beside them; the
- * GEMM form was 10-20% slower here on a Sapphire-Rapids-class Xeon (perf
- * samples of a 4096-token Qwen3-VL-2B-shaped prefill, alternated builds). */
-static void scores_q8_many_xy(const int8_t *qq, const float *qd, int G, int D,
-                              const int8_t *k, const float *kd, ptrdiff_t row_stride,
-                              ptrdiff_t scale_stride, int n, float *const *s,
-                              const sa_prefetch *pf)
+/* scores_q8_gemm of 8 vectors, stored: named accumulators in a function of
+ * its own, so all 16 stay in registers (inlined with an array into
+ * scores_q8_gemm_many, GCC 12 spilled some).  Two thirds of the scores of
+ * a 4096-token q8 prefill's tiles run here. */
+#define SA_H8(M) M(0) M(1) M(2) M(3) M(4) M(5) M(6) M(7)
+__attribute__((noinline)) static void scores_q8_gemm8(const uint8_t *qu, const float *qd, int D,
+                                                      int gs, const __m512i *kt,
+                                                      const __m512 *kds, const __m512i *kb,
+                                                      float *const *s, int t, int cnt)
 {
-    __m512i xy[2 * 16 * (SA_Q8_MANY_MAX_D / 128)];
-    __m512 kds[SA_Q8_MANY_MAX_D / 32];
-    const int ng = D / 32, iters = (n + 15) / 16;
-    for (int t = 0, it = 0; t < n; t += 16, it++) {
-        const int cnt = n - t < 16 ? n - t : 16;
-        const int8_t *rows[16];
-        const float *srows[16];
-        SA_BLOCK_ROWS(rows, k, t, cnt, row_stride);
-        SA_BLOCK_ROWS(srows, kd, t, cnt, scale_stride);
-        sa_prefetch_part(pf, it, iters);
-        for (int b = 0, c = 0; b < D; b += 128)
-            for (int i = 0; i < 16; i++, c += 2)
-                k_xy(rows[i] + b, &xy[c], &xy[c + 1]);
-        for (int g0 = 0; g0 < ng; g0 += 4)
-            load_scales4(srows, g0, kds + g0);
-        for (int h = 0; h < G; h += 2) {
-            const int HB = G - h >= 2 ? 2 : 1;
-            __m512 res[2];
-            const int8_t *qh = qq + (ptrdiff_t)h * D;
-            const float *qdh = qd + (ptrdiff_t)h * ng;
-            if (HB == 2)
-                scores_q8_block32(qh, qdh, 2, D, NULL, NULL, xy, kds, res);
-            else
-                scores_q8_block32(qh, qdh, 1, D, NULL, NULL, xy, kds, res);
-            for (int x = 0; x < HB; x++)
-                store_scores(s[h + x] + t, cnt, res[x]);
+    const int ng = D / gs, cpg = gs / 4;
+#define SA_R(x) __m512 r##x = _mm512_setzero_ps();
+    SA_H8(SA_R)
+#undef SA_R
+    for (int g = 0; g < ng; g++) {
+        const __m512i bias = kb[g];
+#define SA_A(x) __m512i a##x = bias;
+        SA_H8(SA_A)
+#undef SA_A
+        for (int c = g * cpg; c < (g + 1) * cpg; c++) {
+            const __m512i kc = kt[c];
+#define SA_DOT(x) sa_dpbusd(a##x, q4_bcast(qu + (ptrdiff_t)(x) * D + 4 * c), kc);
+            SA_H8(SA_DOT)
+#undef SA_DOT
         }
+        const __m512 kdg = kds[g];
+#define SA_T(x) r##x = add_group_term(r##x, qd[(ptrdiff_t)(x) * ng + g], kdg, a##x);
+        SA_H8(SA_T)
+#undef SA_T
     }
+#define SA_S(x) store_scores(s[x] + t, cnt, r##x);
+    SA_H8(SA_S)
+#undef SA_S
 }
+#undef SA_H8
 
 static void scores_q8_gemm_many(const int8_t *qq, const float *qd, int G, int D, int gs,
                                 const int8_t *k, const float *kd, ptrdiff_t row_stride,
                                 ptrdiff_t scale_stride, int n, float *const *s,
                                 const sa_prefetch *pf)
 {
-    __m512i kt[SA_Q8_MANY_MAX_D / 4];
+    __m512i kt[SA_Q8_MANY_MAX_D / 4], kb[SA_Q8_MANY_MAX_D / 16];
     __m512 kds[SA_Q8_MANY_MAX_D / 16];
-    int32_t off[SA_Q8_MANY_CHUNK * (SA_Q8_MANY_MAX_D / 16)];
+    /* + 64: the last store of the flip may run past nh * D (never read) */
+    uint8_t qu[SA_Q8_MANY_CHUNK * SA_Q8_MANY_MAX_D + 64] __attribute__((aligned(64)));
+    const __m512i flip = _mm512_set1_epi8((char)0x80);
     const int ng = D / gs, iters = (n + 15) / 16;
     for (int h0 = 0; h0 < G; h0 += SA_Q8_MANY_CHUNK) {
         const int nh = G - h0 < SA_Q8_MANY_CHUNK ? G - h0 : SA_Q8_MANY_CHUNK;
-        for (int x = 0; x < nh; x++)
-            for (int g = 0; g < ng; g++) {
-                const int8_t *qg = qq + (ptrdiff_t)(h0 + x) * D + g * gs;
-                int32_t sum = 0;
-                for (int i = 0; i < gs; i++)
-                    sum += qg[i];
-                off[x * ng + g] = -128 * sum;
-            }
+        const int8_t *qh0 = qq + (ptrdiff_t)h0 * D;
+        for (int i = 0; i < nh * D; i += 64)
+            _mm512_store_si512(qu + i, _mm512_xor_si512(
+                                           _mm512_maskz_loadu_epi8(bytes64(nh * D - i), qh0 + i),
+                                           flip));
         for (int t = 0, it = 0; t < n; t += 16, it++) {
             const int cnt = n - t < 16 ? n - t : 16;
             const int8_t *rows[16];
             SA_BLOCK_ROWS(rows, k, t, cnt, row_stride);
             if (h0 == 0)
                 sa_prefetch_part(pf, it, iters);
-            k_block_t(rows, kd + (ptrdiff_t)t * scale_stride, scale_stride, cnt, D, gs, 1, kt,
-                      kds);
+            k_block_t(rows, kd + (ptrdiff_t)t * scale_stride, scale_stride, cnt, D, gs, kt, kds);
+            k_group_bias(kt, D, gs, kb);
             for (int x = 0; x < nh; x += SA_Q8_MANY_HB) {
                 const int h = h0 + x;
                 const int HB = nh - x < SA_Q8_MANY_HB ? nh - x : SA_Q8_MANY_HB;
-                __m512 res[SA_Q8_MANY_HB];
-                const int8_t *qh = qq + (ptrdiff_t)h * D;
+                const uint8_t *qx = qu + (ptrdiff_t)x * D;
                 const float *qdh = qd + (ptrdiff_t)h * ng;
-                const int32_t *o = off + x * ng;
+                if (HB == 8) {
+                    scores_q8_gemm8(qx, qdh, D, gs, kt, kds, kb, s + h, t, cnt);
+                    continue;
+                }
+                __m512 res[SA_Q8_MANY_HB];
                 switch (HB) {
-                case 8: scores_q8_gemm(qh, qdh, 8, D, gs, kt, kds, o, res); break;
-                case 7: scores_q8_gemm(qh, qdh, 7, D, gs, kt, kds, o, res); break;
-                case 6: scores_q8_gemm(qh, qdh, 6, D, gs, kt, kds, o, res); break;
-                case 5: scores_q8_gemm(qh, qdh, 5, D, gs, kt, kds, o, res); break;
-                case 4: scores_q8_gemm(qh, qdh, 4, D, gs, kt, kds, o, res); break;
-                case 3: scores_q8_gemm(qh, qdh, 3, D, gs, kt, kds, o, res); break;
-                case 2: scores_q8_gemm(qh, qdh, 2, D, gs, kt, kds, o, res); break;
-                default: scores_q8_gemm(qh, qdh, 1, D, gs, kt, kds, o, res); break;
+                case 7: scores_q8_gemm(qx, qdh, 7, D, gs, kt, kds, kb, res); break;
+                case 6: scores_q8_gemm(qx, qdh, 6, D, gs, kt, kds, kb, res); break;
+                case 5: scores_q8_gemm(qx, qdh, 5, D, gs, kt, kds, kb, res); break;
+                case 4: scores_q8_gemm(qx, qdh, 4, D, gs, kt, kds, kb, res); break;
+                case 3: scores_q8_gemm(qx, qdh, 3, D, gs, kt, kds, kb, res); break;
+                case 2: scores_q8_gemm(qx, qdh, 2, D, gs, kt, kds, kb, res); break;
+                default: scores_q8_gemm(qx, qdh, 1, D, gs, kt, kds, kb, res); break;
                 }
                 for (int y = 0; y < HB; y++)
                     store_scores(s[h + y] + t, cnt, res[y]);
@@ -664,7 +677,7 @@ SA_AMX_FN static void scores_q8_amx(const int8_t *qq, const float *qd, int G, in
         const int8_t *rows[16];
         SA_BLOCK_ROWS(rows, k, t, cnt, row_stride);
         sa_prefetch_part(pf, it, iters);
-        k_block_t(rows, kd + (ptrdiff_t)t * scale_stride, scale_stride, cnt, D, gs, 0, kt, kds);
+        k_block_t(rows, kd + (ptrdiff_t)t * scale_stride, scale_stride, cnt, D, gs, kt, kds);
 
         /* A pipeline over blocks of 16 query vectors: block x's tiles are
          * issued, then block x - 1's sums (stored before) become scores
@@ -712,8 +725,5 @@ static void scores_q8_many(const int8_t *qq, const float *qd, int G, int D, int 
         return;
     }
 #endif
-    if (gs == 32 && D % 128 == 0)
-        scores_q8_many_xy(qq, qd, G, D, k, kd, row_stride, scale_stride, n, s, pf);
-    else
-        scores_q8_gemm_many(qq, qd, G, D, gs, k, kd, row_stride, scale_stride, n, s, pf);
+    scores_q8_gemm_many(qq, qd, G, D, gs, k, kd, row_stride, scale_stride, n, s, pf);
 }
