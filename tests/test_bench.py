@@ -158,3 +158,32 @@ def test_kernel_costs_microbenchmark_builds_and_runs(tmp_path):
         with pytest.raises(subprocess.CalledProcessError) as e:
             run([str(exe), *bad])
         assert e.value.returncode == 2
+
+
+@needs_cc
+def test_prefill_ceiling_microbenchmark_builds_and_runs(tmp_path):
+    import sparse_attn as sa
+    cc = _c_compiler()
+    exe = tmp_path / "prefill_ceiling"
+    run([cc, "-O2", "-std=gnu11", "-Wall", "-Wextra", "-Werror", "-ffp-contract=off",
+         "-pthread", "-I", str(ROOT / "csrc"), *_kernel_sources(),
+         str(ROOT / "bench" / "prefill_ceiling.c"), "-o", str(exe), "-lm"])
+    for isa in sa.available_isas():
+        lines = run([str(exe), isa, "17", "64"]).stdout.splitlines()
+        assert f"ISA {isa}" in lines[0] and "G=17" in lines[0] and "64 keys" in lines[0]
+        peak = lines[1]
+        if isa == "portable":
+            assert "not measured" in peak
+        else:       # the FMA and int8-dot peaks of the ISA's instructions
+            nums = [float(x.rstrip(",")) for x in peak.split() if x[0].isdigit()]
+            assert len(nums) == 2 and min(nums) > 0
+        names = ["scores f32", "scores q8", "softmax", "V f32", "dequantise V"]
+        for name, line in zip(names, lines[2:7]):
+            assert line.split()[:len(name.split())] == name.split()
+            assert float(line.split()[len(name.split())]) > 0
+        assert "q8 prefill at most" in lines[7] and lines[7].split()[4].endswith("x")
+    for bad in (["no-such-isa"], ["portable", "0"], ["portable", "2", "31"],
+                ["portable", "2", "99999999"]):
+        with pytest.raises(subprocess.CalledProcessError) as e:
+            run([str(exe), *bad])
+        assert e.value.returncode == 2
