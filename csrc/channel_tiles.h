@@ -68,6 +68,20 @@ static void SA_FN(channel_scores)(const float *q, int G, int D, const int32_t *i
                     __builtin_prefetch(pf + off[j], 0, 2);
             }
             int g0 = 0;
+#ifdef SA_C_PAIR
+            if (t + 1 < nt && (b + 1 < n - 1 || last_rows == 32)) {   /* b + 1: 32 rows too */
+                for (; g0 + SA_C_HEADS <= G; g0 += SA_C_HEADS)
+                    channel_block2_simd(G, r, db, cs, off, w, t, g0, SA_C_HEADS, s, b);
+#if SA_C_HEADS > 2
+                for (; g0 + 2 <= G; g0 += 2)
+                    channel_block2_simd(G, r, db, cs, off, w, t, g0, 2, s, b);
+#endif
+                for (; g0 < G; g0++)
+                    channel_block2_simd(G, r, db, cs, off, w, t, g0, 1, s, b);
+                t++;
+                continue;
+            }
+#endif
             for (; g0 + SA_C_HEADS <= G; g0 += SA_C_HEADS)
                 channel_block_simd(G, r, db, off, w, t, g0, SA_C_HEADS, s, b);
 #if SA_C_HEADS > 2

@@ -848,8 +848,12 @@ static void test_channel_scores(const sa_kernels *kern)
 {
     static const int dims[] = {1, 8, 64, 67, 128};
     /* {bs, n}: 32-row blocks alone, in a partial tile of SA_CHANNEL_TILE
-     * blocks, in full tiles and a partial one; and other block sizes */
-    static const int sizes[][2] = {{32, 1}, {32, 5}, {7, 3}, {16, 9}, {33, 2}, {32, 19}};
+     * blocks, in full tiles and a partial one; and other block sizes.  The
+     * AVX-512 file scores adjacent 32-row blocks in pairs: {32, 14} ends on
+     * a pair of two whole blocks at G = 7 (last = 32) and on a whole block
+     * beside a partial one at G = 1 and 4. */
+    static const int sizes[][2] = {{32, 1}, {32, 5}, {7, 3}, {16, 9}, {33, 2}, {32, 19},
+                                   {32, 14}};
     for (int di = 0; di < 5; di++)
     for (int si = 0; si < LEN(sizes); si++)
     for (int G = 1; G <= 7; G += 3) {
