@@ -137,13 +137,19 @@ def _kernel_sources():
     return files
 
 
+def _build_bench(tmp_path, name):
+    """bench/<name>.c built with the core and this CPU's kernel files,
+    warnings as errors; the executable's path."""
+    exe = tmp_path / name
+    run([_c_compiler(), "-O2", "-std=gnu11", "-Wall", "-Wextra", "-Werror", "-ffp-contract=off",
+         "-pthread", "-I", str(ROOT / "csrc"), *_kernel_sources(),
+         str(ROOT / "bench" / f"{name}.c"), "-o", str(exe), "-lm"])
+    return exe
+
+
 @needs_cc
 def test_kernel_costs_microbenchmark_builds_and_runs(tmp_path):
-    cc = _c_compiler()
-    exe = tmp_path / "kernel_costs"
-    run([cc, "-O2", "-std=gnu11", "-Wall", "-Wextra", "-Werror", "-ffp-contract=off",
-         "-pthread", "-I", str(ROOT / "csrc"), *_kernel_sources(),
-         str(ROOT / "bench" / "kernel_costs.c"), "-o", str(exe), "-lm"])
+    exe = _build_bench(tmp_path, "kernel_costs")
     res = run([str(exe), "portable", "3", "16"])
     lines = res.stdout.splitlines()
     assert "ISA portable" in lines[0] and "G=3" in lines[0]
@@ -163,11 +169,7 @@ def test_kernel_costs_microbenchmark_builds_and_runs(tmp_path):
 @needs_cc
 def test_prefill_ceiling_microbenchmark_builds_and_runs(tmp_path):
     import sparse_attn as sa
-    cc = _c_compiler()
-    exe = tmp_path / "prefill_ceiling"
-    run([cc, "-O2", "-std=gnu11", "-Wall", "-Wextra", "-Werror", "-ffp-contract=off",
-         "-pthread", "-I", str(ROOT / "csrc"), *_kernel_sources(),
-         str(ROOT / "bench" / "prefill_ceiling.c"), "-o", str(exe), "-lm"])
+    exe = _build_bench(tmp_path, "prefill_ceiling")
     for isa in sa.available_isas():
         lines = run([str(exe), isa, "17", "64"]).stdout.splitlines()
         assert f"ISA {isa}" in lines[0] and "G=17" in lines[0] and "64 keys" in lines[0]
