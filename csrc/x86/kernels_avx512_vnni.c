@@ -401,9 +401,9 @@ SA_INLINE void transpose16_epi32(__m512i *r)
 }
 
 /* A block of 16 K rows (row pointers as SA_BLOCK_ROWS gives them, the
- * first cnt real) for the GEMM forms: kt[c] = bytes 4c .. 4c+3 of the 16
- * rows (lane i: row i), flipped to unsigned when `flip` (vpdpbusd) or
- * signed (tdpbssd), and kds[g] = the rows' scales of group g. */
+ * first cnt real) for the GEMM forms (vpdpbusd and tdpbssd): kt[c] =
+ * bytes 4c .. 4c+3 of the 16 rows (lane i: row i), signed as stored, and
+ * kds[g] = the rows' scales of group g. */
 SA_INLINE void k_block_t(const int8_t *const *rows, const float *kd_t, ptrdiff_t scale_stride,
                          int cnt, int D, int gs, __m512i *kt, __m512 *kds)
 {
