@@ -6,10 +6,13 @@
  *   SA_C_HEADS                         the most heads of one block call (2 or 4)
  *   channel_weights8(dst, qv, sc)      dst[t] = qv * sc[t] for t < 8, one
  *                                      float product each
- *   channel_block_simd(G, r, db, off, w, t, g0, HB, s, b)
- *                                      s[g0 + h][b] for h < HB of a 32-row
- *                                      block whose channel j is at db + off[j],
- *                                      its weights at w[(j*G + g0 + h)*8 + t]
+ *   channel_block_simd(G, r, db, cs, off, w, t, g0, HB, NB, s, b)
+ *                                      s[g0 + h][b + k] for h < HB, k < NB of
+ *                                      NB 32-row blocks whose channel j is at
+ *                                      db + off[j] + k * cs, their weights at
+ *                                      w[(j*G + g0 + h)*8 + t + k]
+ *   SA_C_PAIR                          optional: the file scores two adjacent
+ *                                      blocks at once (NB = 2); else NB = 1
  *
  * Per tile of SA_CHANNEL_TILE blocks it forms the weights q[g][c] *
  * scale(c, b) (kernels.h: the scalar loop's product) when a block of the
@@ -23,6 +26,22 @@
 #define SA_CHANNEL_TILES_H
 
 #define SA_C_PF 8   /* blocks ahead a channel row is prefetched */
+
+/* Every head of the NB blocks b .. b + NB - 1 (NB a constant at each call),
+ * SA_C_HEADS heads at a time, then pairs, then one. */
+SA_INLINE void channel_heads(int G, int r, const int8_t *db, ptrdiff_t cs, const ptrdiff_t *off,
+                             const float *w, int t, const int NB, float *const *s, int b)
+{
+    int g0 = 0;
+    for (; g0 + SA_C_HEADS <= G; g0 += SA_C_HEADS)
+        channel_block_simd(G, r, db, cs, off, w, t, g0, SA_C_HEADS, NB, s, b);
+#if SA_C_HEADS > 2
+    for (; g0 + 2 <= G; g0 += 2)
+        channel_block_simd(G, r, db, cs, off, w, t, g0, 2, NB, s, b);
+#endif
+    for (; g0 < G; g0++)
+        channel_block_simd(G, r, db, cs, off, w, t, g0, 1, NB, s, b);
+}
 
 static void SA_FN(channel_scores)(const float *q, int G, int D, const int32_t *idx, int r,
                                   const int8_t *d, const float *sc, int cs,
@@ -67,29 +86,14 @@ static void SA_FN(channel_scores)(const float *q, int G, int D, const int32_t *i
                 for (int j = 0; j < r; j++)
                     __builtin_prefetch(pf + off[j], 0, 2);
             }
-            int g0 = 0;
 #ifdef SA_C_PAIR
             if (t + 1 < nt && (b + 1 < n - 1 || last_rows == 32)) {   /* b + 1: 32 rows too */
-                for (; g0 + SA_C_HEADS <= G; g0 += SA_C_HEADS)
-                    channel_block2_simd(G, r, db, cs, off, w, t, g0, SA_C_HEADS, s, b);
-#if SA_C_HEADS > 2
-                for (; g0 + 2 <= G; g0 += 2)
-                    channel_block2_simd(G, r, db, cs, off, w, t, g0, 2, s, b);
-#endif
-                for (; g0 < G; g0++)
-                    channel_block2_simd(G, r, db, cs, off, w, t, g0, 1, s, b);
+                channel_heads(G, r, db, cs, off, w, t, 2, s, b);
                 t++;
                 continue;
             }
 #endif
-            for (; g0 + SA_C_HEADS <= G; g0 += SA_C_HEADS)
-                channel_block_simd(G, r, db, off, w, t, g0, SA_C_HEADS, s, b);
-#if SA_C_HEADS > 2
-            for (; g0 + 2 <= G; g0 += 2)
-                channel_block_simd(G, r, db, off, w, t, g0, 2, s, b);
-#endif
-            for (; g0 < G; g0++)
-                channel_block_simd(G, r, db, off, w, t, g0, 1, s, b);
+            channel_heads(G, r, db, cs, off, w, t, 1, s, b);
         }
     }
 }

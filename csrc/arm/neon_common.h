@@ -640,7 +640,9 @@ SA_INLINE void channel_weights8(float *dst, float qv, const float *sc)
 }
 
 #define SA_C_HEADS 2
-#define channel_block_simd channel_block_neon
+/* one block at a time (no SA_C_PAIR): NB is 1, cs unused */
+#define channel_block_simd(G, r, db, cs, off, w, t, g0, HB, NB, s, b) \
+    ((void)(cs), (void)(NB), channel_block_neon(G, r, db, off, w, t, g0, HB, s, b))
 #include "../channel_tiles.h"
 #undef channel_block_simd
 

@@ -504,55 +504,18 @@ static void SA_FN(dequantize_rows)(const int8_t *q, const float *scales, int dim
 #define SA_C_VECS (32 / SA_VT)
 #define SA_C_HEADS (SA_VT == 8 ? 2 : 4)
 
-/* One 32-row block of the tile (slot t), its bytes at db + off[j] for
- * channel j, heads g0 .. g0+HB: HB is a constant at every call, so the head
- * loop unrolls with no test. */
-SA_INLINE void channel_block_simd(int G, int r, const int8_t *db, const ptrdiff_t *off,
-                                  const float *w, int t, int g0, const int HB,
-                                  float *const *s, int b)
-{
-    sa_vf a[SA_C_HEADS][SA_C_VECS];
-    for (int h = 0; h < HB; h++)
-        for (int v = 0; v < SA_C_VECS; v++)
-            a[h][v] = SA_MM(setzero_ps)();
-    const float *wj = w + (ptrdiff_t)g0 * SA_CHANNEL_TILE + t;
-    const ptrdiff_t wstep = (ptrdiff_t)G * SA_CHANNEL_TILE;
-    for (int j = 0; j < r; j++, wj += wstep) {
-        const int8_t *x = db + off[j];
-        sa_vf xv[SA_C_VECS];
-        for (int v = 0; v < SA_C_VECS; v++)
-            xv[v] = vf_load_s8(x + v * SA_VT);
-        for (int h = 0; h < HB; h++) {
-            const sa_vf wv = SA_MM(set1_ps)(wj[h * SA_CHANNEL_TILE]);
-            for (int v = 0; v < SA_C_VECS; v++)
-                a[h][v] = SA_MM(fmadd_ps)(wv, xv[v], a[h][v]);
-        }
-    }
-    for (int h = 0; h < HB; h++) {
-        sa_vf m = a[h][0];
-        for (int v = 1; v < SA_C_VECS; v++)
-            m = SA_MM(max_ps)(m, a[h][v]);
-        s[g0 + h][b] = hmax_ps(m);    /* max is exact in any order */
-    }
-}
-
-#if SA_VT == 16
-/* AVX-512: two adjacent 32-row blocks (slots t and t + 1) at once, each
- * channel's 64 bytes (both blocks: a whole cache line when cs is 32) read
- * together, and twice the independent fused multiply-add chains to hide
- * their latency and the loads'.  Each (head, row) chain is
- * channel_block_simd's, so the scores are the same bits.  61 -> 42 ns per
- * (block, KV head) at G = 2 on a Zen 4 (one core, 8 KV heads x 1024
- * blocks, old and new builds alternated 4 times: results.md); with AVX2's
- * 16 registers the pair's 16 accumulators spill, so AVX2 scores one block
- * at a time. */
-#define SA_C_PAIR 1
-SA_INLINE void channel_block2_simd(int G, int r, const int8_t *db, ptrdiff_t cs,
-                                   const ptrdiff_t *off, const float *w, int t, int g0,
-                                   const int HB, float *const *s, int b)
+/* NB adjacent 32-row blocks of the tile (slots t .. t + NB - 1, NB 1 or 2,
+ * cs bytes apart per channel), their bytes at db + off[j] for channel j,
+ * heads g0 .. g0+HB: HB and NB are constants at every call, so the loops
+ * unroll with no test.  Each (head, row) is the same fused multiply-add
+ * chain whatever NB, so a block scored in a pair is the same bits as
+ * alone. */
+SA_INLINE void channel_block_simd(int G, int r, const int8_t *db, ptrdiff_t cs,
+                                  const ptrdiff_t *off, const float *w, int t, int g0,
+                                  const int HB, const int NB, float *const *s, int b)
 {
     sa_vf a[2][SA_C_HEADS][SA_C_VECS];
-    for (int k = 0; k < 2; k++)
+    for (int k = 0; k < NB; k++)
         for (int h = 0; h < HB; h++)
             for (int v = 0; v < SA_C_VECS; v++)
                 a[k][h][v] = SA_MM(setzero_ps)();
@@ -561,24 +524,34 @@ SA_INLINE void channel_block2_simd(int G, int r, const int8_t *db, ptrdiff_t cs,
     for (int j = 0; j < r; j++, wj += wstep) {
         const int8_t *x = db + off[j];
         sa_vf xv[2][SA_C_VECS];
-        for (int k = 0; k < 2; k++)
+        for (int k = 0; k < NB; k++)
             for (int v = 0; v < SA_C_VECS; v++)
                 xv[k][v] = vf_load_s8(x + k * cs + v * SA_VT);
         for (int h = 0; h < HB; h++)
-            for (int k = 0; k < 2; k++) {
+            for (int k = 0; k < NB; k++) {
                 const sa_vf wv = SA_MM(set1_ps)(wj[h * SA_CHANNEL_TILE + k]);
                 for (int v = 0; v < SA_C_VECS; v++)
                     a[k][h][v] = SA_MM(fmadd_ps)(wv, xv[k][v], a[k][h][v]);
             }
     }
-    for (int k = 0; k < 2; k++)
+    for (int k = 0; k < NB; k++)
         for (int h = 0; h < HB; h++) {
             sa_vf m = a[k][h][0];
             for (int v = 1; v < SA_C_VECS; v++)
                 m = SA_MM(max_ps)(m, a[k][h][v]);
-            s[g0 + h][b + k] = hmax_ps(m);
+            s[g0 + h][b + k] = hmax_ps(m);    /* max is exact in any order */
         }
 }
+
+/* AVX-512 scores adjacent 32-row blocks in pairs (NB = 2): each channel's
+ * 64 bytes (both blocks: a whole cache line when cs is 32) read together,
+ * and twice the independent fused multiply-add chains to hide their
+ * latency and the loads'.  61 -> 42 ns per (block, KV head) at G = 2 on a
+ * Zen 4 (one core, 8 KV heads x 1024 blocks, old and new builds alternated
+ * 4 times: results.md).  With AVX2's 16 registers the pair's 16
+ * accumulators spill, so AVX2 scores one block at a time. */
+#if SA_VT == 16
+#define SA_C_PAIR 1
 #endif
 
 SA_INLINE void channel_weights8(float *dst, float qv, const float *sc)
