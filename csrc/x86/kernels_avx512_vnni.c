@@ -452,37 +452,16 @@ SA_INLINE void k_group_bias(const __m512i *kt, int D, int gs, __m512i *kb)
     }
 }
 
-/* HB vectors' scores against one prepared block: qu = their bytes + 128
- * (row stride D), kt[c] = bytes 4c..4c+3 of the 16 rows, kds[g] and kb[g]
- * the rows' scales and bias of group g. */
-SA_INLINE void scores_q8_gemm(const uint8_t *qu, const float *qd, int HB, int D, int gs,
-                              const __m512i *kt, const __m512 *kds, const __m512i *kb,
-                              __m512 *res)
-{
-    const int ng = D / gs, cpg = gs / 4;
-    for (int x = 0; x < HB; x++)
-        res[x] = _mm512_setzero_ps();
-    for (int g = 0; g < ng; g++) {
-        __m512i acc[SA_Q8_MANY_HB];
-        for (int x = 0; x < HB; x++)
-            acc[x] = kb[g];
-        for (int c = g * cpg; c < (g + 1) * cpg; c++) {
-            const __m512i kc = kt[c];
-            for (int x = 0; x < HB; x++)
-                sa_dpbusd(acc[x], q4_bcast(qu + (ptrdiff_t)x * D + 4 * c), kc);
-        }
-        for (int x = 0; x < HB; x++)
-            res[x] = add_group_term(res[x], qd[(ptrdiff_t)x * ng + g], kds[g], acc[x]);
-    }
-}
-
-/* scores_q8_gemm of 8 vectors, stored: named accumulators in a function of
- * its own, so all 16 stay in registers (inlined with an array into
- * scores_q8_gemm_many, GCC 12 spilled some).  Two thirds of the scores of
- * a 4096-token q8 prefill's tiles run here. */
+/* The scores of vectors 0 .. HB-1 (HB <= 8) of qu (their bytes + 128, row
+ * stride D, 8 rows readable) against one prepared block: kt[c] = bytes
+ * 4c..4c+3 of the 16 rows, kds[g] and kb[g] the rows' scales and bias of
+ * group g; stored at s[x] + t.  Always 8 named accumulators in a function
+ * of its own, so all 16 stay in registers (with an array inlined into
+ * scores_q8_gemm_many, GCC 12 spilled some); rows from HB on are computed
+ * and dropped. */
 #define SA_H8(M) M(0) M(1) M(2) M(3) M(4) M(5) M(6) M(7)
-__attribute__((noinline)) static void scores_q8_gemm8(const uint8_t *qu, const float *qd, int D,
-                                                      int gs, const __m512i *kt,
+__attribute__((noinline)) static void scores_q8_gemm8(const uint8_t *qu, const float *qd, int HB,
+                                                      int D, int gs, const __m512i *kt,
                                                       const __m512 *kds, const __m512i *kb,
                                                       float *const *s, int t, int cnt)
 {
@@ -502,11 +481,14 @@ __attribute__((noinline)) static void scores_q8_gemm8(const uint8_t *qu, const f
 #undef SA_DOT
         }
         const __m512 kdg = kds[g];
-#define SA_T(x) r##x = add_group_term(r##x, qd[(ptrdiff_t)(x) * ng + g], kdg, a##x);
+#define SA_T(x) r##x = add_group_term(r##x, (x) < HB ? qd[(ptrdiff_t)(x) * ng + g] : 0.0f, \
+                                         kdg, a##x);
         SA_H8(SA_T)
 #undef SA_T
     }
-#define SA_S(x) store_scores(s[x] + t, cnt, r##x);
+#define SA_S(x)                                                                  \
+    if ((x) < HB)                                                                \
+        store_scores(s[x] + t, cnt, r##x);
     SA_H8(SA_S)
 #undef SA_S
 }
@@ -519,17 +501,19 @@ static void scores_q8_gemm_many(const int8_t *qq, const float *qd, int G, int D,
 {
     __m512i kt[SA_Q8_MANY_MAX_D / 4], kb[SA_Q8_MANY_MAX_D / 16];
     __m512 kds[SA_Q8_MANY_MAX_D / 16];
-    /* + 64: the last store of the flip may run past nh * D (never read) */
+    /* the chunk's vectors flipped, rounded up to whole 8s (the rows past nh
+     * hold flipped zeros), + 64: the last store may run past them */
     uint8_t qu[SA_Q8_MANY_CHUNK * SA_Q8_MANY_MAX_D + 64] __attribute__((aligned(64)));
     const __m512i flip = _mm512_set1_epi8((char)0x80);
     const int ng = D / gs, iters = (n + 15) / 16;
     for (int h0 = 0; h0 < G; h0 += SA_Q8_MANY_CHUNK) {
         const int nh = G - h0 < SA_Q8_MANY_CHUNK ? G - h0 : SA_Q8_MANY_CHUNK;
         const int8_t *qh0 = qq + (ptrdiff_t)h0 * D;
-        for (int i = 0; i < nh * D; i += 64)
-            _mm512_store_si512(qu + i, _mm512_xor_si512(
-                                           _mm512_maskz_loadu_epi8(bytes64(nh * D - i), qh0 + i),
-                                           flip));
+        for (int i = 0; i < (nh + 7) / 8 * 8 * D; i += 64) {
+            const __mmask64 m = i < nh * D ? bytes64(nh * D - i) : 0;
+            const __m512i q = _mm512_maskz_loadu_epi8(m, qh0 + i);
+            _mm512_store_si512(qu + i, _mm512_xor_si512(q, flip));
+        }
         for (int t = 0, it = 0; t < n; t += 16, it++) {
             const int cnt = n - t < 16 ? n - t : 16;
             const int8_t *rows[16];
@@ -540,25 +524,9 @@ static void scores_q8_gemm_many(const int8_t *qq, const float *qd, int G, int D,
             k_group_bias(kt, D, gs, kb);
             for (int x = 0; x < nh; x += SA_Q8_MANY_HB) {
                 const int h = h0 + x;
-                const int HB = nh - x < SA_Q8_MANY_HB ? nh - x : SA_Q8_MANY_HB;
-                const uint8_t *qx = qu + (ptrdiff_t)x * D;
-                const float *qdh = qd + (ptrdiff_t)h * ng;
-                if (HB == 8) {
-                    scores_q8_gemm8(qx, qdh, D, gs, kt, kds, kb, s + h, t, cnt);
-                    continue;
-                }
-                __m512 res[SA_Q8_MANY_HB];
-                switch (HB) {
-                case 7: scores_q8_gemm(qx, qdh, 7, D, gs, kt, kds, kb, res); break;
-                case 6: scores_q8_gemm(qx, qdh, 6, D, gs, kt, kds, kb, res); break;
-                case 5: scores_q8_gemm(qx, qdh, 5, D, gs, kt, kds, kb, res); break;
-                case 4: scores_q8_gemm(qx, qdh, 4, D, gs, kt, kds, kb, res); break;
-                case 3: scores_q8_gemm(qx, qdh, 3, D, gs, kt, kds, kb, res); break;
-                case 2: scores_q8_gemm(qx, qdh, 2, D, gs, kt, kds, kb, res); break;
-                default: scores_q8_gemm(qx, qdh, 1, D, gs, kt, kds, kb, res); break;
-                }
-                for (int y = 0; y < HB; y++)
-                    store_scores(s[h + y] + t, cnt, res[y]);
+                scores_q8_gemm8(qu + (ptrdiff_t)x * D, qd + (ptrdiff_t)h * ng,
+                                nh - x < SA_Q8_MANY_HB ? nh - x : SA_Q8_MANY_HB, D, gs, kt, kds,
+                                kb, s + h, t, cnt);
             }
         }
     }
