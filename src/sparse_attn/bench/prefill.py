@@ -8,8 +8,9 @@ layers are timed (default 1, one call each: a prefill is long enough that
 its first call is representative) and the figure is that time times
 ``--layers``: the table says so.  ``--prefill-rounds N`` times every row N
 times, round by round (rows alternated), and reports medians with their
-range; ``vs f32`` compares a q8 row with the float32 row of its config.  The queries are random (prefill's
-work does not depend on their values); K and V are the synthetic context's.
+range; ``vs f32`` compares a q8 row with the float32 row of its config.
+The queries are random (prefill's work does not depend on their values);
+K and V are the synthetic context's.
 
 The needle column of a sparse row is the decode table's check redone after
 a sparse prefill: each base context's prompt is prefilled sparse with the
