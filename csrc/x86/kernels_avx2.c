@@ -222,38 +222,10 @@ SA_INLINE __m256 vf_mul_exp2(__m256 y, __m256 n)
 
 #define SA_V_HEADS 2
 
-/* Many heads (prefill): SA_V_WIDE = 6 heads x 16 columns, 12 accumulators,
- * each token's 16 values loaded once (SA_KEEP) for the 6 heads: 8 loads
- * per 12 FMAs instead of 10 per 8.  The same per-element FMA in token order
- * as accv_f32_tile, which gets the D % 16 columns. */
+/* Many heads (prefill): 6 heads x 2 vectors (16 columns), 12 accumulators;
+ * each token's 16 values loaded once for the 6 heads: 8 loads per 12 FMAs
+ * instead of 10 per 8 (x86_common.h, accv_f32_wide). */
 #define SA_V_WIDE 6
-SA_INLINE int accv_f32_wide(float *const *out, const float *const *p, int D, const float *v,
-                            ptrdiff_t row_stride, int t0, int t1)
-{
-    int d = 0;
-    for (; d + 16 <= D; d += 16) {
-        __m256 a[SA_V_WIDE][2];
-        for (int h = 0; h < SA_V_WIDE; h++) {
-            a[h][0] = _mm256_loadu_ps(out[h] + d);
-            a[h][1] = _mm256_loadu_ps(out[h] + d + 8);
-        }
-        for (int t = t0; t < t1; t++) {
-            const float *row = v + (ptrdiff_t)t * row_stride + d;
-            __m256 v0 = _mm256_loadu_ps(row), v1 = _mm256_loadu_ps(row + 8);
-            SA_KEEP(v0);
-            SA_KEEP(v1);
-            for (int h = 0; h < SA_V_WIDE; h++) {
-                const __m256 w = _mm256_broadcast_ss(p[h] + t);
-                a[h][0] = _mm256_fmadd_ps(w, v0, a[h][0]);
-                a[h][1] = _mm256_fmadd_ps(w, v1, a[h][1]);
-            }
-        }
-        for (int h = 0; h < SA_V_WIDE; h++) {
-            _mm256_storeu_ps(out[h] + d, a[h][0]);
-            _mm256_storeu_ps(out[h] + d + 8, a[h][1]);
-        }
-    }
-    return d;
-}
+#define SA_V_WIDE_VECS 2
 
 #include "x86_common.h"

@@ -32,10 +32,9 @@
  *                             scores_q8 for G >= SA_Q8_MANY_HEADS heads when
  *                             q8_many_takes (the same bits, each K block
  *                             prepared once for all the heads)
- *   SA_V_WIDE, accv_f32_wide(out, p, D, v, row_stride, t0, t1)  optional: a
- *                             register tile of SA_V_WIDE heads for many heads;
- *                             returns the columns it did (the rest go through
- *                             accv_f32_cols, SA_V_HEADS heads at a time)
+ *   SA_V_WIDE, SA_V_WIDE_VECS  optional: V accumulation for many heads
+ *                             (prefill) in register tiles of SA_V_WIDE heads x
+ *                             SA_V_WIDE_VECS vectors (accv_f32_wide)
  *
  * and it gets the score blocks (f32), the V tiles (f32 and q8), exp and the
  * softmax, the loops over token blocks and head blocks, the prefetch hints
@@ -282,8 +281,12 @@ static float SA_FN(softmax_exp)(float *s, int n, float scale)
  * ---------------------------------------------------------------------- */
 
 /* V accumulation works on blocks of this many tokens: their rows stay in L1
- * while every slice of D and every head block walks over them. */
-#define V_TOKENS 16
+ * while every slice of D and every head block walks over them, and each
+ * tile's accumulators are loaded and stored once per block.  32 is one
+ * call of a run of keys (rows.c's STRETCH); against 16, V for 64 heads
+ * went from ~71% to ~81% of a Zen 4 core's FMA peak
+ * (bench/prefill_ceiling.c). */
+#define V_TOKENS 32
 
 /* out[h][d .. d + SA_VT*NC) for HB heads over tokens [t0, t1): accumulators
  * stay in registers, one FMA per (head, SA_VT lanes, token) in token order.
@@ -332,8 +335,60 @@ SA_INLINE void accv_f32_cols(float *const *out, const float *const *p, int HB, i
         accv_f32_tile(out, p, HB, 1, 1, vf_tail(D - d), v, row_stride, t0, t1, d);
 }
 
-/* Blocks of V_TOKENS tokens, all of D and all heads per block (SA_V_WIDE,
- * SA_V_HEADS, then pairs, then one), tokens in order into each accumulator. */
+/* Heads [0, G) over columns [d, D): SA_V_HEADS at a time, then pairs, then
+ * one. */
+SA_INLINE void accv_f32_heads(float *const *out, const float *const *p, int G, int d, int D,
+                              const float *v, ptrdiff_t row_stride, int t0, int t1)
+{
+    int g = 0;
+    for (; g + SA_V_HEADS <= G; g += SA_V_HEADS)
+        accv_f32_cols(out + g, p + g, SA_V_HEADS, d, D, v, row_stride, t0, t1);
+    for (; g + 2 <= G; g += 2)
+        accv_f32_cols(out + g, p + g, 2, d, D, v, row_stride, t0, t1);
+    if (g < G)
+        accv_f32_cols(out + g, p + g, 1, d, D, v, row_stride, t0, t1);
+}
+
+#ifdef SA_V_WIDE
+/* SA_V_WIDE heads over tokens [t0, t1), columns in tiles of SA_V_WIDE_VECS
+ * vectors; returns the columns it did (the rest go through accv_f32_heads).
+ * Each token's values are loaded once (SA_KEEP) for all the heads, so the
+ * tile needs fewer loads per FMA than accv_f32_tile's; it does the same
+ * per-element FMA in token order, so the results are the same bits. */
+SA_INLINE int accv_f32_wide(float *const *out, const float *const *p, int D, const float *v,
+                            ptrdiff_t row_stride, int t0, int t1)
+{
+    enum { W = SA_V_WIDE_VECS * SA_VT };
+    int d = 0;
+    for (; d + W <= D; d += W) {
+        sa_vf a[SA_V_WIDE][SA_V_WIDE_VECS];
+        for (int h = 0; h < SA_V_WIDE; h++)
+            for (int c = 0; c < SA_V_WIDE_VECS; c++)
+                a[h][c] = SA_MM(loadu_ps)(out[h] + d + SA_VT * c);
+        for (int t = t0; t < t1; t++) {
+            const float *row = v + (ptrdiff_t)t * row_stride + d;
+            sa_vf vv[SA_V_WIDE_VECS];
+            for (int c = 0; c < SA_V_WIDE_VECS; c++) {
+                vv[c] = SA_MM(loadu_ps)(row + SA_VT * c);
+                SA_KEEP(vv[c]);
+            }
+            for (int h = 0; h < SA_V_WIDE; h++) {
+                const sa_vf w = SA_MM(set1_ps)(p[h][t]);
+                for (int c = 0; c < SA_V_WIDE_VECS; c++)
+                    a[h][c] = SA_MM(fmadd_ps)(w, vv[c], a[h][c]);
+            }
+        }
+        for (int h = 0; h < SA_V_WIDE; h++)
+            for (int c = 0; c < SA_V_WIDE_VECS; c++)
+                SA_MM(storeu_ps)(out[h] + d + SA_VT * c, a[h][c]);
+    }
+    return d;
+}
+#endif
+
+/* Blocks of V_TOKENS tokens, all of D and all heads per block (SA_V_WIDE
+ * heads at a time when the ISA has the wide tile, then accv_f32_heads),
+ * tokens in order into each accumulator. */
 static void SA_FN(accumulate_v_f32)(float *const *out, const float *const *p, int G, int D,
                                     const float *v, ptrdiff_t row_stride, int n,
                                     const sa_prefetch *pf)
@@ -347,16 +402,10 @@ static void SA_FN(accumulate_v_f32)(float *const *out, const float *const *p, in
         for (; g + SA_V_WIDE <= G; g += SA_V_WIDE) {
             const int d = accv_f32_wide(out + g, p + g, D, v, row_stride, t0, t1);
             if (d < D)
-                for (int h = g; h < g + SA_V_WIDE; h += SA_V_HEADS)
-                    accv_f32_cols(out + h, p + h, SA_V_HEADS, d, D, v, row_stride, t0, t1);
+                accv_f32_heads(out + g, p + g, SA_V_WIDE, d, D, v, row_stride, t0, t1);
         }
 #endif
-        for (; g + SA_V_HEADS <= G; g += SA_V_HEADS)
-            accv_f32_cols(out + g, p + g, SA_V_HEADS, 0, D, v, row_stride, t0, t1);
-        for (; g + 2 <= G; g += 2)
-            accv_f32_cols(out + g, p + g, 2, 0, D, v, row_stride, t0, t1);
-        if (g < G)
-            accv_f32_cols(out + g, p + g, 1, 0, D, v, row_stride, t0, t1);
+        accv_f32_heads(out + g, p + g, G - g, 0, D, v, row_stride, t0, t1);
     }
 }
 
