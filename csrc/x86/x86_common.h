@@ -282,11 +282,16 @@ static float SA_FN(softmax_exp)(float *s, int n, float scale)
 
 /* V accumulation works on blocks of this many tokens: their rows stay in L1
  * while every slice of D and every head block walks over them, and each
- * tile's accumulators are loaded and stored once per block.  32 is one
- * call of a run of keys (rows.c's STRETCH); against 16, V for 64 heads
- * went from ~71% to ~81% of a Zen 4 core's FMA peak
- * (bench/prefill_ceiling.c). */
-#define V_TOKENS 32
+ * tile's accumulators are loaded and stored once per block.  Decode's few
+ * heads per call take V_TOKENS (its rows stream from memory, and the next
+ * run's prefetch is spread over the blocks: 64-token blocks made q8 decode
+ * 4-10% slower on a Zen 4, design.md).  From V_MANY_HEADS heads on
+ * (prefill's tiles) a block is V_TOKENS_MANY, a whole call of a run of keys
+ * (rows.c's STRETCH): against 16, V for 64 heads went from ~71% to ~81% of
+ * a Zen 4 core's FMA peak (bench/prefill_ceiling.c). */
+#define V_TOKENS 16
+#define V_TOKENS_MANY 32
+#define V_MANY_HEADS 16
 
 /* out[h][d .. d + SA_VT*NC) for HB heads over tokens [t0, t1): accumulators
  * stay in registers, one FMA per (head, SA_VT lanes, token) in token order.
@@ -386,16 +391,17 @@ SA_INLINE int accv_f32_wide(float *const *out, const float *const *p, int D, con
 }
 #endif
 
-/* Blocks of V_TOKENS tokens, all of D and all heads per block (SA_V_WIDE
- * heads at a time when the ISA has the wide tile, then accv_f32_heads),
- * tokens in order into each accumulator. */
+/* Blocks of V_TOKENS (or V_TOKENS_MANY) tokens, all of D and all heads per
+ * block (SA_V_WIDE heads at a time when the ISA has the wide tile, then
+ * accv_f32_heads), tokens in order into each accumulator. */
 static void SA_FN(accumulate_v_f32)(float *const *out, const float *const *p, int G, int D,
                                     const float *v, ptrdiff_t row_stride, int n,
                                     const sa_prefetch *pf)
 {
-    const int iters = (n + V_TOKENS - 1) / V_TOKENS;
-    for (int t0 = 0, it = 0; t0 < n; t0 += V_TOKENS, it++) {
-        const int t1 = n - t0 < V_TOKENS ? n : t0 + V_TOKENS;
+    const int bt = G >= V_MANY_HEADS ? V_TOKENS_MANY : V_TOKENS;
+    const int iters = (n + bt - 1) / bt;
+    for (int t0 = 0, it = 0; t0 < n; t0 += bt, it++) {
+        const int t1 = n - t0 < bt ? n : t0 + bt;
         sa_prefetch_part(pf, it, iters);
         int g = 0;
 #ifdef SA_V_WIDE
