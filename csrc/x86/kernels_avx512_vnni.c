@@ -337,8 +337,8 @@ SA_INLINE void scores_q8_tokens(const int8_t *qq, const float *qd, int HB, int D
 /* Many heads (prefill): 6 heads x 4 vectors (64 columns), 24 accumulators;
  * each token's 64 values loaded once for the 6 heads: 10 loads per 24 FMAs
  * instead of 8 per 16 (x86_common.h, accv_f32_wide).  On one Zen 4 core,
- * 64 heads x 32 keys a call (bench/prefill_ceiling.c), V went from ~71%
- * of the FMA peak to ~85-94%. */
+ * 64 heads x 32 keys a call (bench/prefill_ceiling.c), V went from 71-81%
+ * of the FMA peak to 81-94% (with V_TOKENS_MANY). */
 #define SA_V_WIDE 6
 #define SA_V_WIDE_VECS 4
 
