@@ -109,7 +109,7 @@ int sa_check_select_params(const sa_select_params *p)
     if (!p)
         return SA_ERR_NULL;
     if (p->block_size < 1 || p->k_blocks < 1 || p->n_probe < 1 || p->importance_blocks < 0 ||
-        p->sink_blocks < 0 || (p->recency != 0 && p->recency != 1) ||
+        p->sink_blocks < 0 || p->exact_tail < 0 || (p->recency != 0 && p->recency != 1) ||
         (p->share != SA_SHARE_HEAD && p->share != SA_SHARE_GROUP) ||
         (p->scoring != SA_SCORING_PROBE && p->scoring != SA_SCORING_MINMAX &&
          p->scoring != SA_SCORING_CHANNELS) ||

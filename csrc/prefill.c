@@ -14,6 +14,8 @@
  *           every block before b when b < k_blocks, else the k_blocks - 1
  *           blocks the decode rules choose among them from the mean query
  *           row of the block's rows (one choice per head, or per group).
+ * A sparse call with an exact tail is two runs of tiles: the rows before
+ * the tail's first block sparse, then the tail exact (sa_prefill).
  * Each query row keeps its full row of scores (at most max_tok of them), so
  * its softmax is taken once over the exact maximum and V is added in key
  * order: a row's arithmetic is dense decode's at seq_len = position + 1,
@@ -81,7 +83,9 @@ typedef struct {
 typedef struct {
     const sa_kernels *kern;
     const float *q;
-    int G, T, start, S;
+    int G;
+    int qT, q0;  /* q and out: rows per head, and the position of row 0 */
+    int start, S; /* this run's query positions [start, S) */
     const sa_kv *k, *v;
     const sa_select_params *sp; /* NULL: exact */
     const double *prior;        /* block sums of the prior importance, or NULL */
@@ -99,7 +103,7 @@ enum { SCORES, VALUES };
 static float *out_row(const prefill_ctx *c, int kh, const tile *tl, int i)
 {
     const int r = i / c->G, g = i % c->G;
-    return c->out + ((ptrdiff_t)(kh * c->G + g) * c->T + (tl->p0 - c->start) + r) *
+    return c->out + ((ptrdiff_t)(kh * c->G + g) * c->qT + (tl->p0 - c->q0) + r) *
                         c->k->head_dim;
 }
 
@@ -206,7 +210,7 @@ static void choose_blocks(const prefill_ctx *c, worker *w, int kh, int block)
     const float inv = 1.0f / (float)(r1 - r0);
     for (int g = 0; g < G; g++) {
         float *rep = w->rep + (ptrdiff_t)g * D;
-        const float *qh = c->q + ((ptrdiff_t)(kh * G + g) * c->T + (r0 - c->start)) * D;
+        const float *qh = c->q + ((ptrdiff_t)(kh * G + g) * c->qT + (r0 - c->q0)) * D;
         memcpy(rep, qh, (size_t)D * sizeof(float));
         for (int r = 1; r < r1 - r0; r++)
             for (int i = 0; i < D; i++)
@@ -275,7 +279,7 @@ static void tile_run(const prefill_ctx *c, worker *w, int kh, const tile *tl, do
     for (int r = 0; r < R; r++)
         for (int g = 0; g < G; g++)
             memcpy(w->qt + ((ptrdiff_t)r * G + g) * D,
-                   c->q + ((ptrdiff_t)(kh * G + g) * c->T + (tl->p0 - c->start) + r) * D,
+                   c->q + ((ptrdiff_t)(kh * G + g) * c->qT + (tl->p0 - c->q0) + r) * D,
                    (size_t)D * sizeof(float));
     if (c->k->dtype == SA_DTYPE_Q8)
         sa_quantize_group(s, w->qt, c->k->group_size);
@@ -473,15 +477,15 @@ static int check_prefill(const float *q, int n_heads, int T, const sa_kv *k, con
     return SA_OK;
 }
 
-int sa_prefill(const float *q, int n_heads, int T, const sa_kv *k, const sa_kv *v, int start,
-               const sa_select_params *params, const float *prior, int64_t n_prior,
-               float scale, float *out, float *importance, int threads)
+/* One run of tiles over the query positions [start, S) of a call whose q
+ * and out hold qT rows per head from position q0: exact (params NULL) or
+ * sparse.  Adds the run's importance to acc[0, S), work item by work item. */
+static int prefill_run(const float *q, int n_heads, int qT, int q0, const sa_kv *k,
+                       const sa_kv *v, int start, int S, const sa_select_params *params,
+                       const float *prior, float scale, float *out, double *acc, int threads)
 {
-    int rc = check_prefill(q, n_heads, T, k, v, start, params, prior, n_prior, scale, out,
-                           importance);
-    if (rc)
-        return rc;
-    const int Hkv = k->n_kv_heads, G = n_heads / Hkv, D = k->head_dim, S = start + T;
+    int rc;
+    const int Hkv = k->n_kv_heads, G = n_heads / Hkv, D = k->head_dim;
     const int gs = k->dtype == SA_DTYPE_Q8 ? k->group_size : 1;
     const int bs = params ? params->block_size : 1;
     const int NB = params ? sa_ceil_div(S, bs) : 1;
@@ -504,8 +508,8 @@ int sa_prefill(const float *q, int n_heads, int T, const sa_kv *k, const sa_kv *
     if (__builtin_mul_overflow((size_t)items * sizeof(double), (size_t)S, &imp_bytes))
         return SA_ERR_SIZE;
 
-    prefill_ctx c = {.kern = sa_active_kernels(), .q = q, .G = G, .T = T, .start = start,
-                     .S = S, .k = k, .v = v, .sp = params, .scale = scale, .out = out,
+    prefill_ctx c = {.kern = sa_active_kernels(), .q = q, .G = G, .qT = qT, .q0 = q0,
+                     .start = start, .S = S, .k = k, .v = v, .sp = params, .scale = scale, .out = out,
                      .slices = slices};
     tile *tiles = malloc((size_t)n_tiles * sizeof(tile));
     int *slice_tile = malloc((size_t)(slices + 1) * sizeof(int));
@@ -550,10 +554,10 @@ int sa_prefill(const float *q, int n_heads, int T, const sa_kv *k, const sa_kv *
     rc = sa_parallel_for(items, workers, prefill_item, &c);
     if (rc == SA_OK)
         for (int j = 0; j < S; j++) {
-            double acc = 0.0;
+            double a = acc[j];
             for (int it = 0; it < items; it++)
-                acc += c.imp[(ptrdiff_t)it * S + j];
-            importance[j] = (float)acc;
+                a += c.imp[(ptrdiff_t)it * S + j];
+            acc[j] = a;
         }
 done:
     for (int i = 0; bufs && i < workers; i++)
@@ -566,5 +570,41 @@ done:
     free(prior_sums);
     free(slice_tile);
     free(tiles);
+    return rc;
+}
+
+int sa_prefill(const float *q, int n_heads, int T, const sa_kv *k, const sa_kv *v, int start,
+               const sa_select_params *params, const float *prior, int64_t n_prior,
+               float scale, float *out, float *importance, int threads)
+{
+    int rc = check_prefill(q, n_heads, T, k, v, start, params, prior, n_prior, scale, out,
+                           importance);
+    if (rc)
+        return rc;
+    const int S = start + T;
+    /* The exact tail (spec §7): from the start of the block holding
+     * position S - exact_tail on, one exact run; before it, the sparse one.
+     * The split lies on a block boundary, so the sparse run's blocks are
+     * those of one sparse call over the whole range. */
+    int split = S;
+    if (params && params->exact_tail > 0) {
+        const int64_t from = (int64_t)S - params->exact_tail;
+        const int64_t aligned = from <= start ? start : from / params->block_size * params->block_size;
+        split = (int)(aligned > start ? aligned : start);
+    }
+    double *acc = calloc((size_t)S, sizeof(double));
+    if (!acc)
+        return SA_ERR_NOMEM;
+    rc = SA_OK;
+    if (split > start)
+        rc = prefill_run(q, n_heads, T, start, k, v, start, split, params, prior, scale, out,
+                         acc, threads);
+    if (rc == SA_OK && split < S)
+        rc = prefill_run(q, n_heads, T, start, k, v, split, S, NULL, NULL, scale, out, acc,
+                         threads);
+    if (rc == SA_OK)
+        for (int j = 0; j < S; j++)
+            importance[j] = (float)acc[j];
+    free(acc);
     return rc;
 }

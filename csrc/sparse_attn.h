@@ -172,6 +172,9 @@ typedef struct sa_select_params {
                                  (min(n_channels, head_dim) of them) */
     const sa_channels *channels; /* scoring == SA_SCORING_CHANNELS: the copy of
                                  K over exactly seq_len rows, same block_size */
+    int exact_tail;           /* sa_prefill only (decode ignores it), >= 0: the
+                                 blocks holding the call's last exact_tail query
+                                 rows attend exactly (spec §7) */
 } sa_select_params;
 
 const char *sa_strerror(int status);
@@ -219,7 +222,9 @@ int sa_dense_decode(const float *q, int n_heads, const sa_kv *k, const sa_kv *v,
  * k = k_blocks, the rows of block b attend to every block before b when
  * b < k, else to the k - 1 blocks the decode rules (params' knobs) choose
  * among blocks 0 .. b-1, scored by each head's mean query row over block
- * b's rows in this call.  `prior` (may be NULL; read only with params) is
+ * b's rows in this call; the blocks from the one holding position
+ * start + T - exact_tail on (the call's last exact_tail rows) are exact
+ * whatever b.  `prior` (may be NULL; read only with params) is
  * the importance recorded before this call: the reserve ranks the block
  * sums of prior[0, start).  minmax needs params->bounds, channels
  * params->channels, over start+T rows.

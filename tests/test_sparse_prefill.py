@@ -69,6 +69,63 @@ def test_every_block_chosen_is_exact_prefill(isa, rng, dtype):
         assert row.tobytes() == np.ascontiguousarray(exact[:, t]).tobytes()
 
 
+@pytest.mark.parametrize("dtype", ["float32", "q8"])
+@pytest.mark.parametrize("knobs", POLICIES[:2] + POLICIES[3:],
+                         ids=lambda k: "-".join(map(str, k.values())))
+@pytest.mark.parametrize("start, tail", [(0, 40), (21, 1), (21, 63), (100, 30), (0, 1000)])
+def test_exact_tail_matches_the_reference(isa, rng, dtype, knobs, start, tail):
+    """exact_tail: the blocks holding the call's last rows are exact
+    prefill's bit for bit (a tail reaching into the call's first block:
+    the whole call), the blocks before it sparse prefill's without a tail
+    bit for bit, and all of it agrees with the reference, importance too."""
+    H, Hkv, D, bs, S = 6, 2, 32, 16, 171
+    T = S - start
+    k, v = make_kv(rng, Hkv, S, D, dtype)
+    q = rng.standard_normal((H, T, D), dtype=np.float32)
+    prior = rng.random(start, dtype=np.float32) if start else None
+    out, imp = sa.prefill(q, k, v, start=start, k_blocks=3, block_size=bs, importance=prior,
+                          exact_tail=tail, **knobs)
+    want, want_imp = ref.prefill(q, k, v, start=start, k_blocks=3, block_size=bs,
+                                 importance=prior, exact_tail=tail, **knobs)
+    assert rel_err(out, want) < rtol_for(k)
+    assert rel_err(imp, want_imp) < rtol_for(k)
+    split = max(start, (S - tail) // bs * bs) - start
+    exact, _ = sa.prefill(q, k, v, start=start)
+    plain, _ = sa.prefill(q, k, v, start=start, k_blocks=3, block_size=bs, importance=prior,
+                          **knobs)
+    assert out[:, split:].tobytes() == exact[:, split:].tobytes()
+    assert np.ascontiguousarray(out[:, :split]).tobytes() == \
+        np.ascontiguousarray(plain[:, :split]).tobytes()
+    if 0 < split:
+        # the tail's rows changed something: the plain rule is sparse there
+        assert not np.array_equal(plain[:, split:], exact[:, split:])
+    assert abs(float(imp.sum()) - H * T) < 1e-3 * H * T
+    again = sa.prefill(q, k, v, start=start, k_blocks=3, block_size=bs, importance=prior,
+                       exact_tail=tail, threads=3, **knobs)
+    assert again[0].tobytes() == out.tobytes() and again[1].tobytes() == imp.tobytes()
+
+
+def test_exact_tail_of_the_cache(rng):
+    """KVCache.prefill(exact_tail=...) is sparse_attn.prefill's, with the
+    cache's record as the prior."""
+    H, Hkv, D, bs = 4, 2, 32, 16
+    cache = sa.KVCache(Hkv, D, block_size=bs)
+    k, v = make_kv(rng, Hkv, 200, D)
+    q = rng.standard_normal((H, 200, D), dtype=np.float32)
+    cache.append(k[:, :120], v[:, :120])
+    cache.prefill(np.ascontiguousarray(q[:, :120]), k_blocks=2, policy="seed")
+    prior = cache.importance.copy()
+    cache.append(k[:, 120:], v[:, 120:])
+    got = cache.prefill(np.ascontiguousarray(q[:, 120:]), k_blocks=2, policy="seed",
+                        exact_tail=40)
+    want, _ = sa.prefill(np.ascontiguousarray(q[:, 120:]), cache.k, cache.v, start=120,
+                         k_blocks=2, block_size=bs, policy="seed", importance=prior,
+                         exact_tail=40)
+    assert got.tobytes() == want.tobytes()
+    with pytest.raises(ValueError, match="exact_tail"):
+        cache.prefill(np.ascontiguousarray(q[:, 180:]), k_blocks=2, exact_tail=-1)
+
+
 def test_long_rows_match_the_reference(isa, rng):
     """Rows of a few thousand keys (many tiles, several slices per KV head,
     scores beyond an L2's worth): exact and sparse against the reference on
@@ -166,6 +223,13 @@ def test_bad_sparse_prefill_input(rng):
         sa.prefill(q, k, v, k_blocks=2, scoring="minmax", bounds=other)
     with pytest.raises(ValueError, match="policy"):
         sa.prefill(q, k, v, k_blocks=2, policy="nope")
+    for bad, kind in ((-1, ValueError), (2 ** 31, ValueError), (True, TypeError),
+                      (3.0, TypeError), ("64", TypeError)):
+        with pytest.raises(kind, match="exact_tail"):
+            sa.prefill(q, k, v, k_blocks=2, exact_tail=bad)
+    # the largest C int: every row is in the tail, so the call is exact
+    out, _ = sa.prefill(q, k, v, k_blocks=2, exact_tail=2 ** 31 - 1)
+    assert out.tobytes() == sa.prefill(q, k, v)[0].tobytes()
     # a NaN in the prior beyond start is never read, so it is accepted
     prior = np.ones(64, np.float32)
     prior[20:] = np.nan

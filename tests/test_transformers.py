@@ -138,6 +138,20 @@ def test_sparse_prefill_attends_to_fewer_blocks(eager, prompt, eager_run):
         sparse_copy(eager, prefill="dense")
 
 
+def test_sparse_prefill_exact_tail(eager, prompt, eager_run):
+    """exact_tail: a tail covering the whole prompt makes prefill="sparse"
+    exact at k_blocks=2 (the first token's logits are eager's; decode stays
+    sparse); the default tail (64 rows) and none (the plain rule) give
+    different logits, both sparse."""
+    logits = greedy(sparse_copy(eager, k_blocks=2, prefill="sparse",
+                                exact_tail=PROMPT_TOKENS), prompt)[1]
+    assert (logits[0] - eager_run[1][0]).abs().max().item() < LOGITS_ATOL
+    tail = greedy(sparse_copy(eager, k_blocks=2, prefill="sparse"), prompt)[1]
+    plain = greedy(sparse_copy(eager, k_blocks=2, prefill="sparse", exact_tail=0), prompt)[1]
+    assert (tail[0] - plain[0]).abs().max().item() > DROPPED_BLOCKS_MIN_DIFF
+    assert (plain[0] - eager_run[1][0]).abs().max().item() > DROPPED_BLOCKS_MIN_DIFF
+
+
 def test_small_k_runs_and_differs(eager, prompt, eager_run):
     model = sparse_copy(eager, k_blocks=2, record_blocks=True)
     seq, logits = greedy(model, prompt)
@@ -373,6 +387,7 @@ def test_register_alone_runs_with_defaults_or_the_config_dict(eager, prompt):
     (dict(dense_layers=3), "dense_layers"), (dict(kv_dtype="int4"), "kv_dtype"),
     (dict(group_size=0), "group_size"), (dict(threads=0), "threads"),
     (dict(k_blocks=2.5), "k_blocks"), (dict(recency="yes"), "recency"),
+    (dict(exact_tail=-1), "exact_tail"), (dict(exact_tail=1.5), "exact_tail"),
 ])
 def test_bad_settings_are_refused(eager, bad, match):
     with pytest.raises(sa.SparseAttnError, match=match):

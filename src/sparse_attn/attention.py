@@ -283,7 +283,7 @@ def dense_decode(q, k, v, *, seq_len=None, scale=None, threads=None):
 def prefill(q, k, v, *, start=0, scale=None, k_blocks=None, block_size=32, n_probe=None,
             importance=None, recency=True, policy="seed", importance_fraction=None,
             sink_blocks=None, share=None, scoring=None, n_channels=None, bounds=None,
-            probe_rows=None, channels=None, threads=None):
+            probe_rows=None, channels=None, exact_tail=0, threads=None):
     """Causal attention for T query tokens, exact (spec §3) or sparse (§7),
     and the importance of what ran.
 
@@ -298,7 +298,11 @@ def prefill(q, k, v, *, start=0, scale=None, k_blocks=None, block_size=32, n_pro
     importance reserve, score fill, recency insurance, with this call's
     policy and knobs), scored with each head's mean query row over block
     ``b``'s rows in this call; when ``b < k_blocks`` they attend to every
-    earlier block, so they are exact.  With ``k_blocks >= NB`` the output is
+    earlier block, so they are exact.  ``exact_tail=n`` makes the blocks
+    holding the call's last ``n`` rows exact too: a prompt that ends with its
+    question lets those rows, which the next token is made from, read every
+    key (``n=64`` kept every needle answer on SmolLM2 where the plain rule
+    lost 4 of 18; docs/results.md).  With ``k_blocks >= NB`` the output is
     bitwise exact prefill's.  ``importance`` is what was recorded before
     this call (a cache's, from earlier chunks): the reserve ranks the block
     sums of ``importance[:start]``.
@@ -314,6 +318,9 @@ def prefill(q, k, v, *, start=0, scale=None, k_blocks=None, block_size=32, n_pro
     bounds : BlockBounds over exactly ``start + T`` rows, for ``"minmax"``
         (None computes them, reading all of K)
     probe_rows : ProbeRows covering ``start + T`` rows, for ``"probe"``
+    exact_tail : int >= 0, default 0; read only when sparse.  The blocks
+        from the one holding position ``start + T - exact_tail`` on are
+        exact; those rows are exact prefill's bit for bit
     others : as :func:`select_blocks`; read only when sparse
 
     Returns
@@ -334,6 +341,7 @@ def prefill(q, k, v, *, start=0, scale=None, k_blocks=None, block_size=32, n_pro
                             f"{min(kop.rows, vop.rows)} rows")
     scale = scale_value(scale, kop.head_dim)
     threads = ck.check_threads(threads)
+    exact_tail = ck.check_int("exact_tail", exact_tail, minimum=0)
     if k_blocks is None:
         for name, value in (("importance", importance), ("bounds", bounds),
                             ("probe_rows", probe_rows), ("channels", channels)):
@@ -345,8 +353,9 @@ def prefill(q, k, v, *, start=0, scale=None, k_blocks=None, block_size=32, n_pro
                     sink_blocks=sink_blocks, share=share, scoring=scoring, n_channels=n_channels)
     bst, pst, keep = metadata_structs(sel, k, kop, start + T, bounds, probe_rows, channels)
     importance = importance_array(importance, start, "start")
-    result = prefill_call(q, n_heads, kop, vop, start, sel.params(bst, pst), importance,
-                          scale, threads)
+    params = sel.params(bst, pst)
+    params.exact_tail = exact_tail
+    result = prefill_call(q, n_heads, kop, vop, start, params, importance, scale, threads)
     del keep
     return result
 

@@ -438,7 +438,7 @@ class KVCache:
     # ----------------------------------------------------------------- attention
     def prefill(self, q, *, k_blocks=None, block_size=None, n_probe=None, recency=True,
                 policy=CACHE_POLICY, importance_fraction=None, sink_blocks=None, share=None,
-                scoring=None, n_channels=None, scale=None, threads=None):
+                scoring=None, n_channels=None, exact_tail=0, scale=None, threads=None):
         """Causal prefill of the last T appended tokens' queries
         (``q`` float32 ``[H, T, head_dim]``); adds their importance to the
         cache's record.  Returns the attention output ``[H, T, head_dim]``.
@@ -449,9 +449,12 @@ class KVCache:
         its importance reserve reading the importance recorded by earlier
         prefills, its selection the cache's key bounds (``"minmax"``) or
         probe-row copies (``"probe"``) when ``block_size`` (default: the
-        cache's) and ``n_probe`` are the cache's."""
+        cache's) and ``n_probe`` are the cache's.  ``exact_tail`` as in
+        :func:`sparse_attn.prefill` (the blocks of this call's last rows
+        exact; give it to the call that ends the prompt)."""
         scale = scale_value(scale, self.head_dim)
         threads = ck.check_threads(threads)
+        exact_tail = ck.check_int("exact_tail", exact_tail, minimum=0)
         sel = None
         if k_blocks is not None:
             sel = selection(policy, k_blocks=k_blocks,
@@ -477,6 +480,7 @@ class KVCache:
                     bst, pst, keep = metadata_structs(sel, self._view(buf.k, n), buf.kop, n,
                                                       None, None)
                 params = sel.params(bst, pst)
+                params.exact_tail = exact_tail
                 prior = buf.importance if self._has_importance else None
             out, imp = prefill_call(q, n_heads, buf.kop, buf.vop, n - T, params, prior, scale,
                                     threads)

@@ -9,7 +9,9 @@ For every prompt the tool prefills once (exact causal attention, which also
 records the importance the decode step's reserve reads), then, for exact
 attention and for each (policy, k), rolls the cache back to the prefill and
 decodes greedily.  With ``--prefill sparse`` each (policy, k) prefills the
-prompt itself, sparse with the same policy and k (docs/spec.md §7; the
+prompt itself, sparse with the same policy and k (docs/spec.md §7, with
+the blocks of the prompt's last ``--exact-tail`` rows exact, 64 by default
+as in the transformers backend; the
 importance its decode reads is then that of the sparse prefill), so a row
 measures sparse prefill and sparse decode together; the exact row stays
 exact prefill and exact decode.  The assistant turn starts with a fixed prefix that
@@ -149,7 +151,8 @@ def run(args, on_prompt=None):
                   started, done_configs, total)
         for name, knobs, k in configs:
             if args.prefill == "sparse":
-                runner.prefill(ids, dict(knobs, k_blocks=k, prefill="sparse"))
+                runner.prefill(ids, dict(knobs, k_blocks=k, prefill="sparse",
+                                         exact_tail=args.exact_tail))
             text, errors, ms = runner.decode(dict(knobs, k_blocks=k, compare_exact=True))
             done_configs += 1
             rows.append(dict(base, policy=name, k=k, prefill=args.prefill,
@@ -228,6 +231,9 @@ def parse_args(argv, prog="python -m sparse_attn.eval"):
     ap.add_argument("--prefill", default="exact", choices=("exact", "sparse"),
                     help="sparse: each (policy, k) prefills sparse with the same knobs "
                          "(default %(default)s)")
+    ap.add_argument("--exact-tail", type=int, default=64,
+                    help="with --prefill sparse: the prompt's last rows whose blocks prefill "
+                         "exactly (docs/spec.md §7; default %(default)s, 0 for the plain rule)")
     ap.add_argument("--max-new-tokens", type=int, default=8)
     ap.add_argument("--threads", type=int, default=None)
     ap.add_argument("--torch-threads", type=int, default=None)
@@ -254,6 +260,8 @@ def parse_args(argv, prog="python -m sparse_attn.eval"):
     if any(not 0 <= d <= 1 for d in args.depths) or any(
             not 0 <= i < len(NEEDLES) for i in args.needles) or min(args.budgets) < 1:
         ap.error("--depths in [0, 1], --needles in range, --budgets >= 1")
+    if args.exact_tail < 0:
+        ap.error("--exact-tail must be >= 0")
     import sparse_attn as sa
     try:
         args.policies = [parse_policy(p) for p in args.policies.split(";") if p.strip()]

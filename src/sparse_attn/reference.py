@@ -339,7 +339,8 @@ def _tile_choice(q, k, start, T, b, sel, imp_sum, bounds, copy=None):
 
 def prefill(q, k, v, *, start=0, scale=None, k_blocks=None, block_size=32, n_probe=None,
             importance=None, recency=True, policy="seed", importance_fraction=None,
-            sink_blocks=None, share=None, scoring=None, n_channels=None, bounds=None):
+            sink_blocks=None, share=None, scoring=None, n_channels=None, bounds=None,
+            exact_tail=0):
     """§3 exact prefill (k_blocks None) or §7 sparse prefill; returns
     (out, importance of this call)."""
     n_heads, T, D = q.shape
@@ -367,8 +368,12 @@ def prefill(q, k, v, *, start=0, scale=None, k_blocks=None, block_size=32, n_pro
     if importance is not None:
         prior = np.asarray(importance[:start], np.float64)
         imp_sum = [prior[b * bs:(b + 1) * bs].sum() for b in range(-(-S // bs))]
+    tail_block = (S - exact_tail) // bs if exact_tail > 0 else None
     for b in range(start // bs, -(-S // bs)):
-        chosen = _tile_choice(q, k, start, T, b, sel, imp_sum, bounds, copy)
+        if tail_block is not None and b >= tail_block:
+            chosen = [list(range(b))] * n_heads       # §7: the exact tail
+        else:
+            chosen = _tile_choice(q, k, start, T, b, sel, imp_sum, bounds, copy)
         for h in range(n_heads):
             before = [np.arange(c * bs, (c + 1) * bs) for c in chosen[h]]
             for pos in range(max(start, b * bs), min(S, (b + 1) * bs)):

@@ -1035,7 +1035,7 @@ typedef struct {
     sa_channels channels;  /* the channel copy of K over seq_len rows */
 } e2e_data;
 
-enum { N_PSETS = 9 };
+enum { N_PSETS = 10 };
 
 typedef struct {
     int n_sel[N_PSETS];
@@ -1067,6 +1067,7 @@ static sa_select_params pset(const e2e_data *d, int i, int *with_importance)
     case 5: p.scoring = SA_SCORING_MINMAX; *with_importance = 1; break;
     case 6: p.scoring = SA_SCORING_MINMAX, p.share = SA_SHARE_GROUP, p.sink_blocks = 1; break;
     case 7: p.scoring = SA_SCORING_CHANNELS, p.n_channels = 5; *with_importance = 1; break;
+    case 8: p.exact_tail = d->bs + 1, p.sink_blocks = 1, p.n_probe = 3; *with_importance = 1; break;
     default:
         p.scoring = SA_SCORING_CHANNELS, p.n_channels = 1000, p.share = SA_SHARE_GROUP;
         p.sink_blocks = 1;
@@ -1359,6 +1360,18 @@ static void e2e_run(const e2e_data *d, e2e_results *r)
             mass += pimp[0][j];
         check(fabs(mass - (double)H * T) <= 1e-4 * H * T,
               "pset %d: sparse prefill importance sums to %.7g, expected %d", i, mass, H * T);
+        if (p.exact_tail > 0) {
+            /* the blocks holding the last exact_tail rows are exact prefill's */
+            int split = S - p.exact_tail < start ? start : (S - p.exact_tail) / d->bs * d->bs;
+            split = split < start ? start : split;
+            int same = 1;
+            for (int h = 0; h < H; h++)
+                same &= !memcmp(pout[0] + ((size_t)h * T + (split - start)) * D,
+                                r->pre_out + ((size_t)h * T + (split - start)) * D,
+                                (size_t)(S - split) * D * 4);
+            check(same, "pset %d: the exact tail from position %d is not exact prefill's", i,
+                  split);
+        }
         if (p.k_blocks >= d->NB) {
             check(!memcmp(pout[0], r->pre_out, pre_n * 4), "pset %d (k_blocks %d >= n_blocks "
                   "%d): sparse prefill is not bitwise exact prefill", i, p.k_blocks, d->NB);

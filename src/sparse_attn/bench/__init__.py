@@ -99,6 +99,10 @@ def parse_args(argv, prog="python -m sparse_attn.bench"):
                          "table)")
     ap.add_argument("--prefill-configs", default="32",
                     help="k_blocks of the sparse prefill rows (default %(default)s)")
+    ap.add_argument("--exact-tail", type=int, default=64,
+                    help="the sparse prefill rows' exact tail: the blocks of the context's last "
+                         "N rows prefill exactly (docs/spec.md §7; default %(default)s, what the "
+                         "transformers backend uses)")
     ap.add_argument("--prefill-layers", type=int, default=1,
                     help="layers whose prefill is timed; the table scales to --layers "
                          "(default %(default)s)")
@@ -148,6 +152,8 @@ def parse_args(argv, prog="python -m sparse_attn.bench"):
     if any(c < 1 for c in args.prefill_configs) or args.prefill_layers < 1 or \
             args.prefill_rounds < 1:
         ap.error("--prefill-configs, --prefill-layers and --prefill-rounds must be >= 1")
+    if args.exact_tail < 0:
+        ap.error("--exact-tail must be >= 0")
     args.dtypes = [d.strip() for d in args.dtypes.split(",")]
     try:
         args.policies = [parse_policy(p) for p in args.policies.split(";") if p.strip()]

@@ -17,7 +17,9 @@ optional ``q8`` or ``float32`` (a SparseKVCache of that dtype; default:
 transformers' DynamicCache, float), ``policy=NAME`` (default: the
 backend's, ``balanced``; ``policy=seed`` is the article's rule) and
 ``prefill=exact`` / ``prefill=sparse`` / ``prefill=sdpa`` (torch's attention
-for the prompt; a policy without an importance reserve).
+for the prompt; a policy without an importance reserve), with
+``exact_tail=N`` for the sparse prefill's exact tail (default: the
+backend's, 64 rows).
 """
 import math
 import time
@@ -39,7 +41,7 @@ def parse_config(text):
     if not words:
         raise ValueError("an empty configuration")
     conf = dict(label=" ".join(words), kind="sparse", kv_dtype=None, k_blocks=None,
-                policy=CACHE_POLICY, prefill="exact")
+                policy=CACHE_POLICY, prefill="exact", exact_tail=None)
     for w in words:
         if w == "sdpa":
             conf["kind"] = "sdpa"
@@ -59,9 +61,13 @@ def parse_config(text):
             conf["prefill"] = w.split("=", 1)[1]
             if conf["prefill"] not in ("exact", "sparse", "sdpa"):
                 raise ValueError(f"{w}: prefill is exact, sparse or sdpa")
+        elif w.startswith("exact_tail="):
+            conf["exact_tail"] = int(w.split("=", 1)[1])
+            if conf["exact_tail"] < 0:
+                raise ValueError(f"{w}: exact_tail must be >= 0")
         else:
             raise ValueError(f"unknown word {w!r} (sdpa, exact, k=N, q8, float32, policy=NAME, "
-                             "prefill=exact|sparse|sdpa)")
+                             "prefill=exact|sparse|sdpa, exact_tail=N)")
     if conf["kind"] == "sdpa" and len(words) > 1:
         raise ValueError(f"{text!r}: sdpa takes no other words")
     return conf
@@ -142,6 +148,8 @@ def run_config(model, tokenizer, ids, needle, conf, args):
             settings["k_blocks"] = kb
         if conf["prefill"] != "exact":
             settings["prefill"] = conf["prefill"]
+        if conf["exact_tail"] is not None:
+            settings["exact_tail"] = conf["exact_tail"]
         sat.enable(model, **settings)
         for m in modules:
             m.__dict__.pop("sparse_attn_stats", None)
@@ -335,7 +343,8 @@ def add_arguments(ap):
     ap.add_argument("--gguf", help="GGUF file name inside --model")
     ap.add_argument("--configs", default=DEFAULT_CONFIGS,
                     help="';'-separated configurations (default %(default)r): sdpa, exact, "
-                         "k=N, with q8/float32, policy=NAME, prefill=exact|sparse|sdpa")
+                         "k=N, with q8/float32, policy=NAME, prefill=exact|sparse|sdpa, "
+                         "exact_tail=N")
     ap.add_argument("--new-tokens", type=int, default=16, help="tokens generated (default 16)")
     ap.add_argument("--needle", type=int, default=0, help=f"0..{len(NEEDLES) - 1}")
     ap.add_argument("--depth", type=float, default=0.5, help="needle depth (default 0.5)")

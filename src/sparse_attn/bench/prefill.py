@@ -34,7 +34,8 @@ def needle_after_sparse_prefill(bases, kb, knobs, args):
         t = ctx.prompt_q.shape[1]
         length = ctx.k.shape[1]
         _, imp = sa.prefill(ctx.prompt_q, ctx.k, ctx.v, start=length - t, k_blocks=kb,
-                            block_size=args.block_size, threads=args.threads, **knobs)
+                            block_size=args.block_size, exact_tail=args.exact_tail,
+                            threads=args.threads, **knobs)
         _, blocks = sa.sparse_decode(ctx.question_q, ctx.k, ctx.v, k_blocks=kb,
                                      block_size=args.block_size, importance=imp,
                                      threads=args.threads, return_blocks=True, **knobs)
@@ -91,7 +92,8 @@ def run_prefill(length, bases, args, torch):
                 def sparse(k=k, v=v, config=config, kw=kw, meta=meta):
                     for _ in range(args.prefill_layers):
                         sa.prefill(q, k, v, k_blocks=config, block_size=args.block_size,
-                                   threads=args.threads, **meta, **kw)
+                                   exact_tail=args.exact_tail, threads=args.threads, **meta,
+                                   **kw)
                 add("sparse_attn", dtype, str(config), name, sparse,
                     needle_after_sparse_prefill(bases, config, kw, args))
     if torch is not None:
@@ -145,7 +147,8 @@ def print_prefill_table(rows, args):
     print(f"\nPrefill of the whole context, {args.layers} layers x ({args.heads} q heads, "
           f"{args.kv_heads} KV heads, head_dim {args.head_dim}); {args.prefill_layers} layer(s) "
           f"timed, times {args.layers}; ISA {sa.isa()}, {args.threads} thread(s); "
-          f"{rounds} round(s), the rows alternated.")
+          f"{rounds} round(s), the rows alternated; the sparse rows' exact tail "
+          f"{args.exact_tail} rows.")
     print("vs exact = exact prefill time at the same KV dtype / this row's; vs torch = torch "
           "SDPA float32 causal time / this row's (> 1: faster than torch); vs f32 = the "
           "float32 row of the same config / this q8 row's."
