@@ -509,8 +509,8 @@ static int prefill_run(const float *q, int n_heads, int qT, int q0, const sa_kv 
         return SA_ERR_SIZE;
 
     prefill_ctx c = {.kern = sa_active_kernels(), .q = q, .G = G, .qT = qT, .q0 = q0,
-                     .start = start, .S = S, .k = k, .v = v, .sp = params, .scale = scale, .out = out,
-                     .slices = slices};
+                     .start = start, .S = S, .k = k, .v = v, .sp = params, .scale = scale,
+                     .out = out, .slices = slices};
     tile *tiles = malloc((size_t)n_tiles * sizeof(tile));
     int *slice_tile = malloc((size_t)(slices + 1) * sizeof(int));
     double *prior_sums = params && prior ? malloc((size_t)NB * sizeof(double)) : NULL;
@@ -582,14 +582,14 @@ int sa_prefill(const float *q, int n_heads, int T, const sa_kv *k, const sa_kv *
     if (rc)
         return rc;
     const int S = start + T;
-    /* The exact tail (spec §7): from the start of the block holding
+    /* The exact tail (spec §7.6): from the start of the block holding
      * position S - exact_tail on, one exact run; before it, the sparse one.
-     * The split lies on a block boundary, so the sparse run's blocks are
-     * those of one sparse call over the whole range. */
+     * The split lies on a block boundary, so the sparse run's blocks and
+     * choices are those of the call without a tail. */
     int split = S;
     if (params && params->exact_tail > 0) {
-        const int64_t from = (int64_t)S - params->exact_tail;
-        const int64_t aligned = from <= start ? start : from / params->block_size * params->block_size;
+        const int64_t from = (int64_t)S - params->exact_tail, bs = params->block_size;
+        const int64_t aligned = from <= start ? start : from / bs * bs;
         split = (int)(aligned > start ? aligned : start);
     }
     double *acc = calloc((size_t)S, sizeof(double));
