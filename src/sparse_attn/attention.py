@@ -353,9 +353,8 @@ def prefill(q, k, v, *, start=0, scale=None, k_blocks=None, block_size=32, n_pro
                     sink_blocks=sink_blocks, share=share, scoring=scoring, n_channels=n_channels)
     bst, pst, keep = metadata_structs(sel, k, kop, start + T, bounds, probe_rows, channels)
     importance = importance_array(importance, start, "start")
-    params = sel.params(bst, pst)
-    params.exact_tail = exact_tail
-    result = prefill_call(q, n_heads, kop, vop, start, params, importance, scale, threads)
+    result = prefill_call(q, n_heads, kop, vop, start, sel.params(bst, pst, exact_tail),
+                          importance, scale, threads)
     del keep
     return result
 

@@ -479,8 +479,7 @@ class KVCache:
                 elif sel.scoring in ("minmax", "channels"):
                     bst, pst, keep = metadata_structs(sel, self._view(buf.k, n), buf.kop, n,
                                                       None, None)
-                params = sel.params(bst, pst)
-                params.exact_tail = exact_tail
+                params = sel.params(bst, pst, exact_tail)
                 prior = buf.importance if self._has_importance else None
             out, imp = prefill_call(q, n_heads, buf.kop, buf.vop, n - T, params, prior, scale,
                                     threads)

@@ -233,7 +233,7 @@ def parse_args(argv, prog="python -m sparse_attn.eval"):
                          "(default %(default)s)")
     ap.add_argument("--exact-tail", type=int, default=64,
                     help="with --prefill sparse: the prompt's last rows whose blocks prefill "
-                         "exactly (docs/spec.md §7; default %(default)s, 0 for the plain rule)")
+                         "exactly (docs/spec.md §7.6; default %(default)s, 0 for the plain rule)")
     ap.add_argument("--max-new-tokens", type=int, default=8)
     ap.add_argument("--threads", type=int, default=None)
     ap.add_argument("--torch-threads", type=int, default=None)

@@ -119,11 +119,13 @@ class Selection:
             return "bounds" if self.scoring == "minmax" else "channels"
         return None if self.probes_every_row else "probe_rows"
 
-    def params(self, meta=None, probe_rows=None):
+    def params(self, meta=None, probe_rows=None, exact_tail=0):
         """A fresh sa_select_params for one call, pointing at the call's
         metadata (or NULL): `meta` the sa_bounds (minmax) or sa_channels
-        (channels), `probe_rows` the sa_probe_rows (probe)."""
+        (channels), `probe_rows` the sa_probe_rows (probe); `exact_tail`
+        (checked by the caller) is read by prefill only."""
         p = ffi.new("sa_select_params *", _fields(self))
+        p.exact_tail = exact_tail
         if meta is not None:
             if self.scoring == "channels":
                 p.channels = meta

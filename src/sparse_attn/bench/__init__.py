@@ -101,7 +101,7 @@ def parse_args(argv, prog="python -m sparse_attn.bench"):
                     help="k_blocks of the sparse prefill rows (default %(default)s)")
     ap.add_argument("--exact-tail", type=int, default=64,
                     help="the sparse prefill rows' exact tail: the blocks of the context's last "
-                         "N rows prefill exactly (docs/spec.md §7; default %(default)s, what the "
+                         "N rows prefill exactly (docs/spec.md §7.6; default %(default)s, what the "
                          "transformers backend uses)")
     ap.add_argument("--prefill-layers", type=int, default=1,
                     help="layers whose prefill is timed; the table scales to --layers "

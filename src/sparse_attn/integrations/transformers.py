@@ -134,7 +134,7 @@ class SparseAttnSettings:
         prompt runs the exact prefill.
     exact_tail : int, default 64
         With ``prefill="sparse"``: the blocks holding each prefill call's last
-        ``exact_tail`` query rows run exact (docs/spec.md §7), so the rows the
+        ``exact_tail`` query rows run exact (docs/spec.md §7.6), so the rows the
         next token is made from (a prompt's question) read every key.  On
         SmolLM2 the sparse prefill kept 14 of 18 needle answers without it
         and 18 of 18 with 64 (docs/results.md); 0 is the plain rule.
@@ -312,9 +312,8 @@ def enable(model, *, k_blocks=32, block_size=32, n_probe=None, recency=True, pol
         k_blocks=k_blocks, block_size=block_size, n_probe=n_probe, recency=recency,
         policy=policy, importance_fraction=importance_fraction, sink_blocks=sink_blocks, share=share,
         scoring=scoring, n_channels=n_channels, prefill=prefill, exact_tail=exact_tail,
-        dense_layers=dense_layers,
-        kv_dtype=kv_dtype, group_size=group_size, threads=threads, compare_exact=compare_exact,
-        profile=profile, record_blocks=record_blocks)
+        dense_layers=dense_layers, kv_dtype=kv_dtype, group_size=group_size, threads=threads,
+        compare_exact=compare_exact, profile=profile, record_blocks=record_blocks)
     modules = attention_modules(model)
     if not modules:
         raise UnsupportedError(
