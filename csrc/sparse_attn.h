@@ -172,9 +172,9 @@ typedef struct sa_select_params {
                                  (min(n_channels, head_dim) of them) */
     const sa_channels *channels; /* scoring == SA_SCORING_CHANNELS: the copy of
                                  K over exactly seq_len rows, same block_size */
-    int exact_tail;           /* sa_prefill only (decode ignores it), >= 0: the
-                                 blocks holding the call's last exact_tail query
-                                 rows attend exactly (spec §7) */
+    int exact_tail;           /* >= 0 (every call checks it); read by sa_prefill
+                                 only: the blocks holding the call's last
+                                 exact_tail query rows attend exactly (spec §7.6) */
 } sa_select_params;
 
 const char *sa_strerror(int status);

@@ -44,6 +44,11 @@ def test_bad_arguments_are_refused():
         sa_eval.parse_args(["--depths", "1.5"])
     with pytest.raises(SystemExit):
         sa_eval.parse_args(["--fillers", "poems"])
+    # refused before any model loads, not at the first sparse prefill
+    for tail in ("-1", str(2**31)):
+        with pytest.raises(SystemExit):
+            sa_eval.parse_args(["--exact-tail", tail])
+    assert sa_eval.parse_args(["--exact-tail", str(2**31 - 1)]).exact_tail == 2**31 - 1
 
 
 def _needs_smollm2(tmp_path):

@@ -7,6 +7,7 @@ Skipped as a whole when torch or transformers is not installed
 import copy
 import doctest
 import functools
+import json
 import sys
 import threading
 
@@ -388,10 +389,25 @@ def test_register_alone_runs_with_defaults_or_the_config_dict(eager, prompt):
     (dict(group_size=0), "group_size"), (dict(threads=0), "threads"),
     (dict(k_blocks=2.5), "k_blocks"), (dict(recency="yes"), "recency"),
     (dict(exact_tail=-1), "exact_tail"), (dict(exact_tail=1.5), "exact_tail"),
+    (dict(exact_tail=2**31), "exact_tail"),
 ])
 def test_bad_settings_are_refused(eager, bad, match):
     with pytest.raises(sa.SparseAttnError, match=match):
         sat.enable(copy.deepcopy(eager), **bad)
+
+
+def test_settings_keep_checked_ints():
+    """numpy integers are taken and stored as ints: the settings' dict is
+    what config.sparse_attn holds and save_pretrained writes as JSON."""
+    settings = sat.SparseAttnSettings(
+        k_blocks=np.int64(8), block_size=np.int32(16), n_probe=np.int64(4),
+        recency=np.bool_(False), sink_blocks=np.int8(1), exact_tail=np.int32(32),
+        group_size=np.int64(32), threads=np.int16(1))
+    d = json.loads(json.dumps(settings.to_dict()))
+    assert (d["k_blocks"], d["block_size"], d["n_probe"], d["recency"], d["sink_blocks"],
+            d["exact_tail"], d["group_size"], d["threads"]) == (8, 16, 4, False, 1, 32, 32, 1)
+    assert type(settings.k_blocks) is int and type(settings.recency) is bool
+    assert sat.SparseAttnSettings(policy="recall", n_probe="all").n_probe == "all"
 
 
 # --------------------------------------------------------------------------- KV caches and dtypes

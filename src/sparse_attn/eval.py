@@ -260,8 +260,8 @@ def parse_args(argv, prog="python -m sparse_attn.eval"):
     if any(not 0 <= d <= 1 for d in args.depths) or any(
             not 0 <= i < len(NEEDLES) for i in args.needles) or min(args.budgets) < 1:
         ap.error("--depths in [0, 1], --needles in range, --budgets >= 1")
-    if args.exact_tail < 0:
-        ap.error("--exact-tail must be >= 0")
+    if not 0 <= args.exact_tail <= 2**31 - 1:
+        ap.error("--exact-tail must be in [0, 2**31 - 1] (a C int)")
     import sparse_attn as sa
     try:
         args.policies = [parse_policy(p) for p in args.policies.split(";") if p.strip()]

@@ -152,8 +152,8 @@ def parse_args(argv, prog="python -m sparse_attn.bench"):
     if any(c < 1 for c in args.prefill_configs) or args.prefill_layers < 1 or \
             args.prefill_rounds < 1:
         ap.error("--prefill-configs, --prefill-layers and --prefill-rounds must be >= 1")
-    if args.exact_tail < 0:
-        ap.error("--exact-tail must be >= 0")
+    if not 0 <= args.exact_tail <= 2**31 - 1:
+        ap.error("--exact-tail must be in [0, 2**31 - 1] (a C int)")
     args.dtypes = [d.strip() for d in args.dtypes.split(",")]
     try:
         args.policies = [parse_policy(p) for p in args.policies.split(";") if p.strip()]

@@ -63,8 +63,8 @@ def parse_config(text):
                 raise ValueError(f"{w}: prefill is exact, sparse or sdpa")
         elif w.startswith("exact_tail="):
             conf["exact_tail"] = int(w.split("=", 1)[1])
-            if conf["exact_tail"] < 0:
-                raise ValueError(f"{w}: exact_tail must be >= 0")
+            if not 0 <= conf["exact_tail"] <= 2**31 - 1:
+                raise ValueError(f"{w}: exact_tail must be in [0, 2**31 - 1]")
         else:
             raise ValueError(f"unknown word {w!r} (sdpa, exact, k=N, q8, float32, policy=NAME, "
                              "prefill=exact|sparse|sdpa, exact_tail=N)")

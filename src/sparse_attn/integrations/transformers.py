@@ -137,7 +137,10 @@ class SparseAttnSettings:
         ``exact_tail`` query rows run exact (docs/spec.md §7.6), so the rows the
         next token is made from (a prompt's question) read every key.  On
         SmolLM2 the sparse prefill kept 14 of 18 needle answers without it
-        and 18 of 18 with 64 (docs/results.md); 0 is the plain rule.
+        and 18 of 18 with 64 (docs/results.md); 0 is the plain rule.  The
+        backend cannot tell which call ends a prompt, so a prompt fed in
+        chunks gets a tail at the end of each chunk (each costs up to
+        ``exact_tail + block_size - 1`` exact rows).
     dense_layers : tuple of int, default ()
         Layer indices whose decode step stays exact (:func:`sparse_attn.dense_decode`).
     kv_dtype : None, ``"float32"`` or ``"q8"``, default None
@@ -190,11 +193,15 @@ class SparseAttnSettings:
                         importance_fraction=self.importance_fraction,
                         sink_blocks=self.sink_blocks, share=self.share, scoring=self.scoring,
                         n_channels=self.n_channels)
-        for name in ("importance_fraction", "sink_blocks", "share", "scoring", "n_channels"):
+        # every knob as checked (a numpy integer becomes an int: to_dict is JSON)
+        for name in ("k_blocks", "block_size", "recency", "importance_fraction", "sink_blocks",
+                     "share", "scoring", "n_channels"):
             object.__setattr__(self, name, getattr(sel, name))
         # n_probe keeps the policy's spelling ("all" stays "all")
         if self.n_probe is None:
             object.__setattr__(self, "n_probe", POLICIES[self.policy]["n_probe"])
+        elif self.n_probe != "all":
+            object.__setattr__(self, "n_probe", sel.n_probe)
         object.__setattr__(self, "_selection", sel)
         ck.check_bool("compare_exact", self.compare_exact)
         ck.check_bool("profile", self.profile)
@@ -207,7 +214,8 @@ class SparseAttnSettings:
         dense = tuple(sorted({ck.check_int(f"dense_layers[{n}]", i, minimum=0)
                               for n, i in enumerate(layers)}))
         object.__setattr__(self, "dense_layers", dense)
-        ck.check_int("exact_tail", self.exact_tail, minimum=0)
+        object.__setattr__(self, "exact_tail",
+                           ck.check_int("exact_tail", self.exact_tail, minimum=0))
         if self.prefill not in PREFILL_MODES:
             raise ArgumentError(f"prefill must be one of {PREFILL_MODES}, got {self.prefill!r}")
         if self.prefill == "sdpa" and self.importance_fraction > 0:
@@ -217,9 +225,10 @@ class SparseAttnSettings:
                 "policy='balanced', 'recall' or 'fast', or importance_fraction=0")
         if self.kv_dtype not in KV_DTYPES:
             raise ArgumentError(f"kv_dtype must be one of {KV_DTYPES}, got {self.kv_dtype!r}")
-        ck.check_int("group_size", self.group_size, minimum=1)
+        object.__setattr__(self, "group_size",
+                           ck.check_int("group_size", self.group_size, minimum=1))
         if self.threads is not None:
-            ck.check_int("threads", self.threads, minimum=1)
+            object.__setattr__(self, "threads", ck.check_int("threads", self.threads, minimum=1))
 
     def to_dict(self):
         """The settings as a JSON-friendly dict (what ``config.sparse_attn`` holds)."""
