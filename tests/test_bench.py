@@ -189,3 +189,29 @@ def test_prefill_ceiling_microbenchmark_builds_and_runs(tmp_path):
         with pytest.raises(subprocess.CalledProcessError) as e:
             run([str(exe), *bad])
         assert e.value.returncode == 2
+
+
+def test_model_bench_configurations_parse_policies_with_knobs():
+    """`bench model --configs` words, policies with eval's knob syntax (the
+    commas inside a policy's knobs are not word separators), and bad words
+    refused with what is wrong."""
+    from sparse_attn.bench.model import parse_config
+    conf = parse_config("k=32 q8 policy=balanced:importance_fraction=0.25,sink_blocks=1 "
+                        "prefill=sparse")
+    assert (conf["k_blocks"], conf["kv_dtype"], conf["policy"], conf["prefill"]) == \
+        (32, "q8", "balanced", "sparse")
+    assert conf["knobs"] == {"importance_fraction": 0.25, "sink_blocks": 1}
+    conf = parse_config("k=8,float32,policy=seed")
+    assert (conf["k_blocks"], conf["kv_dtype"], conf["policy"], conf["knobs"]) == \
+        (8, "float32", "seed", {})
+    # a name that is not a preset builds on the seed's, as in eval
+    assert parse_config("k=32 policy=mine:share=group")["policy"] == "seed"
+    assert parse_config("exact")["k_blocks"] is None
+    for bad, match in [("k=32 policy=nope", "policy must be one of"),
+                       ("k=32 policy=balanced:share=all", "share must be one of"),
+                       ("k=32 policy=balanced:colour=red", "unknown knob 'colour'"),
+                       ("k=0", "k must be >= 1"), ("sdpa q8", "sdpa takes no other words"),
+                       ("k=32 exact_tail=2147483648", "exact_tail must be in"),
+                       ("k=32 frobnicate", "unknown word")]:
+        with pytest.raises(ValueError, match=match):
+            parse_config(bad)

@@ -15,7 +15,8 @@ A configuration is a few words: ``sdpa`` (transformers' own attention), or
 ``exact`` / ``k=N`` for sparse_topk with every block / N blocks, with
 optional ``q8`` or ``float32`` (a SparseKVCache of that dtype; default:
 transformers' DynamicCache, float), ``policy=NAME`` (default: the
-backend's, ``balanced``; ``policy=seed`` is the article's rule) and
+backend's, ``balanced``; ``policy=seed`` is the article's rule; knobs as
+in ``sparse-attn eval --policies``: ``policy=balanced:sink_blocks=1,share=group``) and
 ``prefill=exact`` / ``prefill=sparse`` / ``prefill=sdpa`` (torch's attention
 for the prompt; a policy without an importance reserve), with
 ``exact_tail=N`` for the sparse prefill's exact tail (default: the
@@ -27,7 +28,8 @@ import time
 import numpy as np
 
 from sparse_attn.needles import NEEDLES, answer_found, build_prompt, load_model
-from sparse_attn.selection import CACHE_POLICY, POLICIES
+from sparse_attn import ArgumentError
+from sparse_attn.selection import CACHE_POLICY, POLICIES, parse_policy
 
 from .common import log, pyplot
 
@@ -37,11 +39,14 @@ DEFAULT_CONFIGS = "sdpa;exact;k=32;exact q8;k=32 q8"
 def parse_config(text):
     """A configuration of the command line as a dict: label, kind (sdpa /
     sparse), and the sparse_topk settings."""
-    words = text.replace(",", " ").split()
+    # words are separated by spaces or commas, except inside a policy's
+    # knobs (policy=balanced:sink_blocks=1,share=group)
+    words = [x for w in text.split()
+             for x in ([w] if w.startswith("policy=") else w.split(",")) if x]
     if not words:
         raise ValueError("an empty configuration")
     conf = dict(label=" ".join(words), kind="sparse", kv_dtype=None, k_blocks=None,
-                policy=CACHE_POLICY, prefill="exact", exact_tail=None)
+                policy=CACHE_POLICY, knobs={}, prefill="exact", exact_tail=None)
     for w in words:
         if w == "sdpa":
             conf["kind"] = "sdpa"
@@ -54,9 +59,17 @@ def parse_config(text):
         elif w in ("q8", "float32"):
             conf["kv_dtype"] = w
         elif w.startswith("policy="):
-            conf["policy"] = w.split("=", 1)[1]
-            if conf["policy"] not in POLICIES:
-                raise ValueError(f"{w}: policies are {sorted(POLICIES)}")
+            spec = w.split("=", 1)[1]
+            try:
+                _, knobs = parse_policy(spec)
+            except ArgumentError as exc:
+                raise ValueError(f"{w}: {exc}") from None
+            name = spec.partition(":")[0]
+            conf["policy"] = name if name in POLICIES else "seed"
+            # the knobs given (parse_policy returns them over the preset's)
+            given = dict(item.partition("=")[::2] for item in spec.partition(":")[2].split(",")
+                         if item)
+            conf["knobs"] = {key: knobs[key] for key in given}
         elif w.startswith("prefill="):
             conf["prefill"] = w.split("=", 1)[1]
             if conf["prefill"] not in ("exact", "sparse", "sdpa"):
@@ -140,8 +153,8 @@ def run_config(model, tokenizer, ids, needle, conf, args):
         cache = DynamicCache()
     else:
         kb = conf["k_blocks"]
-        settings = dict(threads=args.threads, kv_dtype=conf["kv_dtype"], policy=conf["policy"],
-                        profile=True)
+        settings = dict(conf["knobs"], threads=args.threads, kv_dtype=conf["kv_dtype"],
+                        policy=conf["policy"], profile=True)
         if kb is None:
             settings["dense_layers"] = range(n_layers)
         else:
@@ -343,7 +356,8 @@ def add_arguments(ap):
     ap.add_argument("--gguf", help="GGUF file name inside --model")
     ap.add_argument("--configs", default=DEFAULT_CONFIGS,
                     help="';'-separated configurations (default %(default)r): sdpa, exact, "
-                         "k=N, with q8/float32, policy=NAME, prefill=exact|sparse|sdpa, "
+                         "k=N, with q8/float32, policy=NAME[:knob=value,...], "
+                         "prefill=exact|sparse|sdpa, "
                          "exact_tail=N")
     ap.add_argument("--new-tokens", type=int, default=16, help="tokens generated (default 16)")
     ap.add_argument("--needle", type=int, default=0, help=f"0..{len(NEEDLES) - 1}")
