@@ -112,15 +112,19 @@ def test_scattered_blocks_microbenchmark_builds_and_runs(tmp_path):
     exe = tmp_path / "scattered_blocks"
     run([cc, "-O2", "-std=c11", "-Wall", "-Wextra", "-Werror", "-o", str(exe),
          str(ROOT / "bench" / "scattered_blocks.c")])
-    res = run([str(exe), "64", "1"])
-    lines = {l.split()[0]: l.split() for l in res.stdout.splitlines()[2:4]}
-    assert set(lines) == {"none", "prefetch"}
-    for cols in lines.values():
-        contig, rand, ratio = float(cols[1]), float(cols[2]), float(cols[3].rstrip("x"))
-        assert contig > 0 and rand > 0 and ratio == pytest.approx(rand / contig, abs=0.01)
-    with pytest.raises(subprocess.CalledProcessError) as e:
-        run([str(exe), "1", "1"])              # a buffer too small to leave the caches
-    assert e.value.returncode == 2 and "usage" in e.value.stderr
+    for pages in ([], ["huge"], ["small"]):
+        res = run([str(exe), "64", "1", *pages])
+        assert f"{(pages or ['huge'])[0]} pages" in res.stdout.splitlines()[0]
+        lines = {l.split()[0]: l.split() for l in res.stdout.splitlines()[2:4]}
+        assert set(lines) == {"none", "prefetch"}
+        for cols in lines.values():
+            contig, rand, ratio = float(cols[1]), float(cols[2]), float(cols[3].rstrip("x"))
+            assert contig > 0 and rand > 0 and ratio == pytest.approx(rand / contig, abs=0.01)
+    for bad in (["1", "1"],                    # a buffer too small to leave the caches
+                ["64", "1", "tiny"]):          # pages other than huge or small
+        with pytest.raises(subprocess.CalledProcessError) as e:
+            run([str(exe), *bad])
+        assert e.value.returncode == 2 and "usage" in e.value.stderr
 
 
 def _kernel_sources():
