@@ -199,15 +199,17 @@ def test_model_bench_configurations_parse_policies_with_knobs():
     """`bench model --configs` words, policies with eval's knob syntax (the
     commas inside a policy's knobs are not word separators), and bad words
     refused with what is wrong."""
+    import sparse_attn as sa
     from sparse_attn.bench.model import parse_config
     conf = parse_config("k=32 q8 policy=balanced:importance_fraction=0.25,sink_blocks=1 "
                         "prefill=sparse")
     assert (conf["k_blocks"], conf["kv_dtype"], conf["policy"], conf["prefill"]) == \
         (32, "q8", "balanced", "sparse")
-    assert conf["knobs"] == {"importance_fraction": 0.25, "sink_blocks": 1}
+    assert conf["knobs"] == dict(sa.POLICIES["balanced"], importance_fraction=0.25,
+                                 sink_blocks=1)
     conf = parse_config("k=8,float32,policy=seed")
     assert (conf["k_blocks"], conf["kv_dtype"], conf["policy"], conf["knobs"]) == \
-        (8, "float32", "seed", {})
+        (8, "float32", "seed", sa.POLICIES["seed"])
     # a name that is not a preset builds on the seed's, as in eval
     assert parse_config("k=32 policy=mine:share=group")["policy"] == "seed"
     assert parse_config("exact")["k_blocks"] is None

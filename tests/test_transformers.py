@@ -402,11 +402,12 @@ def test_settings_keep_checked_ints():
     settings = sat.SparseAttnSettings(
         k_blocks=np.int64(8), block_size=np.int32(16), n_probe=np.int64(4),
         recency=np.bool_(False), sink_blocks=np.int8(1), exact_tail=np.int32(32),
-        group_size=np.int64(32), threads=np.int16(1))
+        group_size=np.int64(32), threads=np.int16(1), profile=np.bool_(True))
     d = json.loads(json.dumps(settings.to_dict()))
     assert (d["k_blocks"], d["block_size"], d["n_probe"], d["recency"], d["sink_blocks"],
             d["exact_tail"], d["group_size"], d["threads"]) == (8, 16, 4, False, 1, 32, 32, 1)
     assert type(settings.k_blocks) is int and type(settings.recency) is bool
+    assert type(settings.profile) is bool and d["profile"] is True
     assert sat.SparseAttnSettings(policy="recall", n_probe="all").n_probe == "all"
 
 

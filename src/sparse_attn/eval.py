@@ -58,6 +58,7 @@ import numpy as np
 
 from sparse_attn.needles import (FILLERS, NEEDLES, answer_found, build_prompt, load_model,
                                  save_model)
+from sparse_attn._checks import INT_MAX
 from sparse_attn.selection import parse_policy
 
 QUICK = dict(lengths="2048", needles="0,1", budgets="4,8,16")
@@ -260,8 +261,8 @@ def parse_args(argv, prog="python -m sparse_attn.eval"):
     if any(not 0 <= d <= 1 for d in args.depths) or any(
             not 0 <= i < len(NEEDLES) for i in args.needles) or min(args.budgets) < 1:
         ap.error("--depths in [0, 1], --needles in range, --budgets >= 1")
-    if not 0 <= args.exact_tail <= 2**31 - 1:
-        ap.error("--exact-tail must be in [0, 2**31 - 1] (a C int)")
+    if not 0 <= args.exact_tail <= INT_MAX:
+        ap.error(f"--exact-tail must be in [0, {INT_MAX}] (a C int)")
     import sparse_attn as sa
     try:
         args.policies = [parse_policy(p) for p in args.policies.split(";") if p.strip()]

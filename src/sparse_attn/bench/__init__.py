@@ -18,6 +18,7 @@ import sys
 
 import sparse_attn as sa
 from sparse_attn import machine
+from sparse_attn._checks import INT_MAX
 from sparse_attn.isa import default_threads
 from sparse_attn.selection import parse_policy
 
@@ -152,8 +153,8 @@ def parse_args(argv, prog="python -m sparse_attn.bench"):
     if any(c < 1 for c in args.prefill_configs) or args.prefill_layers < 1 or \
             args.prefill_rounds < 1:
         ap.error("--prefill-configs, --prefill-layers and --prefill-rounds must be >= 1")
-    if not 0 <= args.exact_tail <= 2**31 - 1:
-        ap.error("--exact-tail must be in [0, 2**31 - 1] (a C int)")
+    if not 0 <= args.exact_tail <= INT_MAX:
+        ap.error(f"--exact-tail must be in [0, {INT_MAX}] (a C int)")
     args.dtypes = [d.strip() for d in args.dtypes.split(",")]
     try:
         args.policies = [parse_policy(p) for p in args.policies.split(";") if p.strip()]

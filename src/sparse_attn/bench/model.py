@@ -29,6 +29,7 @@ import numpy as np
 
 from sparse_attn.needles import NEEDLES, answer_found, build_prompt, load_model
 from sparse_attn import ArgumentError
+from sparse_attn._checks import INT_MAX
 from sparse_attn.selection import CACHE_POLICY, POLICIES, parse_policy
 
 from .common import log, pyplot
@@ -64,20 +65,19 @@ def parse_config(text):
                 _, knobs = parse_policy(spec)
             except ArgumentError as exc:
                 raise ValueError(f"{w}: {exc}") from None
+            # parse_policy's knobs are in full (the preset's, then the ones
+            # given), so the preset under them only names the policy
             name = spec.partition(":")[0]
             conf["policy"] = name if name in POLICIES else "seed"
-            # the knobs given (parse_policy returns them over the preset's)
-            given = dict(item.partition("=")[::2] for item in spec.partition(":")[2].split(",")
-                         if item)
-            conf["knobs"] = {key: knobs[key] for key in given}
+            conf["knobs"] = knobs
         elif w.startswith("prefill="):
             conf["prefill"] = w.split("=", 1)[1]
             if conf["prefill"] not in ("exact", "sparse", "sdpa"):
                 raise ValueError(f"{w}: prefill is exact, sparse or sdpa")
         elif w.startswith("exact_tail="):
             conf["exact_tail"] = int(w.split("=", 1)[1])
-            if not 0 <= conf["exact_tail"] <= 2**31 - 1:
-                raise ValueError(f"{w}: exact_tail must be in [0, 2**31 - 1]")
+            if not 0 <= conf["exact_tail"] <= INT_MAX:
+                raise ValueError(f"{w}: exact_tail must be in [0, {INT_MAX}]")
         else:
             raise ValueError(f"unknown word {w!r} (sdpa, exact, k=N, q8, float32, policy=NAME, "
                              "prefill=exact|sparse|sdpa, exact_tail=N)")

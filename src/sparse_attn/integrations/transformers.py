@@ -203,9 +203,8 @@ class SparseAttnSettings:
         elif self.n_probe != "all":
             object.__setattr__(self, "n_probe", sel.n_probe)
         object.__setattr__(self, "_selection", sel)
-        ck.check_bool("compare_exact", self.compare_exact)
-        ck.check_bool("profile", self.profile)
-        ck.check_bool("record_blocks", self.record_blocks)
+        for name in ("compare_exact", "profile", "record_blocks"):
+            object.__setattr__(self, name, ck.check_bool(name, getattr(self, name)))
         try:
             layers = list(self.dense_layers)
         except TypeError:
