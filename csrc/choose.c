@@ -12,13 +12,14 @@
 static int rank_unused(const double *val, const uint8_t *used, int NB, int want, int32_t *top)
 {
     int n = 0;
+    double worst = 0.0;     /* val[top[want - 1]] once the list is full */
     if (want <= 0)
         return 0;
     for (int b = 0; b < NB; b++) {
         if (used && used[b])
             continue;
         const double v = val[b];
-        if (n == want && !(v > val[top[n - 1]]))
+        if (n == want && !(v > worst))
             continue;
         int i = n < want ? n++ : n - 1;
         while (i > 0 && v > val[top[i - 1]]) {
@@ -26,6 +27,7 @@ static int rank_unused(const double *val, const uint8_t *used, int NB, int want,
             i--;
         }
         top[i] = b;
+        worst = val[top[n - 1]];
     }
     return n;
 }
@@ -104,9 +106,29 @@ int sa_reserve_rank(const double *sums, int NB, const sa_select_params *p, int n
     return n;
 }
 
+/* Each block's sum runs over its rows in order, in double; four full
+ * blocks side by side (one at a time is a chain of dependent additions,
+ * bs latencies per block), the same sums either way. */
 void sa_block_sums(const float *x, int n, int bs, int NB, double *sums)
 {
-    for (int b = 0; b < NB; b++) {
+    const int full = n / bs;
+    int b = 0;
+    for (; b + 4 <= full; b += 4) {
+        const float *x0 = x + (ptrdiff_t)b * bs;
+        const float *x1 = x0 + bs, *x2 = x1 + bs, *x3 = x2 + bs;
+        double a0 = 0.0, a1 = 0.0, a2 = 0.0, a3 = 0.0;
+        for (int t = 0; t < bs; t++) {
+            a0 += x0[t];
+            a1 += x1[t];
+            a2 += x2[t];
+            a3 += x3[t];
+        }
+        sums[b] = a0;
+        sums[b + 1] = a1;
+        sums[b + 2] = a2;
+        sums[b + 3] = a3;
+    }
+    for (; b < NB; b++) {
         double acc = 0.0;
         for (int t = sa_block_start(b, bs), e = sa_block_end(b, bs, n); t < e; t++)
             acc += x[t];

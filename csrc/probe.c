@@ -17,13 +17,34 @@ size_t sa_probe_tmp_floats(int seq_len, int block_size, int n_probe)
 }
 
 /* s->probe[g*NB + b] = the largest of the cnt dots d[b*cnt + i] of head g,
- * for the first `full` blocks; head g's dots start at s->sp[g]. */
+ * for the first `full` blocks; head g's dots start at s->sp[g].  Each
+ * block's maximum is taken in its own order (i = 0, 1, ...), four blocks
+ * side by side: one block at a time is a chain of dependent compares (at
+ * 32K tokens a tenth of a selection's time; docs/design.md, "Where a
+ * selection's time goes"), four are independent chains.  The values are
+ * the same either way. */
 static void block_max(sa_scratch *s, int full, int cnt)
 {
     for (int g = 0; g < s->G; g++) {
         const float *d = s->sp[g];
         float *best = s->probe + (ptrdiff_t)g * s->NB;
-        for (int b = 0; b < full; b++) {
+        int b = 0;
+        for (; b + 4 <= full; b += 4) {
+            const float *d0 = d + (ptrdiff_t)b * cnt;
+            const float *d1 = d0 + cnt, *d2 = d1 + cnt, *d3 = d2 + cnt;
+            float m0 = d0[0], m1 = d1[0], m2 = d2[0], m3 = d3[0];
+            for (int i = 1; i < cnt; i++) {
+                m0 = d0[i] > m0 ? d0[i] : m0;
+                m1 = d1[i] > m1 ? d1[i] : m1;
+                m2 = d2[i] > m2 ? d2[i] : m2;
+                m3 = d3[i] > m3 ? d3[i] : m3;
+            }
+            best[b] = m0;
+            best[b + 1] = m1;
+            best[b + 2] = m2;
+            best[b + 3] = m3;
+        }
+        for (; b < full; b++) {
             const float *db = d + (ptrdiff_t)b * cnt;
             float m = db[0];
             for (int i = 1; i < cnt; i++)

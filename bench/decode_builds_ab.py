@@ -1,0 +1,104 @@
+"""Decode steps of two builds of the package, alternated in one process.
+
+    python bench/decode_builds_ab.py OTHER_SRC [--lengths 4096,32768]
+        [--layers N] [--threads T] [--rounds R] [--policies dense,seed,balanced]
+
+OTHER_SRC is the `src` folder of another built checkout (e.g. a `git
+worktree` of the previous commit, built with `python setup.py build_ext
+--inplace`).  Its `sparse_attn` is copied to a temporary folder as
+`sparse_attn_other` (the package imports itself relatively, and the compiled
+core's init function does not depend on the package's name), so both builds
+run in this process on the same arrays: per policy and length, each build's
+q8 `KVCache`s (16 q / 8 KV heads, head_dim 128, random K/V and importance,
+the probe-row and channel copies kept), one decode step over every layer
+per round, the builds' order swapped every round.  It prints the median and
+minimum step of each and the per-round ratio this/other, and refuses to time
+builds whose outputs differ.  `--layers` defaults to enough layers for 4x
+the last-level cache.  On a shared machine compare the ratios, not the
+milliseconds.
+"""
+import argparse
+import os
+import shutil
+import sys
+import tempfile
+import time
+
+import numpy as np
+
+import sparse_attn as sa
+from sparse_attn.bench.common import last_level_cache
+
+H, HKV, D = 16, 8, 128
+
+
+def load_other(src):
+    pkg = os.path.join(src, "sparse_attn")
+    if not os.path.isdir(pkg):
+        raise SystemExit(f"{src} has no sparse_attn package folder")
+    tmp = tempfile.mkdtemp(prefix="sa_other_")
+    shutil.copytree(pkg, os.path.join(tmp, "sparse_attn_other"))
+    sys.path.insert(0, tmp)
+    import sparse_attn_other
+    return sparse_attn_other
+
+
+def decoders(mod, data, policy, threads):
+    out = []
+    for k, v, imp in data:
+        c = mod.KVCache(HKV, D, capacity=k.shape[1], dtype="q8", copy_probe_rows=True,
+                        copy_channels=True)
+        c.append(k, v)
+        c.add_importance(imp)
+        out.append(c.decoder(dense=True, threads=threads) if policy == "dense" else
+                   c.decoder(k_blocks=32, policy=policy, threads=threads))
+    return out
+
+
+def first(x):
+    return x[0] if isinstance(x, tuple) else x
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("other_src")
+    ap.add_argument("--lengths", default="4096,32768")
+    ap.add_argument("--layers", type=int, default=None)
+    ap.add_argument("--threads", type=int, default=2)
+    ap.add_argument("--rounds", type=int, default=30)
+    ap.add_argument("--policies", default="dense,seed,balanced")
+    args = ap.parse_args()
+    other = load_other(args.other_src)
+    llc = last_level_cache()[0]
+    rng = np.random.default_rng(0)
+    for T in (int(x) for x in args.lengths.split(",")):
+        per_layer = 2 * HKV * T * (D + 4 * D // 32)
+        layers = args.layers or max(1, -(-4 * llc // per_layer))
+        data = [(rng.standard_normal((HKV, T, D), dtype=np.float32),
+                 rng.standard_normal((HKV, T, D), dtype=np.float32),
+                 rng.random(T, dtype=np.float32)) for _ in range(layers)]
+        q = rng.standard_normal((H, D), dtype=np.float32)
+        for policy in args.policies.split(","):
+            builds = {"this": decoders(sa, data, policy, args.threads),
+                      "other": decoders(other, data, policy, args.threads)}
+            outs = {name: first(ds[0](q)) for name, ds in builds.items()}
+            if not np.array_equal(outs["this"], outs["other"]):
+                print(f"{T} {policy}: the builds' outputs differ; not timed")
+                continue
+            times = {"this": [], "other": []}
+            for r in range(args.rounds):
+                for name in (("this", "other") if r % 2 == 0 else ("other", "this")):
+                    t0 = time.perf_counter()
+                    for d in builds[name]:
+                        d(q)
+                    times[name].append((time.perf_counter() - t0) * 1e3)
+            a, b = np.array(times["this"]), np.array(times["other"])
+            print(f"{T:6d} {policy:9s} {layers:3d} layers  this {np.median(a):8.3f} ms "
+                  f"(min {a.min():.3f})  other {np.median(b):8.3f} ms (min {b.min():.3f})  "
+                  f"this/other per round: median {np.median(a / b):.3f} "
+                  f"[{np.percentile(a / b, 25):.3f}-{np.percentile(a / b, 75):.3f}]")
+            del builds
+
+
+if __name__ == "__main__":
+    main()
