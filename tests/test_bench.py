@@ -221,3 +221,20 @@ def test_model_bench_configurations_parse_policies_with_knobs():
                        ("k=32 frobnicate", "unknown word")]:
         with pytest.raises(ValueError, match=match):
             parse_config(bad)
+
+
+def test_decode_builds_ab_times_two_builds_and_refuses_a_folder_without_one():
+    """bench/decode_builds_ab.py against the installed build itself: both
+    builds' outputs agree, so every policy is timed and its ratio printed."""
+    import sparse_attn
+    installed = str(Path(sparse_attn.__file__).resolve().parent.parent)
+    res = run([sys.executable, str(ROOT / "bench" / "decode_builds_ab.py"), installed,
+               "--lengths", "300", "--layers", "1", "--rounds", "2", "--threads", "1",
+               "--policies", "dense,seed,balanced"])
+    lines = res.stdout.splitlines()
+    assert [l.split()[:2] for l in lines] == [["300", "dense"], ["300", "seed"],
+                                              ["300", "balanced"]]
+    assert all("this/other per round: median" in l for l in lines)
+    with pytest.raises(subprocess.CalledProcessError) as e:
+        run([sys.executable, str(ROOT / "bench" / "decode_builds_ab.py"), str(ROOT / "docs")])
+    assert "has no sparse_attn package folder" in e.value.stderr
