@@ -2,6 +2,7 @@
 
     python bench/decode_builds_ab.py OTHER_SRC [--lengths 4096,32768]
         [--layers N] [--threads T] [--rounds R] [--policies dense,seed,balanced]
+        [--shape 16,8,128]
 
 OTHER_SRC is the `src` folder of another built checkout (e.g. a `git
 worktree` of the previous commit, built with `python setup.py build_ext
@@ -9,17 +10,20 @@ worktree` of the previous commit, built with `python setup.py build_ext
 `sparse_attn_other` (the package imports itself relatively, and the compiled
 core's init function does not depend on the package's name), so both builds
 run in this process on the same arrays: per policy and length, each build's
-q8 `KVCache`s (16 q / 8 KV heads, head_dim 128, random K/V and importance,
+q8 `KVCache`s (`--shape`: query heads, KV heads, head_dim; random K/V and importance,
 the probe-row and channel copies kept), one decode step over every layer
 per round, the builds' order swapped every round.  It prints the median and
 minimum step of each and the per-round ratio this/other, and refuses to time
-builds whose outputs differ.  `--layers` defaults to enough layers for 4x
+builds whose outputs differ.  Where /proc/kpageflags is readable (root on
+Linux) it also prints the share of each build's K/V pages that sit in
+transparent huge pages, which moves a decode step by several percent.  `--layers` defaults to enough layers for 4x
 the last-level cache.  On a shared machine compare the ratios, not the
 milliseconds.
 """
 import argparse
 import os
 import shutil
+import struct
 import sys
 import tempfile
 import time
@@ -28,9 +32,6 @@ import numpy as np
 
 import sparse_attn as sa
 from sparse_attn.bench.common import last_level_cache
-
-H, HKV, D = 16, 8, 128
-
 
 def load_other(src):
     pkg = os.path.join(src, "sparse_attn")
@@ -46,13 +47,40 @@ def load_other(src):
 def decoders(mod, data, policy, threads):
     out = []
     for k, v, imp in data:
-        c = mod.KVCache(HKV, D, capacity=k.shape[1], dtype="q8", copy_probe_rows=True,
+        c = mod.KVCache(k.shape[0], k.shape[2], capacity=k.shape[1], dtype="q8",
+                        copy_probe_rows=True,
                         copy_channels=True)
         c.append(k, v)
         c.add_importance(imp)
         out.append(c.decoder(dense=True, threads=threads) if policy == "dense" else
                    c.decoder(k_blocks=32, policy=policy, threads=threads))
     return out
+
+
+def huge_share(caches_kv):
+    """The share of the 4 KB pages under these arrays that belong to a
+    transparent huge page (KPF_THP in /proc/kpageflags), or None when the
+    kernel does not say."""
+    try:
+        with open("/proc/self/pagemap", "rb") as pm, open("/proc/kpageflags", "rb") as kf:
+            pages = huge = 0
+            for a in caches_kv:
+                for page in range(a.ctypes.data & ~4095, a.ctypes.data + a.nbytes, 4096):
+                    pm.seek(page // 4096 * 8)
+                    entry = struct.unpack("Q", pm.read(8))[0]
+                    if not entry >> 63:
+                        continue            # not in memory
+                    kf.seek((entry & ((1 << 55) - 1)) * 8)
+                    pages += 1
+                    huge += struct.unpack("Q", kf.read(8))[0] >> 22 & 1
+            return huge / pages if pages else None
+    except (OSError, struct.error):
+        return None
+
+
+def kv_arrays(decs):
+    return [a for d in decs for t in (d.cache.k, d.cache.v)
+            for a in ((t.data, t.scales) if hasattr(t, "scales") else (t,))]
 
 
 def first(x):
@@ -67,7 +95,10 @@ def main():
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--rounds", type=int, default=30)
     ap.add_argument("--policies", default="dense,seed,balanced")
+    ap.add_argument("--shape", default="16,8,128",
+                    help="query heads, KV heads, head_dim (default: Qwen3-VL-2B's layer)")
     args = ap.parse_args()
+    H, HKV, D = (int(x) for x in args.shape.split(","))
     other = load_other(args.other_src)
     llc = last_level_cache()[0]
     rng = np.random.default_rng(0)
@@ -93,10 +124,13 @@ def main():
                         d(q)
                     times[name].append((time.perf_counter() - t0) * 1e3)
             a, b = np.array(times["this"]), np.array(times["other"])
+            share = {name: huge_share(kv_arrays(ds)) for name, ds in builds.items()}
+            pages = "" if None in share.values() else \
+                f"  K/V in huge pages: this {share['this']:.0%}, other {share['other']:.0%}"
             print(f"{T:6d} {policy:9s} {layers:3d} layers  this {np.median(a):8.3f} ms "
                   f"(min {a.min():.3f})  other {np.median(b):8.3f} ms (min {b.min():.3f})  "
                   f"this/other per round: median {np.median(a / b):.3f} "
-                  f"[{np.percentile(a / b, 25):.3f}-{np.percentile(a / b, 75):.3f}]")
+                  f"[{np.percentile(a / b, 25):.3f}-{np.percentile(a / b, 75):.3f}]{pages}")
             del builds
 
 

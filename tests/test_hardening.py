@@ -148,6 +148,65 @@ def test_failed_growth_changes_nothing(rng, monkeypatch, dtype):
         fails_at += 1
 
 
+def _huge_cache(dtype="q8", capacity=4096):
+    """A cache whose arrays take more than one huge page (about 3 MB for q8)."""
+    return sa.KVCache(4, 128, capacity=capacity, dtype=dtype, copy_probe_rows=True)
+
+
+@pytest.mark.skipif(not sa_cache._HUGE, reason="no transparent huge pages on this system")
+@pytest.mark.parametrize("dtype", ["q8", "float32"])
+def test_a_large_cache_is_one_huge_page_aligned_mapping(rng, monkeypatch, dtype):
+    """K, V and the metadata of a large cache are carved from one zeroed
+    mapping that starts at a huge page boundary, and decode on it gives
+    bitwise what the same cache gives from plain numpy arrays."""
+    cache = _huge_cache(dtype)
+    b = cache._buf
+    arrays = [*b.karr, *b.varr, *b.bounds, *sa_cache._arrays(b.probe), *b.channels]
+    assert arrays[0].ctypes.data % sa_cache._HUGE == 0
+    roots = {id(a.base.base if a.base.base is not None else a.base) for a in arrays}
+    assert len(roots) == 1                   # one allocation under all of them
+    assert all(a.ctypes.data % 64 == 0 and a.flags.c_contiguous and a.flags.writeable
+               and not a.any() for a in arrays)
+    monkeypatch.setattr(sa_cache, "_HUGE", 0)
+    plain = _huge_cache(dtype)
+    kv = rng.standard_normal((4, 3000, 128), dtype=np.float32)
+    q = rng.standard_normal((8, 128), dtype=np.float32)
+    qp = rng.standard_normal((8, 1, 128), dtype=np.float32)
+    for c in (cache, plain):
+        c.append(kv, kv)
+        c.prefill(qp)
+    assert _state(cache) == _state(plain)
+    for policy in ("seed", "balanced", "fast"):
+        assert np.array_equal(cache.decode(q, k_blocks=8, policy=policy),
+                              plain.decode(q, k_blocks=8, policy=policy))
+
+
+@pytest.mark.skipif(not sa_cache._HUGE, reason="no transparent huge pages on this system")
+def test_a_refused_mapping_is_a_memory_error_that_changes_nothing(rng, monkeypatch):
+    """A mapping the system refuses while a large cache grows raises
+    MemoryError and leaves the cache as it was; a cache too large for any
+    allocation raises MemoryError, not numpy's or mmap's own errors."""
+    cache = _huge_cache(capacity=2048)
+    kv = rng.standard_normal((4, 2048, 128), dtype=np.float32)
+    cache.append(kv, kv)
+    before = _state(cache)
+
+    def refuse(*args, **kw):
+        raise OSError(12, "Cannot allocate memory")
+
+    monkeypatch.setattr(sa_cache.mmap, "mmap", refuse)
+    with pytest.raises(MemoryError, match="cannot map"):
+        cache.append(kv[:, :1], kv[:, :1])          # grows to 4096 rows
+    assert _state(cache) == before
+    monkeypatch.undo()
+    cache.append(kv[:, :1], kv[:, :1])
+    assert cache.seq_len == 2049 and cache.capacity == 4096
+    for huge in (sa_cache._HUGE, 0):
+        monkeypatch.setattr(sa_cache, "_HUGE", huge)
+        with pytest.raises(MemoryError, match="for a KV cache"):
+            sa.KVCache(2**20, 2**20, capacity=2**30, copy_channels=False)
+
+
 # ------------------------------------------------------------------ concurrent use
 
 @pytest.mark.parametrize("policy", ["seed", "fast"])

@@ -1,4 +1,6 @@
 """A growing per-layer KV cache in the layout the kernels read directly."""
+import math
+import mmap
 import threading
 
 import numpy as np
@@ -19,6 +21,82 @@ DTYPES = ("q8", "float32")
 
 # Every allocation of a cache goes through this (tests inject failures here).
 _zeros = np.zeros
+
+_ALIGN = 64
+
+
+def _huge_page_bytes():
+    """The transparent huge page size (Linux), or 0 where there is none to
+    ask for."""
+    if not hasattr(mmap, "MADV_HUGEPAGE"):
+        return 0
+    try:
+        with open("/sys/kernel/mm/transparent_hugepage/hpage_pmd_size") as f:
+            return int(f.read())
+    except (OSError, ValueError):
+        return 0
+
+
+_HUGE = _huge_page_bytes()
+
+
+def _zeroed(nbytes):
+    """nbytes of zeros as a uint8 array starting at a 64-byte boundary.
+
+    From nbytes of one huge page on (2 MiB on x86-64 and 4 KB-page arm64),
+    a private anonymous mapping whose start is a huge page boundary, the
+    whole huge pages inside it advised MADV_HUGEPAGE before anything
+    touches them: the kernel then backs them with huge pages under its
+    default THP setting ("madvise").  numpy advises its own allocations of
+    4 MiB or more, but malloc hands out reused heap memory that is already
+    mapped in 4 KB pages: in a transformers model only 11% of SmolLM2's
+    cache pages were huge (docs/design.md, "One allocation per cache").
+    The mapping reserves one huge page more than it uses (address space
+    only: pages never touched take no memory)."""
+    if _HUGE and nbytes >= _HUGE:
+        try:
+            mm = mmap.mmap(-1, nbytes + _HUGE, flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS)
+        except (OSError, OverflowError) as e:
+            raise MemoryError(f"cannot map {nbytes} bytes for a KV cache: {e}") from e
+        whole = np.frombuffer(mm, np.uint8)
+        off = (-whole.ctypes.data) % _HUGE
+        try:
+            mm.madvise(mmap.MADV_HUGEPAGE, off, nbytes // _HUGE * _HUGE)
+        except OSError:
+            pass        # a kernel without THP: small pages, the same bytes
+        return whole[off:off + nbytes]
+    try:
+        buf = _zeros(nbytes + _ALIGN, np.uint8)
+    except ValueError as e:         # beyond what an array can index
+        raise MemoryError(f"cannot allocate {nbytes} bytes for a KV cache: {e}") from e
+    off = (-buf.ctypes.data) % _ALIGN
+    return buf[off:off + nbytes]
+
+
+class _Arena:
+    """The arrays of one capacity of a cache, carved from one zeroed
+    allocation (_zeroed) at 64-byte boundaries, or, without a size, a plan
+    that adds up the bytes they take.  One allocation instead of one per
+    array: the huge pages of a mapping are its whole 2 MiB stretches, and a
+    cache's separate arrays are mostly smaller than that (a 7K-token
+    SmolLM2 layer's K is 1.3 MB).  Sparse decode reads scattered 4 KB
+    blocks, which cost 1.2-1.5x more from small pages than from huge ones
+    (bench/scattered_blocks.c)."""
+
+    def __init__(self, nbytes=None):
+        self.nbytes = 0
+        self._buf = None if nbytes is None else _zeroed(nbytes)
+
+    def plan(self, shape, dtype):
+        n = math.prod(shape) * np.dtype(dtype).itemsize
+        self.nbytes += -(-n // _ALIGN) * _ALIGN
+        return None
+
+    def take(self, shape, dtype):
+        n = math.prod(shape) * np.dtype(dtype).itemsize
+        a = self._buf[self.nbytes:self.nbytes + n].view(dtype).reshape(shape)
+        self.nbytes += -(-n // _ALIGN) * _ALIGN
+        return a
 
 # decode()'s importance default: the cache's record.
 _RECORDED = object()
@@ -105,7 +183,9 @@ class KVCache:
     once.  The views ``k``, ``v``, ``importance``, ``bounds`` and
     ``probe_rows`` are snapshots of the rows valid when they were taken:
     later appends never rewrite them, but :meth:`truncate` followed by an
-    append does.
+    append does.  K, V, the key bounds and the copies of one capacity share
+    one allocation (for transparent huge pages), so a view of any of them
+    taken before the cache grew keeps all of that capacity's memory.
 
     An append that fails (bad values, no memory to grow) changes nothing.
 
@@ -180,28 +260,16 @@ class KVCache:
         of `old` (and what goes with them) when given."""
         b = _Buffers()
         b.capacity = capacity
-        shape = (self.n_kv_heads, capacity, self.head_dim)
+        # Sized first (nothing allocated), then carved from one allocation.
+        plan = _Arena()
+        self._arrays_into(b, capacity, plan.plan)
+        arena = _Arena(plan.nbytes)
+        self._arrays_into(b, capacity, arena.take)
+        b.importance = _zeros(capacity, np.float32)
         if self.dtype == "float32":
-            b.karr, b.varr = (_zeros(shape, np.float32),), (_zeros(shape, np.float32),)
             b.k, b.v = b.karr[0], b.varr[0]
         else:
-            sshape = (self.n_kv_heads, capacity, self.head_dim // self.group_size)
-            b.karr = (_zeros(shape, np.int8), _zeros(sshape, np.float32))
-            b.varr = (_zeros(shape, np.int8), _zeros(sshape, np.float32))
             b.k, b.v = Q8._wrap(*b.karr, self.group_size), Q8._wrap(*b.varr, self.group_size)
-        b.importance = _zeros(capacity, np.float32)
-        nb = -(-capacity // self.block_size)
-        b.bounds = empty_bounds(self.n_kv_heads, nb, self.head_dim, self.block_size,
-                                self._scale_group, zeros=_zeros)
-        b.probe = None
-        if self.copy_probe_rows:
-            b.probe = empty_probe_rows(self.n_kv_heads, capacity, self.head_dim, self.dtype,
-                                       self.group_size, self.block_size, self.n_probe,
-                                       zeros=_zeros)
-        b.channels = None
-        if self.copy_channels:
-            b.channels = empty_channels(self.n_kv_heads, nb, self.head_dim, self.block_size,
-                                        zeros=_zeros)
         # Everything is allocated: copying cannot fail any more.
         probe_rows_done = 0
         if old is not None:
@@ -228,6 +296,29 @@ class KVCache:
             b.probe_st = probe_rows_struct(b.probe, self.group_size, self.block_size,
                                            self.n_probe, probe_rows_done)
         return b
+
+    def _arrays_into(self, b, capacity, zeros):
+        """b's arrays that grow with the capacity (K, V, key bounds, the
+        copies), each from zeros(shape, dtype), in a fixed order."""
+        shape = (self.n_kv_heads, capacity, self.head_dim)
+        if self.dtype == "float32":
+            b.karr, b.varr = (zeros(shape, np.float32),), (zeros(shape, np.float32),)
+        else:
+            sshape = (self.n_kv_heads, capacity, self.head_dim // self.group_size)
+            b.karr = (zeros(shape, np.int8), zeros(sshape, np.float32))
+            b.varr = (zeros(shape, np.int8), zeros(sshape, np.float32))
+        nb = -(-capacity // self.block_size)
+        b.bounds = empty_bounds(self.n_kv_heads, nb, self.head_dim, self.block_size,
+                                self._scale_group, zeros=zeros)
+        b.probe = None
+        if self.copy_probe_rows:
+            b.probe = empty_probe_rows(self.n_kv_heads, capacity, self.head_dim, self.dtype,
+                                       self.group_size, self.block_size, self.n_probe,
+                                       zeros=zeros)
+        b.channels = None
+        if self.copy_channels:
+            b.channels = empty_channels(self.n_kv_heads, nb, self.head_dim, self.block_size,
+                                        zeros=zeros)
 
     @property
     def seq_len(self):
