@@ -18,6 +18,7 @@ import math
 import numpy as np
 
 import sparse_attn as sa
+from sparse_attn.cache import _Arena
 from sparse_attn.machine import fmt_bytes
 from sparse_attn.metadata import default_scale_group, probe_geometry
 from sparse_attn.q8 import Q8
@@ -70,21 +71,37 @@ class Layer:
         channels = any(knobs.get("scoring") == "channels" for _, knobs in args.policies)
         return cls(ctx, importance, k, v, sa.block_bounds(k, block_size=args.block_size),
                    sa.probe_rows(k, block_size=args.block_size, n_probe=args.n_probe or 8),
-                   sa.channel_copy(k, block_size=args.block_size) if channels else None)
+                   sa.channel_copy(k, block_size=args.block_size) if channels else None).copy()
 
     def copy(self):
-        def dup(t):
-            return Q8._wrap(t.data.copy(), t.scales.copy(), t.group_size) \
-                if isinstance(t, Q8) else t.copy()
-        b, p = self.bounds, self.probe_rows
-        bounds = sa.BlockBounds(b.mn.copy(), b.mx.copy(), b.scales.copy(), b.block_size,
-                                b.scale_group, b.k_rows)
-        rows = sa.ProbeRows(dup(p.rows), p.block_size, p.n_probe, p.k_rows)
-        c = self.channels
+        """The same layer in new memory, laid out as a KVCache keeps it: K,
+        V, the bounds and the copies in one allocation (huge pages where the
+        system has them, docs/design.md "One allocation per cache")."""
+        def parts(t):
+            return (t.data, t.scales) if isinstance(t, Q8) else (t,)
+        b, p, c = self.bounds, self.probe_rows, self.channels
+        arrays = [*parts(self.k), *parts(self.v), b.mn, b.mx, b.scales, *parts(p.rows),
+                  *((c.data, c.scales) if c is not None else ())]
+        plan = _Arena()
+        for a in arrays:
+            plan.plan(a.shape, a.dtype)
+        arena = _Arena(plan.nbytes)
+        moved = []
+        for a in arrays:
+            m = arena.take(a.shape, a.dtype)
+            m[...] = a
+            moved.append(m)
+        it = iter(moved)
+
+        def take(t):
+            return Q8._wrap(next(it), next(it), t.group_size) if isinstance(t, Q8) else next(it)
+        k, v = take(self.k), take(self.v)
+        bounds = sa.BlockBounds(next(it), next(it), next(it), b.block_size, b.scale_group,
+                                b.k_rows)
+        rows = sa.ProbeRows(take(p.rows), p.block_size, p.n_probe, p.k_rows)
         channels = None if c is None else \
-            sa.ChannelCopy(c.data.copy(), c.scales.copy(), c.block_size, c.k_rows)
-        return Layer(self.ctx, self.importance.copy(), dup(self.k), dup(self.v), bounds, rows,
-                     channels)
+            sa.ChannelCopy(next(it), next(it), c.block_size, c.k_rows)
+        return Layer(self.ctx, self.importance.copy(), k, v, bounds, rows, channels)
 
     @property
     def nbytes(self):
