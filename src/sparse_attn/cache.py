@@ -19,7 +19,9 @@ from .selection import CACHE_POLICY, n_probe_value, selection
 
 DTYPES = ("q8", "float32")
 
-# Every allocation of a cache goes through this (tests inject failures here).
+# The allocations of a cache smaller than a huge page, and its importance
+# record, go through this (tests inject failures here); larger ones map
+# their memory (_zeroed).
 _zeros = np.zeros
 
 _ALIGN = 64
