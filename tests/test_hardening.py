@@ -182,6 +182,28 @@ def test_a_large_cache_is_one_huge_page_aligned_mapping(rng, monkeypatch, dtype)
 
 
 @pytest.mark.skipif(not sa_cache._HUGE, reason="no transparent huge pages on this system")
+def test_a_cache_asks_for_huge_pages_once_three_quarters_full(rng):
+    """A huge page is memory on its first touch, written rows or not: a
+    mapped cache asks for them only when the rows about to be written fill
+    three quarters of it (an append, or a growth with the rows it copies
+    and appends), and a cache too small to map has nothing to ask for."""
+    kv = rng.standard_normal((4, 4096, 128), dtype=np.float32)
+    cache = _huge_cache(capacity=4096)
+    assert cache._buf.arena.mapped and not cache._buf.advised
+    cache.append(kv[:, :3000], kv[:, :3000])
+    assert not cache._buf.advised                  # 3000 of 4096: under 3/4
+    cache.append(kv[:, :72], kv[:, :72])
+    assert cache._buf.advised                      # 3072 of 4096
+    cache.append(kv[:, :1100], kv[:, :1100])       # grows to 8192, 4172 rows
+    assert cache.capacity == 8192 and not cache._buf.advised
+    full = _huge_cache(capacity=1024)
+    full.append(kv, kv)                            # grows to exactly 4096 rows
+    assert full.capacity == 4096 and full._buf.advised
+    small = sa.KVCache(2, 64, capacity=64)
+    assert not small._buf.arena.mapped and small._buf.advised
+
+
+@pytest.mark.skipif(not sa_cache._HUGE, reason="no transparent huge pages on this system")
 def test_a_refused_mapping_is_a_memory_error_that_changes_nothing(rng, monkeypatch):
     """A mapping the system refuses while a large cache grows raises
     MemoryError and leaves the cache as it was; a cache too large for any

@@ -600,6 +600,9 @@ def test_kv_dtype_setting_makes_generate_use_the_q8_cache(eager, prompt, eager_r
     cache = getattr(out, "cache", None) or out.past_key_values
     assert isinstance(cache, sat.SparseKVCache) and cache.dtype == "q8"
     assert cache.get_seq_length() == PROMPT_TOKENS + 2
+    # made at the size generate needs (the prompt and every new token but
+    # the last), so it never grew
+    assert {layer.kv.capacity for layer in cache.layers} == {PROMPT_TOKENS + 2}
 
 
 def test_kv_dtype_on_a_transformers_cache_warns(eager, prompt):

@@ -21,7 +21,7 @@ DTYPES = ("q8", "float32")
 
 # The allocations of a cache smaller than a huge page, and its importance
 # record, go through this (tests inject failures here); larger ones map
-# their memory (_zeroed).
+# their memory (_Arena).
 _zeros = np.zeros
 
 _ALIGN = 64
@@ -42,52 +42,43 @@ def _huge_page_bytes():
 _HUGE = _huge_page_bytes()
 
 
-def _zeroed(nbytes):
-    """nbytes of zeros as a uint8 array starting at a 64-byte boundary.
-
-    From nbytes of one huge page on (2 MiB on x86-64 and 4 KB-page arm64),
-    a private anonymous mapping whose start is a huge page boundary, the
-    whole huge pages inside it advised MADV_HUGEPAGE before anything
-    touches them: the kernel then backs them with huge pages under its
-    default THP setting ("madvise").  numpy advises its own allocations of
-    4 MiB or more, but malloc hands out reused heap memory that is already
-    mapped in 4 KB pages: in a transformers model only 11% of SmolLM2's
-    cache pages were huge (docs/design.md, "One allocation per cache").
-    The mapping reserves one huge page more than it uses (address space
-    only: pages never touched take no memory)."""
-    if _HUGE and nbytes >= _HUGE:
-        try:
-            mm = mmap.mmap(-1, nbytes + _HUGE, flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS)
-        except (OSError, OverflowError) as e:
-            raise MemoryError(f"cannot map {nbytes} bytes for a KV cache: {e}") from e
-        whole = np.frombuffer(mm, np.uint8)
-        off = (-whole.ctypes.data) % _HUGE
-        try:
-            mm.madvise(mmap.MADV_HUGEPAGE, off, nbytes // _HUGE * _HUGE)
-        except OSError:
-            pass        # a kernel without THP: small pages, the same bytes
-        return whole[off:off + nbytes]
-    try:
-        buf = _zeros(nbytes + _ALIGN, np.uint8)
-    except ValueError as e:         # beyond what an array can index
-        raise MemoryError(f"cannot allocate {nbytes} bytes for a KV cache: {e}") from e
-    off = (-buf.ctypes.data) % _ALIGN
-    return buf[off:off + nbytes]
-
-
 class _Arena:
-    """The arrays of one capacity of a cache, carved from one zeroed
-    allocation (_zeroed) at 64-byte boundaries, or, without a size, a plan
-    that adds up the bytes they take.  One allocation instead of one per
-    array: the huge pages of a mapping are its whole 2 MiB stretches, and a
-    cache's separate arrays are mostly smaller than that (a 7K-token
-    SmolLM2 layer's K is 1.3 MB).  Sparse decode reads scattered 4 KB
-    blocks, which cost 1.2-1.5x more from small pages than from huge ones
-    (bench/scattered_blocks.c)."""
+    """The arrays of one capacity of a cache, carved at 64-byte boundaries
+    from one zeroed allocation, or, without a size, a plan that adds up the
+    bytes they take (docs/design.md, "One allocation per cache").
+
+    From one huge page's size on (2 MiB on x86-64 and on arm64 with 4 KB
+    pages) the allocation is a private anonymous mapping that starts at a
+    huge page boundary and reserves one huge page more than it uses
+    (address space only: untouched pages take no memory).  :meth:`advise_all`
+    asks for transparent huge pages on its whole huge pages (MADV_HUGEPAGE,
+    which the kernel's default "madvise" setting grants).  Sparse decode
+    reads scattered 4 KB blocks, which cost 1.2-1.5x more from small pages
+    (bench/scattered_blocks.c); numpy advises only its own allocations of 4
+    MiB or more, and malloc hands out reused heap memory already mapped in
+    small pages."""
 
     def __init__(self, nbytes=None):
         self.nbytes = 0
-        self._buf = None if nbytes is None else _zeroed(nbytes)
+        self._buf = self._mm = None
+        if nbytes is None:
+            return
+        if _HUGE and nbytes >= _HUGE:
+            try:
+                self._mm = mmap.mmap(-1, nbytes + _HUGE,
+                                     flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS)
+            except (OSError, OverflowError) as e:
+                raise MemoryError(f"cannot map {nbytes} bytes for a KV cache: {e}") from e
+            whole = np.frombuffer(self._mm, np.uint8)
+            self._at = whole.ctypes.data
+            off = (-self._at) % _HUGE
+        else:
+            try:
+                whole = _zeros(nbytes + _ALIGN, np.uint8)
+            except ValueError as e:         # beyond what an array can index
+                raise MemoryError(f"cannot allocate {nbytes} bytes for a KV cache: {e}") from e
+            off = (-whole.ctypes.data) % _ALIGN
+        self._buf = whole[off:off + nbytes]
 
     def plan(self, shape, dtype):
         n = math.prod(shape) * np.dtype(dtype).itemsize
@@ -99,6 +90,25 @@ class _Arena:
         a = self._buf[self.nbytes:self.nbytes + n].view(dtype).reshape(shape)
         self.nbytes += -(-n // _ALIGN) * _ALIGN
         return a
+
+    @property
+    def mapped(self):
+        return self._mm is not None
+
+    def advise_all(self):
+        """Transparent huge pages for every whole huge page of a mapped
+        arena (else nothing to do), before the rows under them are written."""
+        if self._mm is None:
+            return
+        start = self._buf.ctypes.data
+        lo = -(-start // _HUGE) * _HUGE
+        hi = (start + self._buf.nbytes) // _HUGE * _HUGE
+        if hi > lo:
+            try:
+                self._mm.madvise(mmap.MADV_HUGEPAGE, lo - self._at, hi - lo)
+            except OSError:
+                pass        # a kernel without THP: small pages, the same bytes
+
 
 # decode()'s importance default: the cache's record.
 _RECORDED = object()
@@ -164,8 +174,9 @@ class _Buffers:
     whole new one (every allocation first, then the copies) and swaps it in
     only when the append into it has succeeded."""
 
-    __slots__ = ("capacity", "karr", "varr", "k", "v", "kop", "vop", "importance", "bounds",
-                 "bounds_st", "probe", "probe_st", "channels", "channels_st")
+    __slots__ = ("capacity", "arena", "advised", "karr", "varr", "k", "v", "kop", "vop",
+                 "importance", "bounds", "bounds_st", "probe", "probe_st", "channels",
+                 "channels_st")
 
 
 class KVCache:
@@ -257,17 +268,20 @@ class KVCache:
         self._buf = self._allocate(capacity)
 
     # ----------------------------------------------------------------- storage
-    def _allocate(self, capacity, old=None, n=0):
+    def _allocate(self, capacity, old=None, n=0, filled=0):
         """A complete _Buffers of `capacity` rows, holding the first n rows
-        of `old` (and what goes with them) when given."""
+        of `old` (and what goes with them) when given; the first `filled`
+        rows are about to be written (_advise)."""
         b = _Buffers()
         b.capacity = capacity
         # Sized first (nothing allocated), then carved from one allocation.
         plan = _Arena()
         self._arrays_into(b, capacity, plan.plan)
-        arena = _Arena(plan.nbytes)
-        self._arrays_into(b, capacity, arena.take)
+        b.arena = _Arena(plan.nbytes)
+        b.advised = not b.arena.mapped          # small pages only: nothing to ask for
+        self._arrays_into(b, capacity, b.arena.take)
         b.importance = _zeros(capacity, np.float32)
+        self._advise(b, filled)
         if self.dtype == "float32":
             b.k, b.v = b.karr[0], b.varr[0]
         else:
@@ -298,6 +312,18 @@ class KVCache:
             b.probe_st = probe_rows_struct(b.probe, self.group_size, self.block_size,
                                            self.n_probe, probe_rows_done)
         return b
+
+    def _advise(self, b, filled):
+        """Once the first `filled` rows about to be written make b three
+        quarters full, ask for huge pages under all of its arena's memory
+        still untouched.  A huge page is memory on its first touch, rows
+        written or not, and each head's rows run to the capacity, so a
+        cache asks only when its unwritten rows are at most a third of what
+        it holds (a cache grown by doubling is half full, and stays on small
+        pages until it is three quarters full)."""
+        if not b.advised and _HUGE and 4 * filled >= 3 * b.capacity:
+            b.arena.advise_all()
+            b.advised = True
 
     def _arrays_into(self, b, capacity, zeros):
         """b's arrays that grow with the capacity (K, V, key bounds, the
@@ -463,7 +489,9 @@ class KVCache:
             raise ArgumentError(f"the cache would hold {n + T} rows; at most "
                                 f"{ck.INT_MAX} are supported")
         if n + T > buf.capacity:
-            buf = self._allocate(min(max(n + T, 2 * buf.capacity), ck.INT_MAX), buf, n)
+            buf = self._allocate(min(max(n + T, 2 * buf.capacity), ck.INT_MAX), buf, n, n + T)
+        elif not buf.advised:
+            self._advise(buf, n + T)
         rc = lib.sa_kv_append(buf.kop.struct, buf.vop.struct, n, kp, vp, T, buf.bounds_st,
                               buf.probe_st if buf.probe_st is not None else ffi.NULL,
                               buf.channels_st if buf.channels_st is not None else ffi.NULL)

@@ -86,6 +86,7 @@ class Layer:
         for a in arrays:
             plan.plan(a.shape, a.dtype)
         arena = _Arena(plan.nbytes)
+        arena.advise_all()                      # every row is written now
         moved = []
         for a in arrays:
             m = arena.take(a.shape, a.dtype)

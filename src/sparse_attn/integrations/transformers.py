@@ -64,6 +64,7 @@ packed-sequence masks, pre-allocated (static) caches, tensors not on the CPU,
 autograd (``sparse_topk`` has no backward: run under ``torch.no_grad()``),
 attention dropout, ``output_attentions``, softcapping and attention sinks.
 """
+import inspect
 import math
 import time
 import types
@@ -375,16 +376,36 @@ def _install_generate_cache(model):
 
 
 def _prepare_cache_for_generation(self, generation_config, model_kwargs, *args, **kwargs):
-    result = type(self)._prepare_cache_for_generation(self, generation_config, model_kwargs,
-                                                      *args, **kwargs)
+    base = type(self)._prepare_cache_for_generation
+    result = base(self, generation_config, model_kwargs, *args, **kwargs)
     settings = getattr(self, "sparse_attn", None)
     if (isinstance(settings, SparseAttnSettings) and settings.kv_dtype is not None
             and self.config._attn_implementation == NAME):
         for key in ("cache", "past_key_values"):
             made = model_kwargs.get(key)
             if type(made) is DynamicCache and not getattr(made, "_is_user_defined", False):
-                model_kwargs[key] = SparseKVCache(self)
+                model_kwargs[key] = SparseKVCache(
+                    self, capacity=_generate_capacity(base, self, generation_config,
+                                                      model_kwargs, args, kwargs))
     return result
+
+
+def _generate_capacity(base, model, generation_config, model_kwargs, args, kwargs):
+    """The rows generate's cache will hold (the prompt and every new token
+    but the last: transformers' ``max_cache_length``), so the cache is made
+    at its final size: no growth copies at the first new token, and a
+    prompt that fills three quarters of it gets transparent huge pages
+    (sparse_attn.KVCache).  1024 (growing as needed) when this transformers
+    does not say."""
+    try:
+        bound = inspect.signature(base).bind(model, generation_config, model_kwargs, *args,
+                                             **kwargs)
+        rows = bound.arguments.get("max_cache_length")
+    except (TypeError, ValueError):
+        rows = None
+    if isinstance(rows, int) and 1 <= rows <= ck.INT_MAX:
+        return rows
+    return 1024
 
 
 # --------------------------------------------------------------------------- the q8 / float32 cache
@@ -682,7 +703,13 @@ class SparseKVCache(Cache):
         model enabled with ``kv_dtype``/``group_size``, the defaults below.
     dtype : ``"q8"`` or ``"float32"``, default: the model's ``kv_dtype`` or ``"q8"``
     group_size : int, default: the model's ``group_size`` (32)
-    capacity : int, default 1024; rows allocated per layer up front
+    capacity : int, default 1024; rows allocated per layer up front (grows
+        by doubling as needed).  The cache ``generate`` makes for a model
+        enabled with ``kv_dtype`` takes the rows generate says it will hold
+        (the prompt and the new tokens): it never grows, and a prompt that
+        fills three quarters of it gets transparent huge pages
+        (docs/design.md, "One allocation per cache").  Size a cache you pass
+        yourself the same way
     copy_channels : bool or None, default None: whether each layer keeps the
         channel copy of K that ``scoring="channels"`` (``policy="balanced"``)
         reads (about K's size for q8); None keeps it when the model's policy
