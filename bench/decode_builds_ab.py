@@ -8,7 +8,9 @@ OTHER_SRC is the `src` folder of another built checkout (e.g. a `git
 worktree` of the previous commit, built with `python setup.py build_ext
 --inplace`).  Its `sparse_attn` is copied to a temporary folder as
 `sparse_attn_other` (the package imports itself relatively, and the compiled
-core's init function does not depend on the package's name), so both builds
+core's init function does not depend on the package's name; cffi registers
+the other core as `sparse_attn._core` too, and this script puts its own back
+in `sys.modules`), so both builds
 run in this process on the same arrays: per policy and length, each build's
 q8 `KVCache`s (`--shape`: query heads, KV heads, head_dim; random K/V and importance,
 the probe-row and channel copies kept), one decode step over every layer
@@ -21,6 +23,7 @@ the last-level cache.  On a shared machine compare the ratios, not the
 milliseconds.
 """
 import argparse
+import atexit
 import os
 import shutil
 import struct
@@ -38,9 +41,14 @@ def load_other(src):
     if not os.path.isdir(pkg):
         raise SystemExit(f"{src} has no sparse_attn package folder")
     tmp = tempfile.mkdtemp(prefix="sa_other_")
+    atexit.register(shutil.rmtree, tmp, True)      # the loaded core stays mapped
     shutil.copytree(pkg, os.path.join(tmp, "sparse_attn_other"))
     sys.path.insert(0, tmp)
+    # cffi's module registers itself under the name it was compiled with,
+    # sparse_attn._core: put this build's back once the other has loaded.
+    ours = sys.modules.get("sparse_attn._core")
     import sparse_attn_other
+    sys.modules["sparse_attn._core"] = ours
     return sparse_attn_other
 
 

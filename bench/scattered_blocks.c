@@ -22,9 +22,9 @@
  *                                               (defaults 1024, 1 and huge)
  *
  * huge asks Linux for transparent huge pages (madvise MADV_HUGEPAGE), as
- * a KVCache does for its arrays (one mapping per capacity, from 2 MiB on;
- * docs/design.md) when the kernel's THP setting is "madvise" or "always";
- * small keeps 4 KB pages,
+ * a KVCache does for its arrays (one mapping per capacity from 2 MiB on,
+ * advised once a write fills three quarters of it; docs/design.md) when
+ * the kernel's THP setting is "madvise" or "always"; small keeps 4 KB pages,
  * where every scattered block is also a TLB miss.  On a Zen 4 VM (THP
  * "madvise") random blocks with prefetch cost 1.65-1.74x contiguous ones
  * on huge pages and 2.2-2.7x on small pages (2026-12-03).

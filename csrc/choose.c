@@ -111,9 +111,9 @@ int sa_reserve_rank(const double *sums, int NB, const sa_select_params *p, int n
  * bs latencies per block), the same sums either way. */
 void sa_block_sums(const float *x, int n, int bs, int NB, double *sums)
 {
-    const int full = n / bs;
+    const int full = sa_min(n / bs, NB);
     int b = 0;
-    for (; b + 4 <= full; b += 4) {
+    for (; b <= full - 4; b += 4) {     /* not b + 4 <= full: full may be INT_MAX */
         const float *x0 = x + (ptrdiff_t)b * bs;
         const float *x1 = x0 + bs, *x2 = x1 + bs, *x3 = x2 + bs;
         double a0 = 0.0, a1 = 0.0, a2 = 0.0, a3 = 0.0;

@@ -29,7 +29,7 @@ static void block_max(sa_scratch *s, int full, int cnt)
         const float *d = s->sp[g];
         float *best = s->probe + (ptrdiff_t)g * s->NB;
         int b = 0;
-        for (; b + 4 <= full; b += 4) {
+        for (; b <= full - 4; b += 4) {    /* not b + 4 <= full: full may be INT_MAX */
             const float *d0 = d + (ptrdiff_t)b * cnt;
             const float *d1 = d0 + cnt, *d2 = d1 + cnt, *d3 = d2 + cnt;
             float m0 = d0[0], m1 = d1[0], m2 = d2[0], m3 = d3[0];

@@ -2,6 +2,7 @@
 the same on every ISA, values that would overflow never enter a cache, a
 failed append changes nothing, a cache serves concurrent readers while it
 grows, and sizes at the edge of a C int are served correctly."""
+import mmap
 import threading
 import time
 
@@ -99,7 +100,12 @@ def _state(cache):
     parts += [b.mn.tobytes(), b.mx.tobytes(), b.scales.tobytes(), b.k_rows]
     p = cache.probe_rows
     if p is not None:
-        parts += [p.k_rows]
+        rows = p.rows
+        parts += [p.k_rows, *(a.tobytes() for a in ((rows.data, rows.scales)
+                                                    if isinstance(rows, sa.Q8) else (rows,)))]
+    c = cache.channels
+    if c is not None:
+        parts += [c.k_rows, c.data.tobytes(), c.scales.tobytes()]
     return parts
 
 
@@ -167,6 +173,13 @@ def test_a_large_cache_is_one_huge_page_aligned_mapping(rng, monkeypatch, dtype)
     assert len(roots) == 1                   # one allocation under all of them
     assert all(a.ctypes.data % 64 == 0 and a.flags.c_contiguous and a.flags.writeable
                and not a.any() for a in arrays)
+    # nothing reachable from a view can unmap the memory under it
+    root = cache.k.data if dtype == "q8" else cache.k
+    while isinstance(root, np.ndarray):
+        root = root.base
+    assert not isinstance(root, (memoryview, mmap.mmap))
+    with pytest.raises(BufferError):
+        b.arena._mm.close()
     monkeypatch.setattr(sa_cache, "_HUGE", 0)
     plain = _huge_cache(dtype)
     kv = rng.standard_normal((4, 3000, 128), dtype=np.float32)

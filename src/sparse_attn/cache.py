@@ -1,4 +1,5 @@
 """A growing per-layer KV cache in the layout the kernels read directly."""
+import ctypes
 import math
 import mmap
 import threading
@@ -69,7 +70,13 @@ class _Arena:
                                      flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS)
             except (OSError, OverflowError) as e:
                 raise MemoryError(f"cannot map {nbytes} bytes for a KV cache: {e}") from e
-            whole = np.frombuffer(self._mm, np.uint8)
+            # The array's base is a ctypes array that holds an export of the
+            # mapping for as long as it lives, so no view of the cache (nor
+            # mmap.close(), which refuses while an export exists) can unmap
+            # it: np.frombuffer would put a memoryview there that anyone
+            # walking .base could release.
+            holder = (ctypes.c_ubyte * (nbytes + _HUGE)).from_buffer(self._mm)
+            whole = np.ndarray((nbytes + _HUGE,), np.uint8, buffer=holder)
             self._at = whole.ctypes.data
             off = (-self._at) % _HUGE
         else:
@@ -315,12 +322,14 @@ class KVCache:
 
     def _advise(self, b, filled):
         """Once the first `filled` rows about to be written make b three
-        quarters full, ask for huge pages under all of its arena's memory
-        still untouched.  A huge page is memory on its first touch, rows
-        written or not, and each head's rows run to the capacity, so a
-        cache asks only when its unwritten rows are at most a third of what
-        it holds (a cache grown by doubling is half full, and stays on small
-        pages until it is three quarters full)."""
+        quarters full, ask for huge pages on all of its arena's whole huge
+        pages.  A huge page is memory on its first touch, rows written or
+        not, and each head's rows run to the capacity, so a cache asks only
+        when its unwritten rows are at most a third of what it holds.  The
+        kernel grants them where nothing was touched yet: under one write
+        that fills three quarters (a prompt, a growth's copy); pages that
+        earlier small appends touched stay small pages (the kernel's
+        background collapsing may merge them later, slowly)."""
         if not b.advised and _HUGE and 4 * filled >= 3 * b.capacity:
             b.arena.advise_all()
             b.advised = True
