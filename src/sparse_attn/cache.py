@@ -43,6 +43,13 @@ def _huge_page_bytes():
 _HUGE = _huge_page_bytes()
 
 
+def _span(shape, dtype):
+    """(bytes of an array, the bytes it takes in an arena: to the next
+    64-byte boundary)."""
+    n = math.prod(shape) * np.dtype(dtype).itemsize
+    return n, -(-n // _ALIGN) * _ALIGN
+
+
 class _Arena:
     """The arrays of one capacity of a cache, carved at 64-byte boundaries
     from one zeroed allocation, or, without a size, a plan that adds up the
@@ -88,14 +95,13 @@ class _Arena:
         self._buf = whole[off:off + nbytes]
 
     def plan(self, shape, dtype):
-        n = math.prod(shape) * np.dtype(dtype).itemsize
-        self.nbytes += -(-n // _ALIGN) * _ALIGN
+        self.nbytes += _span(shape, dtype)[1]
         return None
 
     def take(self, shape, dtype):
-        n = math.prod(shape) * np.dtype(dtype).itemsize
+        n, step = _span(shape, dtype)
         a = self._buf[self.nbytes:self.nbytes + n].view(dtype).reshape(shape)
-        self.nbytes += -(-n // _ALIGN) * _ALIGN
+        self.nbytes += step
         return a
 
     @property

@@ -384,9 +384,10 @@ def _prepare_cache_for_generation(self, generation_config, model_kwargs, *args, 
         for key in ("cache", "past_key_values"):
             made = model_kwargs.get(key)
             if type(made) is DynamicCache and not getattr(made, "_is_user_defined", False):
-                model_kwargs[key] = SparseKVCache(
-                    self, capacity=_generate_capacity(base, self, generation_config,
-                                                      model_kwargs, args, kwargs))
+                rows = _generate_capacity(base, self, generation_config, model_kwargs, args,
+                                          kwargs)
+                model_kwargs[key] = SparseKVCache(self) if rows is None else \
+                    SparseKVCache(self, capacity=rows)
     return result
 
 
@@ -395,17 +396,15 @@ def _generate_capacity(base, model, generation_config, model_kwargs, args, kwarg
     but the last: transformers' ``max_cache_length``), so the cache is made
     at its final size: no growth copies at the first new token, and a
     prompt that fills three quarters of it gets transparent huge pages
-    (sparse_attn.KVCache).  1024 (growing as needed) when this transformers
-    does not say."""
+    (sparse_attn.KVCache).  None (SparseKVCache's default capacity, growing
+    as needed) when this transformers does not say."""
     try:
         bound = inspect.signature(base).bind(model, generation_config, model_kwargs, *args,
                                              **kwargs)
         rows = bound.arguments.get("max_cache_length")
     except (TypeError, ValueError):
         rows = None
-    if isinstance(rows, int) and 1 <= rows <= ck.INT_MAX:
-        return rows
-    return 1024
+    return rows if isinstance(rows, int) and 1 <= rows <= ck.INT_MAX else None
 
 
 # --------------------------------------------------------------------------- the q8 / float32 cache
