@@ -58,7 +58,7 @@ static int scratch_new(const sa_scratch_sizes *z, sa_scratch **out)
     size_t o_op = take(&l, g, sizeof(float *)), o_z = take(&l, g, sizeof(float));
     size_t o_off = take(&l, g, sizeof(int)), o_heads = take(&l, g, sizeof(int));
     size_t o_heads2 = take(&l, g, sizeof(int));
-    size_t o_csum = take(&l, d, sizeof(float)), o_cidx = take(&l, d, sizeof(int32_t));
+    size_t o_csum = take(&l, times(&l, 2, d), sizeof(float)), o_cidx = take(&l, d, sizeof(int32_t));
     /* channel_scores' acc (kernels.h, sa_channel_acc_floats) for r <= D */
     const size_t cacc = z->channel_rows > 0
         ? times(&l, g, (size_t)z->channel_rows + times(&l, d, SA_CHANNEL_TILE)) + 2 * d + 2

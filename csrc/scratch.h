@@ -36,7 +36,8 @@ typedef struct sa_scratch {
     int *off;          /* G tokens scored so far per head */
     int *heads;        /* G heads of the current run */
     int *heads2;       /* G heads of the run after it */
-    float *chan_sum;   /* D     the group's summed |q| per channel (channels) */
+    float *chan_sum;   /* 2D    the group's summed |q| per channel, then the best
+                        * r of them as top_channels ranks (channels) */
     int32_t *chan_idx; /* D     the channels scored, ascending */
     float *chan_acc;   /* channel_scores' acc: sa_channel_acc_floats(G, D, channel_rows) */
 } sa_scratch;
