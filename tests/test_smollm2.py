@@ -60,6 +60,7 @@ def test_k1_loses_the_needle(results):
 def test_every_configuration_is_measured(results):
     for r in results.values():
         assert r["new_tokens"] >= 1 and r["decode_ms"] > 0 and r["attn_ms"] > 0
+        assert r["steps"] == len(r["step_ms"]) == 11     # timed past the answer
         assert r["ttft_s"] > 0 and r["glue_us"] is not None and r["glue_us"] > 0
         # the median over the steps of the glue, and its mean over all calls
         assert r["glue_mean_us"] > 0 and r["glue_us"] < 20 * r["glue_mean_us"]
@@ -72,3 +73,31 @@ def test_every_configuration_is_measured(results):
     assert 0.45 < results["k=32 q8"]["meta_mb"] / kv["k=32 q8"] < 0.65
     assert 0.45 < results["k=32"]["meta_mb"] / kv["k=32 q8"] < 0.65
     assert results["exact"]["meta_mb"] == 0
+
+
+def test_configurations_taking_turns_decode_what_each_decodes_alone(tmp_path):
+    """The model bench's default alternates the configurations' decode
+    steps; each keeps its own cache and backend state (two sparse
+    configurations on transformers' own cache each keep a channel copy and
+    an importance record on the same modules), so every configuration's
+    tokens are those it generates run alone, and each row gets its per-round
+    ratio to sdpa's steps."""
+    def run(*extra):
+        out = tmp_path / f"m{len(extra)}.json"
+        assert bench.main(["model", "--lengths", "400", "--new-tokens", "8", "--threads", "2",
+                           "--configs", "sdpa;k=2;k=3 policy=seed;k=2 q8", "--needle", "1",
+                           "--json", str(out), *extra]) == 0
+        return {r["config"]: r for r in json.loads(out.read_text())["rows"]}
+
+    alone, turns = run("--sequential"), run()
+    for config, r in turns.items():
+        assert r["text"] == alone[config]["text"] and r["new_tokens"] == alone[config]["new_tokens"]
+        # a step per token after the first, past the answer's end
+        assert r["steps"] == len(r["step_ms"]) == alone[config]["steps"] == 7
+        if config == "sdpa":
+            assert "vs_sdpa_paired" not in r
+        else:
+            lo, hi = r["vs_sdpa_paired_range"]
+            assert 0 < lo <= r["vs_sdpa_paired"] <= hi
+            assert "vs_sdpa_paired" not in alone[config]
+    assert turns["k=2"]["meta_mb"] > 0 and turns["k=3 policy=seed"]["meta_mb"] == 0

@@ -8,8 +8,18 @@ token (TTFT), then greedy decode steps (median and range of the per-step
 times), the time inside attention per step and its share of the step, the
 backend's Python work per layer and token outside the C core (glue, the
 median over the steps: the attention call and a SparseKVCache's update),
-the peak resident memory of the configuration (VmHWM, reset before it), the
-KV cache's bytes, and whether the needle's answer came out.
+the peak resident memory over the configuration's prefill (VmHWM, reset
+before it), the KV cache's bytes, and whether the needle's answer came out.
+
+The prefills run one configuration after another; the decode steps then
+take turns (``--sequential``: each configuration's steps in one go): one
+step of every configuration per round, the order reversed each round, each
+configuration on its own cache and its own backend state.  On a shared
+machine whose speed drifts by tens of percent between minutes, the ratio
+of each round's step to sdpa's step of the same round (its median and range
+over the rounds, printed under the table and in ``--json`` as
+``vs_sdpa_paired``) is the figure to compare; the ratio of the medians is
+printed beside it.
 
 A configuration is a few words: ``sdpa`` (transformers' own attention), or
 ``exact`` / ``k=N`` for sparse_topk with every block / N blocks, with
@@ -137,115 +147,212 @@ def _glue_totals(modules, cache):
     return glue, calls
 
 
-def run_config(model, tokenizer, ids, needle, conf, args):
-    """One configuration on one prompt; returns its row."""
-    import torch
-    from transformers import AttentionInterface, DynamicCache
-    from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
-    import sparse_attn.integrations.transformers as sat
-    n_layers = model.config.get_text_config(decoder=True).num_hidden_layers
-    modules = sat.attention_modules(model)
-    clock = None
-    if conf["kind"] == "sdpa":
-        model.set_attn_implementation("sdpa")
-        clock = _AttentionClock(ALL_ATTENTION_FUNCTIONS["sdpa"])
-        AttentionInterface.register("sdpa", clock)
-        cache = DynamicCache()
-    else:
-        kb = conf["k_blocks"]
-        settings = dict(conf["knobs"], threads=args.threads, kv_dtype=conf["kv_dtype"],
-                        policy=conf["policy"], profile=True)
-        if kb is None:
-            settings["dense_layers"] = range(n_layers)
+# What the backend keeps on each attention module for one configuration: its
+# settings, its view of transformers' cache (the channel copy and the
+# importance record of a DynamicCache), its profile and checks.  A _Run parks
+# its own between its steps, so configurations can alternate.
+_MODULE_STATE = ("sparse_attn", "_sparse_attn_view", "_sparse_attn_checked",
+                 "sparse_attn_blocks", "sparse_attn_errors", "sparse_attn_stats")
+
+
+class _Run:
+    """One configuration on one prompt: made with its prefill (TTFT), then
+    :meth:`step` decodes one token at a time, and :meth:`row` gives its
+    figures.  Each run owns its cache and the backend's state on the
+    attention modules; :meth:`activate` puts them in place before a step, so
+    runs of several configurations can take turns step by step."""
+
+    def __init__(self, model, tokenizer, ids, needle, conf, args, clock):
+        import torch
+        from transformers import DynamicCache
+        import sparse_attn.integrations.transformers as sat
+        self.model, self.tokenizer, self.ids, self.needle = model, tokenizer, ids, needle
+        self.conf, self.clock = conf, clock
+        self.modules = sat.attention_modules(model)
+        self.parked = [{} for _ in self.modules]
+        self.settings = None
+        for m in self.modules:
+            for key in _MODULE_STATE:
+                m.__dict__.pop(key, None)       # another run's (or a previous call's)
+        if conf["kind"] == "sdpa":
+            model.set_attn_implementation("sdpa")
+            self.cache = DynamicCache()
         else:
-            settings["k_blocks"] = kb
-        if conf["prefill"] != "exact":
-            settings["prefill"] = conf["prefill"]
-        if conf["exact_tail"] is not None:
-            settings["exact_tail"] = conf["exact_tail"]
-        sat.enable(model, **settings)
-        for m in modules:
-            m.__dict__.pop("sparse_attn_stats", None)
-            m.__dict__.pop("_sparse_attn_view", None)   # a previous run's copies
-        cache = sat.SparseKVCache(model, capacity=len(ids) + args.new_tokens + 8) \
-            if conf["kv_dtype"] else DynamicCache()
-    measured_rss = _reset_peak_rss()
-    try:
+            n_layers = model.config.get_text_config(decoder=True).num_hidden_layers
+            kb = conf["k_blocks"]
+            settings = dict(conf["knobs"], threads=args.threads, kv_dtype=conf["kv_dtype"],
+                            policy=conf["policy"], profile=True)
+            if kb is None:
+                settings["dense_layers"] = range(n_layers)
+            else:
+                settings["k_blocks"] = kb
+            if conf["prefill"] != "exact":
+                settings["prefill"] = conf["prefill"]
+            if conf["exact_tail"] is not None:
+                settings["exact_tail"] = conf["exact_tail"]
+            sat.enable(model, **settings)
+            self.settings = model.sparse_attn
+            self.cache = sat.SparseKVCache(model, capacity=len(ids) + args.new_tokens + 8) \
+                if conf["kv_dtype"] else DynamicCache()
+        measured_rss = _reset_peak_rss()
         with torch.no_grad():
             t0 = time.perf_counter()
-            logits = model(torch.tensor([ids]), cache=cache, use_cache=True,
+            logits = model(torch.tensor([ids]), cache=self.cache, use_cache=True,
                            logits_to_keep=1).logits
-            token = int(logits[0, -1].argmax())
-            ttft = time.perf_counter() - t0
-            out, steps = [token], []
-            for m in modules:
-                st = m.__dict__.get("sparse_attn_stats")
-                if st:
-                    st.update(dict.fromkeys(st, 0))
-            if clock:
-                clock.decode_seconds = 0.0
-            for layer in getattr(cache, "layers", ()):
-                if hasattr(layer, "stats"):
-                    layer.stats[:] = [0, 0.0, 0.0]
-            step_glue, seen = [], _glue_totals(modules, cache) if not clock else None
-            for _ in range(args.new_tokens - 1):
-                t1 = time.perf_counter()
-                logits = model(torch.tensor([[token]]), cache=cache, use_cache=True).logits
-                token = int(logits[0, -1].argmax())
-                steps.append(time.perf_counter() - t1)
-                if not clock:
-                    now = _glue_totals(modules, cache)
-                    if now[1] > seen[1]:
-                        step_glue.append((now[0] - seen[0]) / (now[1] - seen[1]))
-                    seen = now
-                if token == tokenizer.eos_token_id:
-                    break
-                out.append(token)
-    finally:
-        if clock:
-            AttentionInterface.register("sdpa", clock.fn)
-    n_steps = max(len(steps), 1)
-    if clock:
-        attn_s, glue_us, glue_mean_us = clock.decode_seconds, None, None
-    else:
-        stats = [m.__dict__.get("sparse_attn_stats", {}) for m in modules]
-        attn_s = sum(s.get("decode_seconds", 0.0) for s in stats)
-        calls = sum(s.get("decode_calls", 0) for s in stats)
-        kernel = sum(s.get("decode_kernel_seconds", 0.0) for s in stats)
-        # the SparseKVCache's update (the append of each step's K/V) is the
-        # backend's too
-        upd = [layer.stats for layer in getattr(cache, "layers", ()) if hasattr(layer, "stats")]
-        upd_glue = sum(u[1] - u[2] for u in upd)
-        glue_mean_us = (attn_s - kernel + upd_glue) / calls * 1e6 if calls else None
-        # the median over steps: a step the machine preempted moves the mean
-        glue_us = float(np.median(step_glue)) * 1e6 if step_glue else glue_mean_us
-    text = tokenizer.decode(out, skip_special_tokens=True)
-    kv_bytes = getattr(cache, "nbytes", None)
-    if kv_bytes is None:
-        kv_bytes = sum(int(t.numel() * t.element_size()) for layer in cache.layers
-                       for t in (getattr(layer, "keys", None), getattr(layer, "values", None))
-                       if t is not None)
-    # what is kept beside K and V for selection: a SparseKVCache's metadata,
-    # or the channel copies the backend keeps for transformers' own cache
-    meta_bytes = getattr(cache, "metadata_nbytes", None)
-    if meta_bytes is None:
-        meta_bytes = 0
-        if conf["kind"] != "sdpa":
-            for m in modules:
-                view = m.__dict__.get("_sparse_attn_view")
+            self.token = int(logits[0, -1].argmax())
+            self.ttft = time.perf_counter() - t0
+        self.peak_rss_mb = _peak_rss_mb() if measured_rss else math.nan
+        self.out, self.steps, self.step_glue, self.attn_s = [self.token], [], [], 0.0
+        self.ended = self.token == tokenizer.eos_token_id
+        if self.ended:
+            self.out = []
+        # the decode figures start here: the prefill's calls are not in them
+        for m in self.modules:
+            st = m.__dict__.get("sparse_attn_stats")
+            if st:
+                st.update(dict.fromkeys(st, 0))
+        for layer in getattr(self.cache, "layers", ()):
+            if hasattr(layer, "stats"):
+                layer.stats[:] = [0, 0.0, 0.0]
+
+    def park(self):
+        """Take this run's backend state off the modules."""
+        for m, kept in zip(self.modules, self.parked):
+            kept.clear()
+            for key in _MODULE_STATE:
+                if key in m.__dict__:
+                    kept[key] = m.__dict__.pop(key)
+
+    def activate(self):
+        """Put this run's attention and backend state in place."""
+        import sparse_attn.integrations.transformers as sat
+        for m, kept in zip(self.modules, self.parked):
+            for key in _MODULE_STATE:
+                m.__dict__.pop(key, None)
+            m.__dict__.update(kept)
+        if self.settings is None:
+            self.model.set_attn_implementation("sdpa")
+        else:
+            self.model.sparse_attn = self.settings
+            self.model.set_attn_implementation(sat.NAME)
+
+    def step(self):
+        """One decode step (the model must be :meth:`activate`-d); returns
+        its seconds.  Steps go on past the end-of-sequence token (as a
+        serving benchmark's ``ignore_eos`` does), so every configuration is
+        timed over the same steps; the text stops at that token."""
+        import torch
+        seen = _glue_totals(self.modules, self.cache) if self.settings else None
+        clock0 = self.clock.decode_seconds
+        with torch.no_grad():
+            t1 = time.perf_counter()
+            logits = self.model(torch.tensor([[self.token]]), cache=self.cache,
+                                use_cache=True).logits
+            self.token = int(logits[0, -1].argmax())
+            dt = time.perf_counter() - t1
+        self.steps.append(dt)
+        if self.settings is None:
+            self.attn_s += self.clock.decode_seconds - clock0
+        else:
+            now = _glue_totals(self.modules, self.cache)
+            if now[1] > seen[1]:
+                self.step_glue.append((now[0] - seen[0]) / (now[1] - seen[1]))
+        if self.token == self.tokenizer.eos_token_id:
+            self.ended = True
+        elif not self.ended:
+            self.out.append(self.token)
+        return dt
+
+    def row(self):
+        conf, cache, steps = self.conf, self.cache, self.steps
+        n_steps = max(len(steps), 1)
+        glue_us = glue_mean_us = None
+        if self.settings is None:
+            attn_s = self.attn_s
+        else:
+            stats = [kept.get("sparse_attn_stats") or m.__dict__.get("sparse_attn_stats") or {}
+                     for m, kept in zip(self.modules, self.parked)]
+            attn_s = sum(s.get("decode_seconds", 0.0) for s in stats)
+            calls = sum(s.get("decode_calls", 0) for s in stats)
+            kernel = sum(s.get("decode_kernel_seconds", 0.0) for s in stats)
+            # the SparseKVCache's update (the append of each step's K/V) is
+            # the backend's too
+            upd = [layer.stats for layer in getattr(cache, "layers", ())
+                   if hasattr(layer, "stats")]
+            upd_glue = sum(u[1] - u[2] for u in upd)
+            glue_mean_us = (attn_s - kernel + upd_glue) / calls * 1e6 if calls else None
+            # the median over steps: a step the machine preempted moves the mean
+            glue_us = float(np.median(self.step_glue)) * 1e6 if self.step_glue else glue_mean_us
+        text = self.tokenizer.decode(self.out, skip_special_tokens=True)
+        kv_bytes = getattr(cache, "nbytes", None)
+        if kv_bytes is None:
+            kv_bytes = sum(int(t.numel() * t.element_size()) for layer in cache.layers
+                           for t in (getattr(layer, "keys", None),
+                                     getattr(layer, "values", None))
+                           if t is not None)
+        # what is kept beside K and V for selection: a SparseKVCache's
+        # metadata, or the channel copies the backend keeps for
+        # transformers' own cache
+        meta_bytes = getattr(cache, "metadata_nbytes", None)
+        if meta_bytes is None:
+            meta_bytes = 0
+            for m, kept in zip(self.modules, self.parked):
+                view = kept.get("_sparse_attn_view") or m.__dict__.get("_sparse_attn_view")
                 if view is not None and view._copy is not None:
                     meta_bytes += sum(a.nbytes for a in view._copy[0])
-    ms = np.array(steps) * 1e3
-    return dict(config=conf["label"], kind=conf["kind"], tokens=len(ids), ttft_s=ttft,
-                decode_ms=float(np.median(ms)) if len(ms) else math.nan,
-                decode_ms_min=float(ms.min()) if len(ms) else math.nan,
-                decode_ms_max=float(ms.max()) if len(ms) else math.nan,
-                attn_ms=attn_s * 1e3 / n_steps,
-                attn_share=(attn_s / sum(steps)) if steps else math.nan,
-                glue_us=glue_us, glue_mean_us=glue_mean_us,
-                peak_rss_mb=_peak_rss_mb() if measured_rss else math.nan,
-                kv_mb=(kv_bytes + meta_bytes) / 2**20, meta_mb=meta_bytes / 2**20, found=answer_found(text, needle), text=text,
-                new_tokens=len(out))
+        ms = np.array(steps) * 1e3
+        return dict(config=conf["label"], kind=conf["kind"], tokens=len(self.ids),
+                    ttft_s=self.ttft,
+                    decode_ms=float(np.median(ms)) if len(ms) else math.nan,
+                    decode_ms_min=float(ms.min()) if len(ms) else math.nan,
+                    decode_ms_max=float(ms.max()) if len(ms) else math.nan,
+                    attn_ms=attn_s * 1e3 / n_steps,
+                    attn_share=(attn_s / sum(steps)) if steps else math.nan,
+                    glue_us=glue_us, glue_mean_us=glue_mean_us,
+                    peak_rss_mb=self.peak_rss_mb,
+                    kv_mb=(kv_bytes + meta_bytes) / 2**20, meta_mb=meta_bytes / 2**20,
+                    found=answer_found(text, self.needle), text=text,
+                    new_tokens=len(self.out), steps=len(steps),
+                    step_ms=[float(x) for x in ms])
+
+
+def run_length(model, tokenizer, ids, needle, args, clock):
+    """Every configuration on one prompt; returns their rows.  Each
+    configuration's prefill runs alone (its TTFT); then, unless
+    ``args.sequential``, the decode steps take turns: one step of each
+    configuration per round, the order reversed every round, so a slow
+    spell of a shared machine falls on all of them, and each row gets
+    ``vs_sdpa_paired``, the median over the rounds of its step / sdpa's
+    step of the same round."""
+    rows, runs = [], []
+    steps = args.new_tokens - 1
+    for conf in args.configs:
+        run = _Run(model, tokenizer, ids, needle, conf, args, clock)
+        if args.sequential:
+            for _ in range(steps):
+                run.step()
+            run.park()
+            rows.append(run.row())
+            continue
+        run.park()
+        runs.append(run)
+    if runs:
+        order = list(runs)
+        for _ in range(steps):
+            for run in order:
+                run.activate()
+                run.step()
+                run.park()
+            order.reverse()
+        rows = [run.row() for run in runs]
+        ref = next((r for r in rows if r["kind"] == "sdpa"), None)
+        for r in rows:
+            if ref is not None and r is not ref:
+                pairs = [a / b for a, b in zip(r["step_ms"], ref["step_ms"])]
+                r["vs_sdpa_paired"] = float(np.median(pairs)) if pairs else math.nan
+                r["vs_sdpa_paired_range"] = [float(min(pairs)), float(max(pairs))] \
+                    if pairs else None
+    return rows
 
 
 def _warm_up(model, tokenizer, needle, args):
@@ -268,6 +375,8 @@ def _warm_up(model, tokenizer, needle, args):
 
 def run_model(args):
     import torch
+    from transformers import AttentionInterface
+    from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
     if args.torch_threads:
         torch.set_num_threads(args.torch_threads)
     t0 = time.perf_counter()
@@ -276,14 +385,20 @@ def run_model(args):
     needle = NEEDLES[args.needle]
     _warm_up(model, tokenizer, needle, args)
     rows = []
-    for length in args.lengths:
-        ids = build_prompt(tokenizer, length, args.depth, needle, "facts", args.seed)
-        for conf in args.configs:
-            row = dict(run_config(model, tokenizer, ids, needle, conf, args), length=length)
-            rows.append(row)
-            log(f"  [{length}] {row['config']}: TTFT {row['ttft_s']:.2f} s, decode "
-                f"{row['decode_ms']:.1f} ms/token, needle {'YES' if row['found'] else 'NO'}"
-                f" {row['text']!r}")
+    # sdpa's decode calls timed (transformers does not report them)
+    clock = _AttentionClock(ALL_ATTENTION_FUNCTIONS["sdpa"])
+    AttentionInterface.register("sdpa", clock)
+    try:
+        for length in args.lengths:
+            ids = build_prompt(tokenizer, length, args.depth, needle, "facts", args.seed)
+            for row in run_length(model, tokenizer, ids, needle, args, clock):
+                row["length"] = length
+                rows.append(row)
+                log(f"  [{length}] {row['config']}: TTFT {row['ttft_s']:.2f} s, decode "
+                    f"{row['decode_ms']:.1f} ms/token, needle {'YES' if row['found'] else 'NO'}"
+                    f" {row['text']!r}")
+    finally:
+        AttentionInterface.register("sdpa", clock.fn)
     return model, rows
 
 
@@ -298,13 +413,14 @@ def print_model_table(model, rows, args):
           f"{str(model.dtype).replace('torch.', '')} weights; "
           f"kernels {sa.isa()}, {args.threads or default_threads()} kernel thread(s), "
           f"torch {torch.get_num_threads()} thread(s); needle {NEEDLES[args.needle][0]!r} at "
-          f"depth {args.depth}; greedy, {args.new_tokens} tokens")
+          f"depth {args.depth}; greedy, {args.new_tokens} tokens (decode timed past the "
+          "end of the answer)")
     print("TTFT = prefill of the prompt and the first token; decode = ms per generated token, "
           "median [min–max]; attn = time inside attention per token, all layers (share of "
           "the step); glue = the backend's Python per layer and token outside the C core "
           "(the attention call and, with a SparseKVCache, its update; median over the "
           "steps, the mean in --json as glue_mean_us); RSS = peak resident "
-          "memory of the configuration; KV = the cache's K and V and what it keeps beside "
+          "memory over the configuration's prefill; KV = the cache's K and V and what it keeps beside "
           "them for selection (the channel copy, key bounds, probe copies; --json: meta_mb).\n")
     head = (f"{'tokens':>6} {'config':<16} {'TTFT s':>7} {'decode ms/token [min–max]':>26} "
             f"{'attn ms':>8} {'share':>6} {'glue us':>8} {'RSS MB':>7} {'KV MB':>6} "
@@ -324,10 +440,19 @@ def print_model_table(model, rows, args):
         ref = d.get("sdpa")
         if not ref:
             continue
-        parts = [f"{c} {r['decode_ms'] / ref['decode_ms']:.2f}x / "
-                 f"{r['ttft_s'] / ref['ttft_s']:.2f}x"
-                 for c, r in d.items() if c != "sdpa"]
+        parts = []
+        for c, r in d.items():
+            if c == "sdpa":
+                continue
+            part = f"{c} {r['decode_ms'] / ref['decode_ms']:.2f}x / {r['ttft_s'] / ref['ttft_s']:.2f}x"
+            if r.get("vs_sdpa_paired_range"):
+                lo, hi = r["vs_sdpa_paired_range"]
+                part += f" (decode per round {r['vs_sdpa_paired']:.2f}x [{lo:.2f}–{hi:.2f}])"
+            parts.append(part)
         print(f"{length} tokens, decode / TTFT against sdpa: " + ", ".join(parts))
+    if any("vs_sdpa_paired" in r for r in rows):
+        print("(decode per round: each step's time over sdpa's step of the same round, the "
+              "configurations' steps taking turns; median [min–max] over the rounds)")
 
 
 def plot_model(rows, path):
@@ -359,7 +484,13 @@ def add_arguments(ap):
                          "k=N, with q8/float32, policy=NAME[:knob=value,...], "
                          "prefill=exact|sparse|sdpa, "
                          "exact_tail=N")
-    ap.add_argument("--new-tokens", type=int, default=16, help="tokens generated (default 16)")
+    ap.add_argument("--new-tokens", type=int, default=16, help="tokens generated (default 16): the first, then a timed decode step "
+                         "each, past the answer's end-of-sequence token (the text stops there)")
+    ap.add_argument("--sequential", action="store_true",
+                    help="decode each configuration's tokens in one go, one configuration "
+                         "after another (default: the configurations' decode steps take "
+                         "turns, one step each per round, for ratios a noisy machine moves "
+                         "less)")
     ap.add_argument("--needle", type=int, default=0, help=f"0..{len(NEEDLES) - 1}")
     ap.add_argument("--depth", type=float, default=0.5, help="needle depth (default 0.5)")
     ap.add_argument("--torch-threads", type=int, default=None)
