@@ -13,7 +13,8 @@
  * microseconds per block:
  *
  *   none      plain loads
- *   prefetch  the next block's lines prefetched while this one is processed
+ *   ahead N   the lines of the block N ahead prefetched while this one is
+ *             processed (N = 1, as sparse_attn's rows.c does, 2 and 4)
  *
  * Build and run (any C11 compiler; on a board too):
  *
@@ -27,7 +28,13 @@
  * the kernel's THP setting is "madvise" or "always"; small keeps 4 KB pages,
  * where every scattered block is also a TLB miss.  On a Zen 4 VM (THP
  * "madvise") random blocks with prefetch cost 1.65-1.74x contiguous ones
- * on huge pages and 2.2-2.7x on small pages (2026-12-03).
+ * on huge pages and 2.2-2.7x on small pages (2026-12-03).  Built with
+ * -march=native, where the work keeps up with the memory as the AVX-512
+ * kernels do (0.15-0.18 us per contiguous block, ~30 GB/s on one core),
+ * a random block took 0.57-0.69 us with its lines prefetched 1, 2 or 4
+ * blocks ahead (0.93-1.09 with none), about 7-8 GB/s: prefetching further
+ * ahead did not lower it (2026-12-04, two runs), so on that VM a jump costs
+ * about what a block's read does, whatever the distance.
  *
  * One work round costs about what the avx2 kernels spend on a block (~0.5
  * us on the development VM).  A "random / contiguous" ratio near 1 means
@@ -88,16 +95,16 @@ static void prefetch(const uint8_t *p, size_t n)
 }
 
 static double run(const uint8_t *data, const uint8_t *scale, const size_t *idx, int rounds,
-                  int use_prefetch, uint32_t *sink)
+                  int ahead, uint32_t *sink)
 {
     double best = 1e30;
     for (int rep = 0; rep < REPEATS; rep++) {
         uint32_t acc = 0;
         const double t0 = now();
         for (int i = 0; i < BLOCKS; i++) {
-            if (use_prefetch && i + 1 < BLOCKS) {
-                prefetch(data + idx[i + 1] * DATA, DATA);
-                prefetch(scale + idx[i + 1] * SCALE, SCALE);
+            if (ahead && i + ahead < BLOCKS) {
+                prefetch(data + idx[i + ahead] * DATA, DATA);
+                prefetch(scale + idx[i + ahead] * SCALE, SCALE);
             }
             acc = work(scale + idx[i] * SCALE, SCALE, rounds, acc);
             acc = work(data + idx[i] * DATA, DATA, rounds, acc);
@@ -158,10 +165,12 @@ int main(int argc, char **argv)
            strcmp(pages, "huge") || huge_advised ? "" : " (not granted: no MADV_HUGEPAGE)",
            REPEATS);
     printf("%-10s %12s %12s %8s\n", "", "contiguous", "random", "ratio");
-    for (int pf = 0; pf < 2; pf++) {
-        const double c = run(data, scale, contig, rounds, pf, &sink);
-        const double r = run(data, scale, random, rounds, pf, &sink);
-        printf("%-10s %12.3f %12.3f %7.2fx\n", pf ? "prefetch" : "none", c, r, r / c);
+    for (int ahead = 0; ahead <= 4; ahead = ahead ? 2 * ahead : 1) {
+        const double c = run(data, scale, contig, rounds, ahead, &sink);
+        const double r = run(data, scale, random, rounds, ahead, &sink);
+        char name[16];
+        snprintf(name, sizeof name, ahead ? "ahead %d" : "none", ahead);
+        printf("%-10s %12.3f %12.3f %7.2fx\n", name, c, r, r / c);
     }
     printf("(checksum %u)\n", sink);
     free(data), free(scale), free(contig), free(random);
