@@ -13,7 +13,7 @@
  * microseconds per block:
  *
  *   none      plain loads
- *   ahead N   the lines of the block N ahead prefetched while this one is
+ *   ahead-N   the lines of the block N ahead prefetched while this one is
  *             processed (N = 1, as sparse_attn's rows.c does, 2 and 4)
  *
  * Build and run (any C11 compiler; on a board too):
@@ -169,7 +169,7 @@ int main(int argc, char **argv)
         const double c = run(data, scale, contig, rounds, ahead, &sink);
         const double r = run(data, scale, random, rounds, ahead, &sink);
         char name[16];
-        snprintf(name, sizeof name, ahead ? "ahead %d" : "none", ahead);
+        snprintf(name, sizeof name, ahead ? "ahead-%d" : "none", ahead);
         printf("%-10s %12.3f %12.3f %7.2fx\n", name, c, r, r / c);
     }
     printf("(checksum %u)\n", sink);

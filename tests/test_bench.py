@@ -115,8 +115,8 @@ def test_scattered_blocks_microbenchmark_builds_and_runs(tmp_path):
     for pages in ([], ["huge"], ["small"]):
         res = run([str(exe), "64", "1", *pages])
         assert f"{(pages or ['huge'])[0]} pages" in res.stdout.splitlines()[0]
-        lines = {l.split()[0]: l.split() for l in res.stdout.splitlines()[2:4]}
-        assert set(lines) == {"none", "prefetch"}
+        lines = {l.split()[0]: l.split() for l in res.stdout.splitlines()[2:6]}
+        assert set(lines) == {"none", "ahead-1", "ahead-2", "ahead-4"}
         for cols in lines.values():
             contig, rand, ratio = float(cols[1]), float(cols[2]), float(cols[3].rstrip("x"))
             assert contig > 0 and rand > 0 and ratio == pytest.approx(rand / contig, abs=0.01)
