@@ -529,6 +529,44 @@ def test_q8_decode_step_appends_and_attends_in_one_call(eager, prompt, monkeypat
     assert not hasattr(plain.model.layers[0].self_attn, "sparse_attn_blocks")
 
 
+def test_decode_placeholders_and_outputs_made_in_batches_stay_right(eager, prompt):
+    """The decode steps' placeholders and output tensors are made a batch
+    at a time: across batch boundaries and after a crop each placeholder
+    has its step's length, and every step's output is a tensor of its own
+    that later steps never write (a caller may keep it)."""
+    model = sparse_copy(eager, k_blocks=2, kv_dtype="q8")
+    module = model.model.layers[0].self_attn
+    cache = sat.SparseKVCache(model)
+    with torch.no_grad():
+        model(prompt, cache=cache, use_cache=True)
+    layer = cache.layers[0]
+    n = PROMPT_TOKENS
+    g = torch.Generator().manual_seed(9)
+    steps = sat.PLACEHOLDER_BATCH + sat.OUTPUT_BATCH + 3
+    outs, copies, seen = [], [], set()
+    with torch.no_grad():
+        for i in range(steps):
+            if i == sat.PLACEHOLDER_BATCH // 2:     # a rollback inside a batch
+                layer.crop(-2)
+                n -= 2
+            k, v = torch.randn(2, 1, 2, 1, 128, generator=g)
+            q = torch.randn(1, 4, 1, 128, generator=g)
+            K, V = layer.update(k, v)
+            n += 1
+            assert K.shape == (1, 2, n, 128) and V is K and K.dtype == torch.float32
+            out, _ = sat.sparse_topk_attention(module, q, K, V, None, scaling=module.scaling)
+            assert layer.kv.seq_len == n
+            want = layer.kv.decode(q[0, :, 0].numpy(), scale=module.scaling, threads=1,
+                                   **model.sparse_attn.decode_kwargs())
+            assert torch.equal(out.view(4, 128), torch.from_numpy(want))
+            assert out.data_ptr() not in seen
+            seen.add(out.data_ptr())
+            outs.append(out)
+            copies.append(out.clone())
+    for out, kept in zip(outs, copies):
+        assert torch.equal(out, kept)
+
+
 def test_reading_the_layers_from_another_thread_during_decode(eager, prompt, eager_run):
     """A thread that reads every layer's KVCache while the model decodes
     (a progress display, say) appends a pending token at most once: the

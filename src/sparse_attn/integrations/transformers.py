@@ -444,6 +444,12 @@ class _KVPlaceholder(torch.Tensor):
 
 _make_wrapper = torch.Tensor._make_wrapper_subclass
 
+# How many decode steps' placeholders (SparseKVLayer) and output tensors
+# (_CacheState) are made at a time: objects of no data, and outputs of
+# n_heads * head_dim floats each (16 KB at 32 heads of 128).
+PLACEHOLDER_BATCH = 32
+OUTPUT_BATCH = 16
+
 
 class SparseKVLayer(CacheLayerMixin):
     """One layer of a :class:`SparseKVCache`: a :class:`sparse_attn.KVCache`
@@ -491,6 +497,9 @@ class SparseKVLayer(CacheLayerMixin):
         self._pending = [None]
         self._prompt = None     # prefill="sdpa": the K/V of a prompt that filled the layer
         self._placeholder = _KVPlaceholder.for_layer(self)
+        # the decode steps' placeholders, made PLACEHOLDER_BATCH at a time
+        # (_step_placeholder): those of lengths _phs_first, _phs_first + 1, ...
+        self._phs, self._phs_first = [], 0
         self._token_shape = None
         self.stats = [0, 0.0, 0.0]
 
@@ -536,6 +545,7 @@ class SparseKVLayer(CacheLayerMixin):
         self.is_initialized = True
         # update's decode-step handoff takes K/V of this shape (q8 only)
         self._token_shape = torch.Size((1, hkv, 1, d)) if self.dtype == "q8" else None
+        self._phs = []
 
     def update(self, key_states, value_states, *args, **kwargs):
         """Append the new tokens (``[1, Hkv, T, D]``, any float dtype) and
@@ -557,9 +567,9 @@ class SparseKVLayer(CacheLayerMixin):
             # (the general path below does the same, after its checks)
             self._pending[0] = _rows_at(key_states) + _rows_at(value_states)
             self._prompt = None
-            self.keys = self.values = _make_wrapper(
-                self._placeholder, (1, shape[1], self._kv._n + 1, shape[3]),
-                dtype=self.model_dtype, device="cpu")
+            i = self._kv._n + 1 - self._phs_first
+            self.keys = self.values = self._phs[i] if 0 <= i < len(self._phs) else \
+                self._step_placeholder(self._kv._n + 1)
             st = self.stats
             st[0] += 1
             st[1] += time.perf_counter() - t0
@@ -596,6 +606,19 @@ class SparseKVLayer(CacheLayerMixin):
         st[1] += time.perf_counter() - t0
         st[2] += t2 - t1
         return self.keys, self.values
+
+    def _step_placeholder(self, S):
+        """The decode step's placeholder for a layer of S tokens, making
+        those of S to S + PLACEHOLDER_BATCH - 1 in one go: between two
+        layers, torch's matmuls leave the code that makes a tensor out of the
+        CPU's caches, so one made per step cost ~10 us (docs/design.md,
+        "The glue"), where a batch made back to back costs ~1 us each."""
+        shape, dtype = self._token_shape, self.model_dtype
+        self._phs = [_make_wrapper(self._placeholder, (1, shape[1], S + i, shape[3]),
+                                   dtype=dtype, device="cpu")
+                     for i in range(PLACEHOLDER_BATCH)]
+        self._phs_first = S
+        return self._phs[0]
 
     def _handles(self):
         shape = (1, self.kv.n_kv_heads, self.kv.seq_len, self.kv.head_dim)
@@ -890,7 +913,9 @@ class _CacheState:
         self.layer, self.kv = layer, layer._kv
         # the decode call made last: (settings, scale, threads, dense, decoder)
         self._last = (None, None, None, None, None)
-        self._out = torch.empty(0)      # a decode output's shape, for empty_like
+        # decode outputs made OUTPUT_BATCH at a time (see _new_outputs), each
+        # handed out once
+        self._outs, self._outs_heads = [], 0
 
     def bind(self, layer_idx, key, value, T):
         slot = self.layer._pending
@@ -914,10 +939,10 @@ class _CacheState:
             return None
         q = query if qdt is torch.float32 and query.is_contiguous() else \
             query.to(torch.float32).contiguous()
-        out = self._out
-        if out.shape[2:3] != (n_heads,):
-            out = self._out = torch.empty((1, 1, n_heads, kv.head_dim), dtype=torch.float32)
-        out = torch.empty_like(out)
+        outs = self._outs
+        if not outs or self._outs_heads != n_heads:
+            outs = self._new_outputs(n_heads)
+        out = outs.pop()
         qp, outp = ffi.cast("float *", q.data_ptr()), ffi.cast("float *", out.data_ptr())
         t1 = time.perf_counter()
         if slot[0] is None:
@@ -925,6 +950,16 @@ class _CacheState:
         else:       # takes the token under the lock (another thread may have appended it)
             blocks = decoder.append_call_at(slot, qp, n_heads, outp)
         return out, blocks, time.perf_counter() - t1
+
+    def _new_outputs(self, n_heads):
+        """OUTPUT_BATCH new ``[1, 1, n_heads, head_dim]`` float32 tensors,
+        made back to back: one made per step between torch's matmuls cost
+        ~4 us (see SparseKVLayer._step_placeholder)."""
+        D = self.kv.head_dim
+        self._outs = [torch.empty((1, 1, n_heads, D), dtype=torch.float32)
+                      for _ in range(OUTPUT_BATCH)]
+        self._outs_heads = n_heads
+        return self._outs
 
     def prefill(self, q, scale, threads, sparse):
         return self.kv.prefill(q, scale=scale, threads=threads, **sparse)
