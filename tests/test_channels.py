@@ -76,10 +76,17 @@ def test_the_chosen_channels_are_the_groups_largest(rng):
     k = np.zeros((1, 64, 8), np.float32)
     k[0, 5, 4] = 9.0
     k[0, 40, 2] = 1.0
-    got = sa.select_blocks(q, k, k_blocks=1, policy="balanced", n_channels=3, recency=False)
+    got = sa.select_blocks(q, k, k_blocks=1, policy="balanced", n_channels=3, recency=False,
+                           share="head")
     assert got.tolist() == [[1], [1]]
-    got = sa.select_blocks(q, k, k_blocks=1, policy="balanced", n_channels=5, recency=False)
+    got = sa.select_blocks(q, k, k_blocks=1, policy="balanced", n_channels=5, recency=False,
+                           share="head")
     assert got.tolist() == [[0], [1]]         # channel 4 now scored: head 0 sees 2*9
+    # balanced's own share: one choice for the group, from the summed scores
+    # (block 0: 18 + 0, block 1: 1 + 1)
+    got = sa.select_blocks(q, k, k_blocks=1, policy="balanced", n_channels=5, recency=False)
+    assert got.tolist() == [[0], [0]]
+    assert sa.POLICIES["balanced"]["share"] == "group"
 
 
 @pytest.mark.parametrize("dtype", ["float32", "q8"])
