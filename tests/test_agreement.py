@@ -7,7 +7,7 @@ from sparse_attn import reference as ref
 
 from conftest import make_kv, rel_err, rtol_for
 
-# (n_heads, n_kv_heads, head_dim, seq, dtype, group_size): GQA 1/2/4/8,
+# (n_heads, n_kv_heads, head_dim, seq, dtype, group_size): GQA 1/2/3/4/7/8,
 # head_dim 64/128/256 and odd sizes, partial last blocks.
 SHAPES = [
     (4, 4, 64, 200, "float32", 32),
@@ -19,6 +19,7 @@ SHAPES = [
     (6, 3, 24, 101, "q8", 8),
     (2, 2, 9, 77, "q8", 3),
     (9, 3, 64, 190, "q8", 16),
+    (14, 2, 64, 230, "q8", 32),     # Qwen2.5-0.5B's GQA 7: a block of 4, one of 3
 ]
 
 

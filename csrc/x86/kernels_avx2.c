@@ -187,6 +187,11 @@ SA_INLINE int q8_takes(int gs, int D, ptrdiff_t scale_stride)
     return gs % 32 == 0;
 }
 
+/* Heads per score block: pairs.  A block of three (as the AVX-512 file
+ * has) read 4-8% slower per token on a Zen 4 (bench/kernel_costs.c, G = 3
+ * and 7): 12 accumulators do not leave room in 16 registers. */
+#define SA_Q8_HEADS 2
+
 SA_INLINE void scores_q8_tokens(const int8_t *qq, const float *qd, int HB, int D, int gs,
                                 const int8_t *const *rows, const float *const *srows,
                                 const float *kd_t, ptrdiff_t scale_stride, int cnt,

@@ -183,6 +183,12 @@ SA_INLINE void load_scales4(const float *const *srows, int g0, __m512 *kdg)
 #undef SA_PD
 }
 
+/* Query heads per block of 16 K rows: pairs, and three for a GQA group of
+ * 3 or the last three of an odd group (SmolLM2's 3, Qwen2.5's 7), so each
+ * row is loaded and prepared, and each scale gathered, once for them
+ * instead of once for a pair and again for one head. */
+#define SA_Q8_HEADS 3
+
 /* One K row's 128 bytes from b, as scores_q8_block32 takes them: the sign
  * bits flipped, Z0 = [g0a g0b g1a g1b], Z1 = [g2a g2b g3a g3b] shuffled into
  * X = [g0a g1a g2a g3a] and Y = [g0b g1b g2b g3b]. */
@@ -207,7 +213,7 @@ SA_INLINE void scores_q8_block32(const int8_t *qq, const float *qd, int HB, int 
     for (int h = 0; h < HB; h++)
         res[h] = _mm512_setzero_ps();
     for (int b = 0; b < D; b += 128) {
-        __m512i qx[2], qy[2], bias[2], quad[2][4];
+        __m512i qx[SA_Q8_HEADS], qy[SA_Q8_HEADS], bias[SA_Q8_HEADS], quad[SA_Q8_HEADS][4];
         for (int h = 0; h < HB; h++) {
             const int8_t *qh = qq + (ptrdiff_t)h * D + b;
             const __m512i q0 = _mm512_loadu_si512(qh), q1 = _mm512_loadu_si512(qh + 64);
@@ -216,7 +222,7 @@ SA_INLINE void scores_q8_block32(const int8_t *qq, const float *qd, int HB, int 
             bias[h] = _mm512_add_epi32(offset_bias(qx[h]), offset_bias(qy[h]));
         }
         for (int j = 0; j < 4; j++) {
-            __m512i acc[2][4];
+            __m512i acc[SA_Q8_HEADS][4];
             for (int i = 0; i < 4; i++) {
                 __m512i x, y;
                 k_xy(rows[4 * j + i] + b, &x, &y);
@@ -254,20 +260,20 @@ SA_INLINE void scores_q8_block16(const int8_t *qq, const float *qd, int HB, int 
 {
     const int ng = D / gs, cpg = gs / 16, nchunk = D / 16;
     const __m512i flip = _mm512_set1_epi8((char)0x80);
-    __m512i gsum[2];
+    __m512i gsum[SA_Q8_HEADS];
     for (int h = 0; h < HB; h++) {
         res[h] = _mm512_setzero_ps();
         gsum[h] = _mm512_setzero_si512();
     }
     for (int b = 0; b < D; b += 64) {
         const __mmask64 m = bytes64(D - b);
-        __m512i qv[2], bias[2], quad[2][4];
+        __m512i qv[SA_Q8_HEADS], bias[SA_Q8_HEADS], quad[SA_Q8_HEADS][4];
         for (int h = 0; h < HB; h++) {
             qv[h] = _mm512_maskz_loadu_epi8(m, qq + (ptrdiff_t)h * D + b);
             bias[h] = offset_bias(qv[h]); /* masked bytes: q = 0, nothing to cancel */
         }
         for (int j = 0; j < 4; j++) {
-            __m512i acc[2][4];
+            __m512i acc[SA_Q8_HEADS][4];
             for (int i = 0; i < 4; i++) {
                 const __m512i z =
                     _mm512_xor_si512(_mm512_maskz_loadu_epi8(m, rows[4 * j + i] + b), flip);
@@ -277,7 +283,7 @@ SA_INLINE void scores_q8_block16(const int8_t *qq, const float *qd, int HB, int 
             for (int h = 0; h < HB; h++)
                 quad[h][j] = reduce4_epi32(acc[h][0], acc[h][1], acc[h][2], acc[h][3]);
         }
-        __m512i chunk[2][4];
+        __m512i chunk[SA_Q8_HEADS][4];
         for (int h = 0; h < HB; h++)
             transpose_lanes(quad[h][0], quad[h][1], quad[h][2], quad[h][3], chunk[h]);
         for (int c = 0; c < 4; c++) {

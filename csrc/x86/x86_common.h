@@ -27,7 +27,10 @@
  *                             block -> its SA_VT scores, token order
  *   q8_takes(gs, D, scale_stride)                 1 if the SIMD q8 dot takes it
  *   scores_q8_tokens(qq, qd, HB, D, gs, rows, srows, kd_t, scale_stride, cnt, res)
- *   SA_V_HEADS                heads per V accumulation block (2 / 4)
+ *   SA_Q8_HEADS               the most heads scores_q8_tokens takes (2 / 3):
+ *                             with 3, odd groups end on a block of three
+ *   SA_V_HEADS                heads per V accumulation block (2 / 4; from 4,
+ *                             q8 V also takes a block of three)
  *   SA_Q8_MANY_HEADS, q8_many_takes(gs, D), scores_q8_many(...)  optional:
  *                             scores_q8 for G >= SA_Q8_MANY_HEADS heads when
  *                             q8_many_takes (the same bits, each K block
@@ -199,13 +202,28 @@ static void SA_FN(scores_q8)(const int8_t *qq, const float *qd, int G, int D, in
         const float *kd_t = kd + (ptrdiff_t)t * scale_stride;
         sa_prefetch_part(pf, it, iters);
         int h = 0;
-        for (; h + 2 <= G; h += 2) {
+#if SA_Q8_HEADS >= 3
+        const int three = G >= 3 && G % 2 == 1; /* the last three heads as one block */
+#else
+        const int three = 0;
+#endif
+        for (; h + 2 <= G - 3 * three; h += 2) {
             sa_vf res[2];
             scores_q8_tokens(qq + (ptrdiff_t)h * D, qd + (ptrdiff_t)h * ng, 2, D, gs, rows, srows,
                              kd_t, scale_stride, cnt, res);
             store_scores(s[h] + t, cnt, res[0]);
             store_scores(s[h + 1] + t, cnt, res[1]);
         }
+#if SA_Q8_HEADS >= 3
+        if (three) {
+            sa_vf res[3];
+            scores_q8_tokens(qq + (ptrdiff_t)h * D, qd + (ptrdiff_t)h * ng, 3, D, gs, rows, srows,
+                             kd_t, scale_stride, cnt, res);
+            for (int j = 0; j < 3; j++)
+                store_scores(s[h + j] + t, cnt, res[j]);
+            h += 3;
+        }
+#endif
         if (h < G) {
             sa_vf res[1];
             scores_q8_tokens(qq + (ptrdiff_t)h * D, qd + (ptrdiff_t)h * ng, 1, D, gs, rows, srows,
@@ -495,10 +513,16 @@ SA_INLINE void accv_q8_heads(float *const *out, const float *const *p, int HB, i
 #define SA_SCALAR_FN(kernel) kernel##_scalar
 #include "../scalar_kernels.h"
 
-static void SA_FN(accumulate_v_q8)(float *const *out, const float *const *p, int G, int D,
-                                   int gs, const int8_t *v, const float *vd,
-                                   ptrdiff_t row_stride, ptrdiff_t scale_stride, int n,
-                                   const sa_prefetch *pf)
+/* accumulate_v_q8 with SA_V_HEADS heads at a time, then pairs, then one.
+ * Out of line: a caller below takes the three-head case first, and the
+ * loop keeps the code it had alone (inlined beside that case, or with it
+ * as a branch inside, the pairs' loop read 2-7% slower on a Zen 4:
+ * bench/kernel_costs.c, G = 2). */
+__attribute__((noinline)) static void accv_q8_blocks(float *const *out, const float *const *p,
+                                                     int G, int D, int gs, const int8_t *v,
+                                                     const float *vd, ptrdiff_t row_stride,
+                                                     ptrdiff_t scale_stride, int n,
+                                                     const sa_prefetch *pf)
 {
     if (gs % SA_VT != 0) {
         accumulate_v_q8_scalar(out, p, G, D, gs, v, vd, row_stride, scale_stride, n, pf);
@@ -518,6 +542,47 @@ static void SA_FN(accumulate_v_q8)(float *const *out, const float *const *p, int
             accv_q8_heads(out + g, p + g, 1, D, gs, v, vd, row_stride, scale_stride, t0, t1);
     }
 }
+
+#if SA_V_HEADS >= 4
+/* G = 4m + 3 heads (a GQA group of 3, or 7: SmolLM2, Qwen2.5): the first 4m
+ * as above, then the last three as one block, each token dequantised once
+ * for the three instead of for a pair and again for one; the rows are back
+ * in L1 or L2 for them.  Each head's sums are the same operations in the
+ * same order whichever pass adds them.  (AVX2 keeps a pair and one: three
+ * heads in 16 registers read slower there.) */
+__attribute__((noinline)) static void accv_q8_split3(float *const *out, const float *const *p,
+                                                     int G, int D, int gs, const int8_t *v,
+                                                     const float *vd, ptrdiff_t row_stride,
+                                                     ptrdiff_t scale_stride, int n,
+                                                     const sa_prefetch *pf)
+{
+    if (G > 3)
+        accv_q8_blocks(out, p, G - 3, D, gs, v, vd, row_stride, scale_stride, n, pf);
+    const sa_prefetch *hint = G > 3 ? NULL : pf; /* the first pass spread it */
+    const int iters = (n + V_TOKENS - 1) / V_TOKENS;
+    for (int t0 = 0, it = 0; t0 < n; t0 += V_TOKENS, it++) {
+        const int t1 = n - t0 < V_TOKENS ? n : t0 + V_TOKENS;
+        sa_prefetch_part(hint, it, iters);
+        accv_q8_heads(out + G - 3, p + G - 3, 3, D, gs, v, vd, row_stride, scale_stride, t0,
+                      t1);
+    }
+}
+#endif
+
+static void SA_FN(accumulate_v_q8)(float *const *out, const float *const *p, int G, int D,
+                                   int gs, const int8_t *v, const float *vd,
+                                   ptrdiff_t row_stride, ptrdiff_t scale_stride, int n,
+                                   const sa_prefetch *pf)
+{
+#if SA_V_HEADS >= 4
+    if (G % SA_V_HEADS == 3 && gs % SA_VT == 0) {
+        accv_q8_split3(out, p, G, D, gs, v, vd, row_stride, scale_stride, n, pf);
+        return;
+    }
+#endif
+    accv_q8_blocks(out, p, G, D, gs, v, vd, row_stride, scale_stride, n, pf);
+}
+
 
 /* -------------------------------------------------------------------------
  * dequantize_rows: SA_DQ per vector (gs a multiple of SA_VT, else the

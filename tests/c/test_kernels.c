@@ -276,8 +276,9 @@ static const int DIMS[] = {1, 3, 8, 16, 31, 64, 67, 128, 192, 256};
 static const int GROUPS[] = {1, 3, 8, 16, 32, 64, 128};
 /* 17: four blocks of 4 heads and one; two 6-head wide V tiles, a block of
  * 4 (AVX-512; AVX2: two pairs) and one, in V's 32-token blocks for many
- * heads; 8: a wide tile and a pair (x86_common.h) */
-static const int HEADS[] = {1, 2, 3, 4, 8, 17};
+ * heads; 8: a wide tile and a pair (x86_common.h); 3 and 7: q8 V's block
+ * of three heads after the blocks of 4 (AVX-512; AVX2: a pair and one) */
+static const int HEADS[] = {1, 2, 3, 4, 7, 8, 17};
 static const int TOKENS[] = {1, 2, 7, 8, 9, 31, 32, 33, 100};
 static const int STRIDE_ROWS[] = {1, 5}; /* row_stride = D or 5*D */
 #define LEN(a) ((int)(sizeof(a) / sizeof((a)[0])))
