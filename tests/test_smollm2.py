@@ -64,6 +64,9 @@ def test_every_configuration_is_measured(results):
         assert r["ttft_s"] > 0 and r["glue_us"] is not None and r["glue_us"] > 0
         # the median over the steps of the glue, and its mean over all calls
         assert r["glue_mean_us"] > 0 and r["glue_us"] < 20 * r["glue_mean_us"]
+        # what the prefill added (it writes the cache), not counting what the
+        # configurations before it left resident
+        assert 0 < r["rss_growth_mb"] <= r["peak_rss_mb"]
     # q8 holds 36 bytes per 32 values against float32's 128
     kv = {c: results[c]["kv_mb"] - results[c]["meta_mb"] for c in ("k=32", "k=32 q8")}
     assert kv["k=32 q8"] < 0.35 * kv["k=32"]

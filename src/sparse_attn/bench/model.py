@@ -8,8 +8,11 @@ token (TTFT), then greedy decode steps (median and range of the per-step
 times), the time inside attention per step and its share of the step, the
 backend's Python work per layer and token outside the C core (glue, the
 median over the steps: the attention call and a SparseKVCache's update),
-the peak resident memory over the configuration's prefill (VmHWM, reset
-before it), the KV cache's bytes, and whether the needle's answer came out.
+how far the resident memory rose over the configuration's prefill (its
+peak, VmHWM reset before it, over the RSS before it: the caches of the
+configurations prefilled earlier stay resident for the turns, so the peak
+alone would count them too), the KV cache's bytes, and whether the needle's
+answer came out.
 
 The prefills run one configuration after another; the decode steps then
 take turns (``--sequential``: each configuration's steps in one go): one
@@ -105,11 +108,12 @@ def _reset_peak_rss():
         return False
 
 
-def _peak_rss_mb():
+def _status_mb(field):
+    """A /proc/self/status memory field (VmHWM: the peak RSS; VmRSS: now) in MiB."""
     try:
         with open("/proc/self/status") as f:
             for line in f:
-                if line.startswith("VmHWM:"):
+                if line.startswith(field + ":"):
                     return int(line.split()[1]) / 1024
     except OSError:
         pass
@@ -195,13 +199,18 @@ class _Run:
             self.cache = sat.SparseKVCache(model, capacity=len(ids) + args.new_tokens + 8) \
                 if conf["kv_dtype"] else DynamicCache()
         measured_rss = _reset_peak_rss()
+        rss_before = _status_mb("VmRSS")
         with torch.no_grad():
             t0 = time.perf_counter()
             logits = model(torch.tensor([ids]), cache=self.cache, use_cache=True,
                            logits_to_keep=1).logits
             self.token = int(logits[0, -1].argmax())
             self.ttft = time.perf_counter() - t0
-        self.peak_rss_mb = _peak_rss_mb() if measured_rss else math.nan
+        self.peak_rss_mb = _status_mb("VmHWM") if measured_rss else math.nan
+        # What this prefill added: the configurations before it keep their
+        # caches (their steps take turns with this one's), so its peak alone
+        # would count theirs too.
+        self.rss_growth_mb = self.peak_rss_mb - rss_before
         self.out, self.steps, self.step_glue, self.attn_s = [self.token], [], [], 0.0
         self.ended = self.token == tokenizer.eos_token_id
         if self.ended:
@@ -309,7 +318,7 @@ class _Run:
                     attn_ms=attn_s * 1e3 / n_steps,
                     attn_share=(attn_s / sum(steps)) if steps else math.nan,
                     glue_us=glue_us, glue_mean_us=glue_mean_us,
-                    peak_rss_mb=self.peak_rss_mb,
+                    peak_rss_mb=self.peak_rss_mb, rss_growth_mb=self.rss_growth_mb,
                     kv_mb=(kv_bytes + meta_bytes) / 2**20, meta_mb=meta_bytes / 2**20,
                     found=answer_found(text, self.needle), text=text,
                     new_tokens=len(self.out), steps=len(steps),
@@ -419,11 +428,13 @@ def print_model_table(model, rows, args):
           "median [min–max]; attn = time inside attention per token, all layers (share of "
           "the step); glue = the backend's Python per layer and token outside the C core "
           "(the attention call and, with a SparseKVCache, its update; median over the "
-          "steps, the mean in --json as glue_mean_us); RSS = peak resident "
-          "memory over the configuration's prefill; KV = the cache's K and V and what it keeps beside "
+          "steps, the mean in --json as glue_mean_us); +RSS = how far the resident memory "
+          "rose over the configuration's prefill, its peak over what was resident before "
+          "(the model, and the caches of the configurations before it, which stay for the "
+          "turns; --json: rss_growth_mb, and peak_rss_mb, the peak itself); KV = the cache's K and V and what it keeps beside "
           "them for selection (the channel copy, key bounds, probe copies; --json: meta_mb).\n")
     head = (f"{'tokens':>6} {'config':<16} {'TTFT s':>7} {'decode ms/token [min–max]':>26} "
-            f"{'attn ms':>8} {'share':>6} {'glue us':>8} {'RSS MB':>7} {'KV MB':>6} "
+            f"{'attn ms':>8} {'share':>6} {'glue us':>8} {'+RSS MB':>7} {'KV MB':>6} "
             f"{'needle':>6}")
     print(head)
     print("-" * len(head))
@@ -431,7 +442,7 @@ def print_model_table(model, rows, args):
         glue = "-" if r["glue_us"] is None else f"{r['glue_us']:.1f}"
         dec = f"{r['decode_ms']:.1f} [{r['decode_ms_min']:.1f}–{r['decode_ms_max']:.1f}]"
         print(f"{r['tokens']:>6} {r['config']:<16} {r['ttft_s']:7.2f} {dec:>26} "
-              f"{r['attn_ms']:8.1f} {r['attn_share']:6.0%} {glue:>8} {r['peak_rss_mb']:7.0f} "
+              f"{r['attn_ms']:8.1f} {r['attn_share']:6.0%} {glue:>8} {r['rss_growth_mb']:7.0f} "
               f"{r['kv_mb']:6.1f} {'YES' if r['found'] else 'NO':>6}")
     by_len = {}
     for r in rows:
