@@ -9,10 +9,12 @@ times), the time inside attention per step and its share of the step, the
 backend's Python work per layer and token outside the C core (glue, the
 median over the steps: the attention call and a SparseKVCache's update),
 how far the resident memory rose over the configuration's prefill (its
-peak, VmHWM reset before it, over the RSS before it: the caches of the
-configurations prefilled earlier stay resident for the turns, so the peak
-alone would count them too), the KV cache's bytes, and whether the needle's
-answer came out.
+peak, VmHWM reset before it, over the RSS before it, with freed memory
+handed back first: the caches of the configurations prefilled earlier stay
+resident for the turns, so the peak alone would count them too; still,
+what earlier configurations left in the allocator moves it, so compare
+memory with one configuration per run), the KV cache's bytes, and whether
+the needle's answer came out.
 
 The prefills run one configuration after another; the decode steps then
 take turns (``--sequential``: each configuration's steps in one go): one
@@ -35,6 +37,8 @@ for the prompt; a policy without an importance reserve), with
 ``exact_tail=N`` for the sparse prefill's exact tail (default: the
 backend's, 64 rows).
 """
+import ctypes
+import gc
 import math
 import time
 
@@ -99,7 +103,19 @@ def parse_config(text):
     return conf
 
 
+def _release_freed_memory():
+    """Hand the memory freed so far back to the system (glibc's malloc_trim),
+    so that what a prefill allocates shows as a rise of the RSS instead of
+    reusing pages an earlier configuration freed."""
+    gc.collect()
+    try:
+        ctypes.CDLL(None).malloc_trim(0)
+    except (OSError, AttributeError):
+        pass                   # not glibc: the rise may read low
+
+
 def _reset_peak_rss():
+    _release_freed_memory()
     try:
         with open("/proc/self/clear_refs", "w") as f:
             f.write("5")       # resets VmHWM to the current RSS (Linux >= 4.0)
@@ -431,7 +447,8 @@ def print_model_table(model, rows, args):
           "steps, the mean in --json as glue_mean_us); +RSS = how far the resident memory "
           "rose over the configuration's prefill, its peak over what was resident before "
           "(the model, and the caches of the configurations before it, which stay for the "
-          "turns; --json: rss_growth_mb, and peak_rss_mb, the peak itself); KV = the cache's K and V and what it keeps beside "
+          "turns; --json: rss_growth_mb, and peak_rss_mb, the peak itself; compare memory "
+          "with one configuration per run); KV = the cache's K and V and what it keeps beside "
           "them for selection (the channel copy, key bounds, probe copies; --json: meta_mb).\n")
     head = (f"{'tokens':>6} {'config':<16} {'TTFT s':>7} {'decode ms/token [min–max]':>26} "
             f"{'attn ms':>8} {'share':>6} {'glue us':>8} {'+RSS MB':>7} {'KV MB':>6} "
