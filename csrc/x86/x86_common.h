@@ -583,7 +583,6 @@ static void SA_FN(accumulate_v_q8)(float *const *out, const float *const *p, int
     accv_q8_blocks(out, p, G, D, gs, v, vd, row_stride, scale_stride, n, pf);
 }
 
-
 /* -------------------------------------------------------------------------
  * dequantize_rows: SA_DQ per vector (gs a multiple of SA_VT, else the
  * scalar loop; one product per element either way).
