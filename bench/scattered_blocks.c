@@ -18,9 +18,12 @@
  *
  * Build and run (any C11 compiler; on a board too):
  *
- *   cc -O2 -o scattered_blocks bench/scattered_blocks.c && ./scattered_blocks
- *   ./scattered_blocks [buffer_MB] [work_rounds] [huge|small]
- *                                               (defaults 1024, 1 and huge)
+ *   cc -O2 -pthread -o scattered_blocks bench/scattered_blocks.c && ./scattered_blocks
+ *   ./scattered_blocks [buffer_MB] [work_rounds] [huge|small] [threads]
+ *                                               (defaults 1024, 1, huge and 1)
+ *
+ * With threads > 1 every thread reads its own blocks at once, as the
+ * kernels' threads do, and "random GB/s" is what they read together.
  *
  * huge asks Linux for transparent huge pages (madvise MADV_HUGEPAGE), as
  * a KVCache does for its arrays (one mapping per capacity from 2 MiB on,
@@ -30,10 +33,16 @@
  * "madvise") random blocks with prefetch cost 1.65-1.74x contiguous ones
  * on huge pages and 2.2-2.7x on small pages (2026-12-03).  Built with
  * -march=native, where the work keeps up with the memory as the AVX-512
- * kernels do (0.15-0.18 us per contiguous block, ~30 GB/s on one core),
- * a random block took 0.57-0.69 us with its lines prefetched 1, 2 or 4
- * blocks ahead (0.93-1.09 with none), about 7-8 GB/s: prefetching further
- * ahead did not lower it (2026-12-04, two runs), so on that VM a jump costs
+ * kernels do, one thread read contiguous blocks at 0.15 us each (~32 GB/s,
+ * the bench's one-thread floor) and random ones at 0.50-0.52 us with their
+ * lines prefetched 1, 2 or 4 blocks ahead (0.83 with none), about 9 GB/s;
+ * two threads at once read contiguous blocks at ~32 GB/s together (the
+ * two-thread floor: one core nearly fills this VM's share) and random ones
+ * at 15 GB/s together, 2.0x the time per byte (2026-12-04, after each pass
+ * got fresh blocks; before, a repeated 36 MB set was partly served from the
+ * 32 MB L3).  Prefetching further ahead did not lower it, nor did
+ * prefetching or loading only the first lines of the next 1-8 blocks to
+ * start the hardware prefetchers (0.66-0.77 us): on that VM a jump costs
  * about what a block's read does, whatever the distance.
  *
  * One work round costs about what the avx2 kernels spend on a block (~0.5
@@ -43,8 +52,9 @@
  * gain less from sparsity.  The development VM printed 2.3x (1.8x with
  * prefetch), about the penalty sparse decode shows there at 4096 tokens.
  */
-#define _POSIX_C_SOURCE 199309L   /* clock_gettime under -std=c11 */
+#define _POSIX_C_SOURCE 200112L   /* clock_gettime, pthreads under -std=c11 */
 #define _DEFAULT_SOURCE           /* madvise */
+#include <pthread.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -55,6 +65,7 @@
 #endif
 
 enum { DATA = 4096, SCALE = 512, BLOCKS = 8192, REPEATS = 5 };
+enum { MAX_THREADS = 64 };
 
 static double now(void)
 {
@@ -94,24 +105,60 @@ static void prefetch(const uint8_t *p, size_t n)
         __builtin_prefetch(p + o, 0, 2);
 }
 
-static double run(const uint8_t *data, const uint8_t *scale, const size_t *idx, int rounds,
-                  int ahead, uint32_t *sink)
+/* One thread's share of a pass: n blocks at idx. */
+typedef struct {
+    const uint8_t *data, *scale;
+    const size_t *idx;
+    int rounds, ahead;
+    uint32_t acc;
+} pass_arg;
+
+static void *pass(void *arg)
+{
+    pass_arg *a = arg;
+    uint32_t acc = 0;
+    for (int i = 0; i < BLOCKS; i++) {
+        if (a->ahead && i + a->ahead < BLOCKS) {
+            prefetch(a->data + a->idx[i + a->ahead] * DATA, DATA);
+            prefetch(a->scale + a->idx[i + a->ahead] * SCALE, SCALE);
+        }
+        acc = work(a->scale + a->idx[i] * SCALE, SCALE, a->rounds, acc);
+        acc = work(a->data + a->idx[i] * DATA, DATA, a->rounds, acc);
+    }
+    a->acc = acc;
+    return NULL;
+}
+
+/* Best of REPEATS passes, each over BLOCKS blocks per thread, all threads
+ * started together and the pass timed until the last one ends; pass `rep`
+ * of thread k reads the blocks at idx[(rep * threads + k) * BLOCKS ...], a
+ * set no earlier pass touched, so nothing comes from a cache an earlier pass
+ * filled (8192 blocks are 36 MB: on a 32 MB L3 a repeated set was partly
+ * served from it, which flattered the contiguous case most).  Returns the
+ * microseconds per block of one thread. */
+static double run(const uint8_t *data, const uint8_t *scale, const size_t *idx, int threads,
+                  int rounds, int ahead, uint32_t *sink)
 {
     double best = 1e30;
+    pass_arg args[MAX_THREADS];
+    pthread_t tid[MAX_THREADS];
     for (int rep = 0; rep < REPEATS; rep++) {
-        uint32_t acc = 0;
         const double t0 = now();
-        for (int i = 0; i < BLOCKS; i++) {
-            if (ahead && i + ahead < BLOCKS) {
-                prefetch(data + idx[i + ahead] * DATA, DATA);
-                prefetch(scale + idx[i + ahead] * SCALE, SCALE);
+        for (int k = 0; k < threads; k++) {
+            args[k] = (pass_arg){data, scale, idx + ((size_t)rep * threads + k) * BLOCKS,
+                                 rounds, ahead, 0};
+            if (k > 0 && pthread_create(&tid[k], NULL, pass, &args[k])) {
+                fprintf(stderr, "could not start a thread\n");
+                exit(1);
             }
-            acc = work(scale + idx[i] * SCALE, SCALE, rounds, acc);
-            acc = work(data + idx[i] * DATA, DATA, rounds, acc);
         }
+        pass(&args[0]);
+        for (int k = 1; k < threads; k++)
+            pthread_join(tid[k], NULL);
         const double t = now() - t0;
         best = t < best ? t : best;
-        *sink += acc;
+        for (int k = 0; k < threads; k++)
+            *sink += args[k].acc;
     }
     return best / BLOCKS * 1e6;
 }
@@ -138,14 +185,20 @@ int main(int argc, char **argv)
     const size_t mb = argc > 1 ? (size_t)strtoul(argv[1], NULL, 10) : 1024;
     const int rounds = argc > 2 ? atoi(argv[2]) : 1;
     const char *pages = argc > 3 ? argv[3] : "huge";
+    const int threads = argc > 4 ? atoi(argv[4]) : 1;
     const size_t n_blocks = mb * (1u << 20) / DATA;
-    if (n_blocks < 2 * BLOCKS || rounds < 1 || (strcmp(pages, "huge") && strcmp(pages, "small"))) {
-        fprintf(stderr, "usage: %s [buffer_MB >= %d] [work_rounds >= 1] [huge|small]\n",
-                argv[0], 2 * BLOCKS * DATA >> 20);
+    const int ok_threads = threads >= 1 && threads <= MAX_THREADS;
+    /* every pass of every thread a fresh contiguous set */
+    const size_t sets = (size_t)REPEATS * (ok_threads ? threads : 1) * BLOCKS;
+    if (!ok_threads || n_blocks < sets || rounds < 1 ||
+        (strcmp(pages, "huge") && strcmp(pages, "small"))) {
+        fprintf(stderr, "usage: %s [buffer_MB >= %zu x threads] [work_rounds >= 1] "
+                "[huge|small] [threads 1..%d]\n", argv[0],
+                (size_t)REPEATS * BLOCKS * DATA >> 20, MAX_THREADS);
         return 2;
     }
     uint8_t *data = alloc_pages(n_blocks * DATA, pages), *scale = alloc_pages(n_blocks * SCALE, pages);
-    size_t *contig = malloc(BLOCKS * sizeof *contig), *random = malloc(BLOCKS * sizeof *random);
+    size_t *contig = malloc(sets * sizeof *contig), *random = malloc(sets * sizeof *random);
     if (!data || !scale || !contig || !random) {
         fprintf(stderr, "out of memory for a %zu MB buffer\n", mb);
         return 1;
@@ -154,23 +207,27 @@ int main(int argc, char **argv)
         data[i] = (uint8_t)(i * 7u);
     for (size_t i = 0; i < n_blocks * SCALE; i++)
         scale[i] = (uint8_t)(i * 3u);
-    const size_t start = next_u64() % (n_blocks - BLOCKS);
-    for (int i = 0; i < BLOCKS; i++) {
-        contig[i] = start + (size_t)i;
+    /* The contiguous sets walk on through the buffer (wrapping at its end),
+     * the random ones are fresh indices. */
+    const size_t start = next_u64() % n_blocks;
+    for (size_t i = 0; i < sets; i++) {
+        contig[i] = (start + i) % n_blocks;
         random[i] = next_u64() % n_blocks;
     }
     uint32_t sink = 0;
-    printf("%d blocks of %d + %d bytes out of %zu MB, %d work rounds per byte, %s pages%s; "
-           "us per block (best of %d)\n", BLOCKS, DATA, SCALE, mb, rounds, pages,
+    printf("%d blocks of %d + %d bytes per thread out of %zu MB, %d work rounds per byte, "
+           "%s pages%s, %d thread(s); us per block of one thread (best of %d)\n", BLOCKS, DATA,
+           SCALE, mb, rounds, pages,
            strcmp(pages, "huge") || huge_advised ? "" : " (not granted: no MADV_HUGEPAGE)",
-           REPEATS);
-    printf("%-10s %12s %12s %8s\n", "", "contiguous", "random", "ratio");
+           threads, REPEATS);
+    printf("%-10s %12s %12s %8s %14s\n", "", "contiguous", "random", "ratio", "random GB/s");
     for (int ahead = 0; ahead <= 4; ahead = ahead ? 2 * ahead : 1) {
-        const double c = run(data, scale, contig, rounds, ahead, &sink);
-        const double r = run(data, scale, random, rounds, ahead, &sink);
+        const double c = run(data, scale, contig, threads, rounds, ahead, &sink);
+        const double r = run(data, scale, random, threads, rounds, ahead, &sink);
         char name[16];
         snprintf(name, sizeof name, ahead ? "ahead-%d" : "none", ahead);
-        printf("%-10s %12.3f %12.3f %7.2fx\n", name, c, r, r / c);
+        printf("%-10s %12.3f %12.3f %7.2fx %14.1f\n", name, c, r, r / c,
+               threads * (DATA + SCALE) / r * 1e-3);
     }
     printf("(checksum %u)\n", sink);
     free(data), free(scale), free(contig), free(random);

@@ -110,18 +110,24 @@ needs_cc = pytest.mark.skipif(_c_compiler() is None, reason="no C compiler")
 def test_scattered_blocks_microbenchmark_builds_and_runs(tmp_path):
     cc = _c_compiler()
     exe = tmp_path / "scattered_blocks"
-    run([cc, "-O2", "-std=c11", "-Wall", "-Wextra", "-Werror", "-o", str(exe),
+    run([cc, "-O2", "-pthread", "-std=c11", "-Wall", "-Wextra", "-Werror", "-o", str(exe),
          str(ROOT / "bench" / "scattered_blocks.c")])
-    for pages in ([], ["huge"], ["small"]):
-        res = run([str(exe), "64", "1", *pages])
-        assert f"{(pages or ['huge'])[0]} pages" in res.stdout.splitlines()[0]
+    for args in ([], ["huge"], ["small"], ["huge", "2"]):
+        res = run([str(exe), "160" if len(args) < 2 else "320", "1", *args])
+        head = res.stdout.splitlines()[0]
+        assert f"{(args or ['huge'])[0]} pages" in head
+        assert f"{args[1] if len(args) > 1 else 1} thread(s)" in head
         lines = {l.split()[0]: l.split() for l in res.stdout.splitlines()[2:6]}
         assert set(lines) == {"none", "ahead-1", "ahead-2", "ahead-4"}
         for cols in lines.values():
             contig, rand, ratio = float(cols[1]), float(cols[2]), float(cols[3].rstrip("x"))
             assert contig > 0 and rand > 0 and ratio == pytest.approx(rand / contig, abs=0.01)
+            threads = int(args[1]) if len(args) > 1 else 1
+            assert float(cols[4]) == pytest.approx(threads * 4608 / rand * 1e-3, rel=0.01, abs=0.1)
     for bad in (["1", "1"],                    # a buffer too small to leave the caches
-                ["64", "1", "tiny"]):          # pages other than huge or small
+                ["160", "1", "huge", "2"],     # too small for two threads' fresh sets
+                ["160", "1", "huge", "0"],     # no thread
+                ["160", "1", "tiny"]):         # pages other than huge or small
         with pytest.raises(subprocess.CalledProcessError) as e:
             run([str(exe), *bad])
         assert e.value.returncode == 2 and "usage" in e.value.stderr
