@@ -38,6 +38,14 @@ def test_quick_bench_reports_the_needle_and_the_collapse(tmp_path):
         for r in (dense, k32, k1):
             assert r["ms"] > 0 and r["bytes"] > 0 and r["floor_ms"] > 0
         assert k32["bytes"] < dense["bytes"] and k1["bytes"] < k32["bytes"]
+        # Every row reads 2.5x the LLC between two visits of one layer (or
+        # says memory was short): a sparse row, reading less of each layer,
+        # cycles more layers than dense instead of finding its blocks cached.
+        llc, layers = floor["llc_bytes"], d["args"]["layers"]
+        for r in (dense, k32, k1, rows[(dtype, "32", "fast")]):
+            between = (r["distinct_layers"] - 1) * r["bytes"] / layers
+            assert between >= 2.5 * llc or "memory is short" in res.stdout, r
+        assert dense["distinct_layers"] < k32["distinct_layers"] < k1["distinct_layers"]
     # the prefill column: exact and sparse k=32 at both dtypes, the needle
     # still found after a sparse prefill of the prompt
     assert "Prefill of the whole context" in res.stdout

@@ -120,16 +120,19 @@ class Floor:
                     isa=self.isa, llc_bytes=self.llc, llc=self.llc_text)
 
 
-def distinct_buffers(per_layer_bytes, n_layers, llc, memory_cap):
+def distinct_buffers(read_bytes, layer_bytes, llc, memory_cap):
     """How many distinct layers' buffers to cycle so that between two visits
-    of one, at least COLD_FACTOR x the LLC of other KV is touched; capped
-    by memory.  Returns (count, note or None)."""
-    want = max(1, math.ceil(COLD_FACTOR * llc / per_layer_bytes) + 1)
+    of one, at least COLD_FACTOR x the LLC of other KV is read, when a
+    visit reads read_bytes of a layer that holds layer_bytes: a sparse step
+    reads part of each layer, and reads the same blocks again at its next
+    visit, so it needs more layers than a dense one.  Capped by memory.
+    Returns (count, note or None)."""
+    want = max(1, math.ceil(COLD_FACTOR * llc / max(1, read_bytes)) + 1)
     count = want
     note = None
-    if count * per_layer_bytes > memory_cap:
-        count = max(1, int(memory_cap // per_layer_bytes))
-        note = (f"cycled {count} distinct layers ({fmt_bytes(count * per_layer_bytes)}), not "
+    if count * layer_bytes > memory_cap:
+        count = max(1, int(memory_cap // layer_bytes))
+        note = (f"cycled {count} distinct layers ({fmt_bytes(count * layer_bytes)}), not "
                 f"the {want} that {COLD_FACTOR}x the LLC needs: memory is short, so part of "
                 "the KV may be read from cache")
     return count, note

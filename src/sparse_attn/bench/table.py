@@ -8,10 +8,13 @@ installed) torch's scaled_dot_product_attention, and against the memory
 floor measured in the same run (:class:`~sparse_attn.bench.common.Floor`).
 
 Each layer has its own KV and what a KVCache keeps beside it (probe-row
-copies, key bounds); enough distinct copies are cycled that between two
-visits of one layer's buffers 2.5x the last-level cache of other KV is read,
-so the KV streams from DRAM on any machine (the output says when memory is
-too short for that).
+copies, key bounds); for each row, enough distinct copies are cycled that
+between two visits of one layer's buffers that row reads 2.5x the
+last-level cache of other KV, so the KV streams from DRAM on any machine
+(the output says when memory is too short for that).  A sparse row reads
+the same few blocks of a layer at every visit, so it cycles more layers
+than dense: sized by dense's reads, a 32K-token sparse step's blocks of
+two layers fitted in a 32 MiB L3.
 """
 import math
 
@@ -142,6 +145,29 @@ class Cycle:
         return [self.layers[(start + i) % len(self.layers)] for i in range(n)]
 
 
+class Pool:
+    """The distinct layers of one dtype at one length: the base layers and
+    the copies made so far, grown as a row needs more of them."""
+
+    def __init__(self, base, label, memory_cap, llc):
+        self.base, self.layers = base, list(base)
+        self.label, self.memory_cap, self.llc = label, memory_cap, llc
+
+    def cycle(self, read_bytes, notes):
+        """A Cycle over enough distinct layers that a step reading
+        read_bytes of each layer reads 2.5x the LLC between two visits of
+        one (common.distinct_buffers); a note when memory caps it."""
+        per_layer = self.base[0].nbytes
+        count, note = distinct_buffers(read_bytes, per_layer, self.llc, self.memory_cap)
+        while len(self.layers) < count:
+            self.layers.append(self.base[len(self.layers) % len(self.base)].copy())
+        log(f"  [{self.label}] {count} distinct layers of {fmt_bytes(per_layer)} cycled "
+            f"({fmt_bytes(count * per_layer)}), {fmt_bytes(read_bytes)} read per visit")
+        if note and f"{self.label}: {note}" not in notes:
+            notes.append(f"{self.label}: {note}")
+        return Cycle(self.layers[:count])
+
+
 def base_contexts(length, args):
     out = []
     for i in range(min(args.layers, BASE_CONTEXTS)):
@@ -195,22 +221,15 @@ def run_length(length, args, floor, torch, bases):
     bandwidth = floor.bandwidth
     rows, notes = [], []
     budget = available_memory()
-    cycles = {}
+    pools = {}
     for dtype in args.dtypes + (["float32"] if args.baselines and "float32" not in args.dtypes
                                 else []):
-        base = [Layer.build(ctx, imp, dtype, args) for ctx, imp in bases]
-        count, note = distinct_buffers(base[0].nbytes, args.layers, floor.llc,
-                                       budget // max(1, len(args.dtypes)))
-        layers = [base[i] if i < len(base) else base[i % len(base)].copy()
-                  for i in range(count)]
-        log(f"  [{length}] {dtype}: {count} distinct layers of {fmt_bytes(base[0].nbytes)} "
-            f"cycled ({fmt_bytes(count * base[0].nbytes)})")
-        if note:
-            notes.append(f"{length} {dtype}: {note}")
-        cycles[dtype] = (base, Cycle(layers))
+        pools[dtype] = Pool([Layer.build(ctx, imp, dtype, args) for ctx, imp in bases],
+                            f"{length} {dtype}", budget // max(1, len(args.dtypes)), floor.llc)
 
     for dtype in args.dtypes:
-        base, cycle = cycles[dtype]
+        pool = pools[dtype]
+        base = pool.base
         exact = [sa.dense_decode(l.ctx.question_q, l.k, l.v, threads=args.threads) for l in base]
         dense_time = None
         cells = [("dense", None, None)] if "dense" in args.configs else []
@@ -220,10 +239,6 @@ def run_length(length, args, floor, torch, bases):
             log(f"  [{length}] {dtype} {config} {policy or ''}")
             if config == "dense":
                 sel = None
-
-                def step():
-                    for l in cycle.step(args.layers):
-                        sa.dense_decode(l.ctx.question_q, l.k, l.v, threads=args.threads)
                 outs, blocks = exact, [None] * len(base)
             else:
                 kw = {k: v for k, v in knobs.items() if k != "dense_layers"}
@@ -232,15 +247,26 @@ def run_length(length, args, floor, torch, bases):
                 kw.update(k_blocks=int(config), block_size=args.block_size)
                 sel = selection(**kw)
                 kw["threads"] = args.threads
-
-                def step(kw=kw, sel=sel):
-                    for l in cycle.step(args.layers):
-                        sa.sparse_decode(l.ctx.question_q, l.k, l.v, importance=l.importance,
-                                         **l.metadata(sel), **kw)
                 res = [sa.sparse_decode(l.ctx.question_q, l.k, l.v, importance=l.importance,
                                         return_blocks=True, **l.metadata(sel), **kw)
                        for l in base]
                 outs, blocks = [r[0] for r in res], [r[1] for r in res]
+            nbytes = sum(step_bytes(blocks[i % len(base)], length, dtype, args, sel)
+                         for i in range(args.layers))
+            # The same question reads the same blocks at every visit: cycle
+            # enough layers that what this row reads between two visits of
+            # one layer is 2.5x the LLC (a sparse row reads less per layer,
+            # so it needs more layers than dense).
+            cycle = pool.cycle(nbytes / args.layers, notes)
+            if config == "dense":
+                def step(cycle=cycle):
+                    for l in cycle.step(args.layers):
+                        sa.dense_decode(l.ctx.question_q, l.k, l.v, threads=args.threads)
+            else:
+                def step(kw=kw, sel=sel, cycle=cycle):
+                    for l in cycle.step(args.layers):
+                        sa.sparse_decode(l.ctx.question_q, l.k, l.v, importance=l.importance,
+                                         **l.metadata(sel), **kw)
             med, lo, hi = timed(step, args.repeats, cycle.warmup_steps(args.layers))
             if config == "dense":
                 dense_time = med
@@ -251,19 +277,18 @@ def run_length(length, args, floor, torch, bases):
                 needle_hits += int(heads.sum()) if b is None else int(
                     (b[heads] == l.ctx.needle_block).any(axis=1).sum())
             err = max(float(np.abs(o - e).max() / np.abs(e).max()) for o, e in zip(outs, exact))
-            nbytes = sum(step_bytes(blocks[i % len(base)], length, dtype, args, sel)
-                         for i in range(args.layers))
             floor_s = nbytes / bandwidth
             rows.append(dict(length=length, impl="sparse_attn", dtype=dtype, config=config,
                              policy=policy, knobs=knobs,
                              recall=needle_hits / needle_heads, rel_err=err,
                              ms=med * 1e3, ms_min=lo * 1e3, ms_max=hi * 1e3,
                              speedup_vs_dense=(dense_time / med) if dense_time else None,
-                             bytes=nbytes, floor_ms=floor_s * 1e3, x_floor=med / floor_s))
+                             bytes=nbytes, floor_ms=floor_s * 1e3, x_floor=med / floor_s,
+                             distinct_layers=len(cycle.layers)))
 
     if args.baselines:
-        base, cycle = cycles["float32"]
         dense_bytes = args.layers * step_bytes(None, length, "float32", args, None)
+        cycle = pools["float32"].cycle(dense_bytes / args.layers, notes)
 
         def baseline(impl, dtype, fn, nbytes, warmup):
             log(f"  [{length}] {impl} {dtype}")
