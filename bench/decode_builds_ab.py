@@ -18,8 +18,10 @@ per round, the builds' order swapped every round.  It prints the median and
 minimum step of each and the per-round ratio this/other, and refuses to time
 builds whose outputs differ.  Where /proc/kpageflags is readable (root on
 Linux) it also prints the share of each build's K/V pages that sit in
-transparent huge pages, which moves a decode step by several percent.  `--layers` defaults to enough layers for 4x
-the last-level cache.  On a shared machine compare the ratios, not the
+transparent huge pages, which moves a decode step by several percent.
+`--layers` defaults to enough layers for 4x the last-level cache of KV, and
+for a sparse policy enough that its step reads about 2.5x the last-level
+cache between two visits of one layer.  On a shared machine compare the ratios, not the
 milliseconds.
 """
 import argparse
@@ -111,8 +113,17 @@ def main():
     llc = last_level_cache()[0]
     rng = np.random.default_rng(0)
     for T in (int(x) for x in args.lengths.split(",")):
-        per_layer = 2 * HKV * T * (D + 4 * D // 32)
-        layers = args.layers or max(1, -(-4 * llc // per_layer))
+        row = D + 4 * D // 32
+        per_layer = 2 * HKV * T * row
+        # A sparse step reads the same blocks of a layer at every visit, so
+        # size the layers by what the sparsest policy reads of one: at most
+        # 64 blocks of K and V per KV head (two heads' 32) and an eighth of
+        # K for its scoring.  Sized by the whole layer, two 32K-token layers
+        # held only 13 MB of seed reads, which a 32 MiB L3 kept.
+        sparse = [p for p in args.policies.split(",") if p != "dense"]
+        reads = min(per_layer, 2 * HKV * min(T, 64 * 32) * row + per_layer // 16) \
+            if sparse else per_layer
+        layers = args.layers or max(1, -(-4 * llc // per_layer), -(-5 * llc // (2 * reads)) + 1)
         data = [(rng.standard_normal((HKV, T, D), dtype=np.float32),
                  rng.standard_normal((HKV, T, D), dtype=np.float32),
                  rng.random(T, dtype=np.float32)) for _ in range(layers)]

@@ -13,24 +13,54 @@
 #include "attend.h"
 #include "rows.h"
 
+/* The heads that chose block b, into heads; their count. */
+static int heads_of(const sa_scratch *s, int b, int *heads)
+{
+    int cnt = 0;
+    for (int g = 0; g < s->G; g++)
+        if (s->chosen[(ptrdiff_t)g * s->NB + b])
+            heads[cnt++] = g;
+    return cnt;
+}
+
+/* 1 if block c was chosen by the same heads as block b. */
+static int same_heads(const sa_scratch *s, int b, int c)
+{
+    for (int g = 0; g < s->G; g++)
+        if (s->chosen[(ptrdiff_t)g * s->NB + c] != s->chosen[(ptrdiff_t)g * s->NB + b])
+            return 0;
+    return 1;
+}
+
 int sa_next_run(const sa_scratch *s, int *b, int *e, int *heads)
 {
-    const int G = s->G, NB = s->NB;
+    const int NB = s->NB;
+    if (s->n_uni >= 0) {
+        /* the first listed block >= *b (binary search), then its run */
+        int lo = 0, hi = s->n_uni;
+        while (lo < hi) {
+            const int mid = lo + (hi - lo) / 2;
+            if (s->uni[mid] < *b)
+                lo = mid + 1;
+            else
+                hi = mid;
+        }
+        if (lo == s->n_uni)
+            return 0;
+        *b = s->uni[lo];
+        int end = *b + 1;
+        for (int i = lo + 1; i < s->n_uni && s->uni[i] == end && same_heads(s, *b, end); i++)
+            end++;
+        *e = end;
+        return heads_of(s, *b, heads);
+    }
     for (; *b < NB; (*b)++) {
-        int cnt = 0;
-        for (int g = 0; g < G; g++)
-            if (s->chosen[(ptrdiff_t)g * NB + *b])
-                heads[cnt++] = g;
+        const int cnt = heads_of(s, *b, heads);
         if (!cnt)
             continue;
         int end = *b + 1;
-        for (; end < NB; end++) {
-            int same = 1;
-            for (int g = 0; g < G && same; g++)
-                same = s->chosen[(ptrdiff_t)g * NB + end] == s->chosen[(ptrdiff_t)g * NB + *b];
-            if (!same)
-                break;
-        }
+        while (end < NB && same_heads(s, *b, end))
+            end++;
         *e = end;
         return cnt;
     }

@@ -6,7 +6,10 @@
 
 /* The next run of consecutive blocks chosen (s->chosen, s->NB blocks) by
  * the same set of heads, from block *b on: the heads into `heads`, count
- * returned (0 at the end), blocks [*b, *e). */
+ * returned (0 at the end), blocks [*b, *e).  With the list of the chosen
+ * blocks (s->n_uni >= 0, made by sa_choose_group) a run costs a binary
+ * search and its own blocks; without it (every block chosen) the marks of
+ * every block from *b on are read. */
 int sa_next_run(const sa_scratch *s, int *b, int *e, int *heads);
 
 /* Exact attention of the G query rows qf over the blocks marked in

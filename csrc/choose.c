@@ -66,12 +66,28 @@ static void choose_one(sa_scratch *s, const sa_select_params *p, const sa_reserv
             s->sel[n++] = b;
 }
 
+/* uni (n ascending blocks) := its union with sel (n_sel ascending), through
+ * tmp; returns the new length. */
+static int merge_union(int32_t *uni, int n, const int32_t *sel, int n_sel, int32_t *tmp)
+{
+    int i = 0, j = 0, m = 0;
+    while (i < n || j < n_sel) {
+        const int32_t a = i < n ? uni[i] : INT32_MAX, b = j < n_sel ? sel[j] : INT32_MAX;
+        tmp[m++] = a < b ? a : b;
+        i += a <= b;
+        j += b <= a;
+    }
+    memcpy(uni, tmp, (size_t)m * sizeof(int32_t));
+    return m;
+}
+
 void sa_choose_group(sa_scratch *s, const sa_select_params *p, const sa_reserve *reserve,
                      int32_t *blocks)
 {
     const int G = s->G, NB = s->NB, n_sel = s->n_sel;
     const int shared = p->share == SA_SHARE_GROUP;
     memset(s->chosen, 0, (size_t)G * NB);
+    s->n_uni = 0;
     for (int g = 0; g < G; g++) {
         if (!shared || g == 0) {
             /* share="group" ranks the sum of the group's scores, summed in
@@ -87,6 +103,13 @@ void sa_choose_group(sa_scratch *s, const sa_select_params *p, const sa_reserve 
         }
         for (int i = 0; i < n_sel; i++)
             s->chosen[(ptrdiff_t)g * NB + s->sel[i]] = 1;
+        /* The attention walks this list, O(chosen) per run, instead of
+         * every block's G marks (attend.c: sa_next_run).  s->top is free
+         * once choose_one is done, and holds NB >= the union. */
+        if (g == 0)
+            memcpy(s->uni, s->sel, (size_t)(s->n_uni = n_sel) * sizeof(int32_t));
+        else if (!shared)
+            s->n_uni = merge_union(s->uni, s->n_uni, s->sel, n_sel, s->top);
         if (blocks)
             memcpy(blocks + (ptrdiff_t)g * n_sel, s->sel, (size_t)n_sel * sizeof(int32_t));
     }

@@ -53,6 +53,7 @@ static int decode_item(void *arg, int kh, int worker)
     if (!c->params || s->n_sel == NB) {
         /* Every block is chosen: the probe could not change anything. */
         memset(s->chosen, 1, (size_t)G * NB);
+        s->n_uni = -1;      /* one run of every block */
         if (blocks)
             for (int g = 0; g < G; g++)
                 for (int b = 0; b < NB; b++)

@@ -205,6 +205,7 @@ static void choose_blocks(const prefill_ctx *c, worker *w, int kh, int block)
     w->sel_block = block;
     if (ss->n_sel == 0) {
         memset(ss->chosen, 0, (size_t)G * block);
+        ss->n_uni = 0;
         return;
     }
     const float inv = 1.0f / (float)(r1 - r0);

@@ -49,7 +49,7 @@ static int scratch_new(const sa_scratch_sizes *z, sa_scratch **out)
     size_t o_ptmp = take(&l, times(&l, g, z->probe_tmp_per_head), sizeof(float));
     size_t o_score = take(&l, nb, sizeof(double)), o_top = take(&l, nb, sizeof(int32_t));
     size_t o_used = take(&l, nb, 1), o_sel = take(&l, (size_t)z->n_sel, sizeof(int32_t));
-    size_t o_chosen = take(&l, gnb, 1);
+    size_t o_chosen = take(&l, gnb, 1), o_uni = take(&l, nb, sizeof(int32_t));
     size_t lines = ((size_t)z->max_tok + 15) / 16;
     lines += !(lines & 1);
     const size_t stride = lines * 16;
@@ -81,6 +81,7 @@ static int scratch_new(const sa_scratch_sizes *z, sa_scratch **out)
         .probe_tmp = (float *)(base + o_ptmp), .score = (double *)(base + o_score),
         .top = (int32_t *)(base + o_top), .used = (uint8_t *)(base + o_used),
         .sel = (int32_t *)(base + o_sel), .chosen = (uint8_t *)(base + o_chosen),
+        .uni = (int32_t *)(base + o_uni), .n_uni = -1,
         .scores = (float *)(base + o_scores),
         .sp = (float **)(base + o_sp), .pp = (const float **)(base + o_pp),
         .op = (float **)(base + o_op), .z = (float *)(base + o_z),

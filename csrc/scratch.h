@@ -28,6 +28,8 @@ typedef struct sa_scratch {
     uint8_t *used;     /* NB */
     int32_t *sel;      /* n_sel */
     uint8_t *chosen;   /* G*NB  chosen[g*NB + b] */
+    int32_t *uni;      /* NB    the blocks any head chose, ascending ... */
+    int n_uni;         /*       ... this many; -1: walk s->chosen instead */
     float *scores;     /* G*score_stride: scores, then softmax weights */
     float **sp;        /* G pointers handed to kernels */
     const float **pp;  /* G */
