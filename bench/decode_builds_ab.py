@@ -36,7 +36,7 @@ import time
 import numpy as np
 
 import sparse_attn as sa
-from sparse_attn.bench.common import last_level_cache
+from sparse_attn.bench.common import distinct_buffers, last_level_cache
 
 def load_other(src):
     pkg = os.path.join(src, "sparse_attn")
@@ -123,7 +123,8 @@ def main():
         sparse = [p for p in args.policies.split(",") if p != "dense"]
         reads = min(per_layer, 2 * HKV * min(T, 64 * 32) * row + per_layer // 16) \
             if sparse else per_layer
-        layers = args.layers or max(1, -(-4 * llc // per_layer), -(-5 * llc // (2 * reads)) + 1)
+        layers = args.layers or max(-(-4 * llc // per_layer),
+                                    distinct_buffers(reads, per_layer, llc, float("inf"))[0])
         data = [(rng.standard_normal((HKV, T, D), dtype=np.float32),
                  rng.standard_normal((HKV, T, D), dtype=np.float32),
                  rng.random(T, dtype=np.float32)) for _ in range(layers)]
