@@ -4,9 +4,9 @@
         [--layers N] [--threads T] [--rounds R] [--policies dense,seed,balanced]
         [--shape 16,8,128]
 
-OTHER_SRC is the `src` folder of another built checkout (e.g. a `git
-worktree` of the previous commit, built with `python setup.py build_ext
---inplace`).  Its `sparse_attn` is copied to a temporary folder as
+OTHER_SRC is the folder holding another built checkout's `sparse_attn`
+package (the root of e.g. a `git worktree` of the previous commit, built
+with `python setup.py build_ext --inplace`).  Its `sparse_attn` is copied to a temporary folder as
 `sparse_attn_other` (the package imports itself relatively, and the compiled
 core's init function does not depend on the package's name; cffi registers
 the other core as `sparse_attn._core` too, and this script puts its own back

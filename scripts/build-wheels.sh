@@ -187,7 +187,7 @@ if tags != [f"{abi}-abi3-{plat}"]:
     sys.exit(f"WHEEL tags {tags}, want ['{abi}-abi3-{plat}']")
 if "Root-Is-Purelib: false" not in wheel_meta:
     sys.exit("WHEEL says Root-Is-Purelib: true for a wheel with an extension")
-want = {str(p.relative_to(Path(src, "src"))) for p in Path(src, "src", "sparse_attn").rglob("*.py")}
+want = {str(p.relative_to(src)) for p in Path(src, "sparse_attn").rglob("*.py")}
 missing = sorted(want - names)
 if missing or "sparse_attn/integrations/__init__.py" not in names:
     sys.exit(f"package files missing from the wheel: {missing}")

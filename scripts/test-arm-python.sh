@@ -27,6 +27,6 @@ for cpu in cortex-a76:neon-dotprod cortex-a53:neon; do
     model="${cpu%%:*}" expect="${cpu##*:}"
     echo "== pytest under QEMU_CPU=$model (expect ISA $expect)"
     QEMU_CPU="$model" chroot "$root" /bin/sh -c "cd /src/sparse_attn && \
-        PYTHONPATH=src python3 -c 'import sparse_attn as sa, sys; print(\"isa:\", sa.isa(), \"available:\", sa.available_isas()); sys.exit(sa.isa() != \"$expect\")' && \
-        PYTHONPATH=src python3 -m pytest -q -p no:cacheprovider tests"
+        python3 -c 'import sparse_attn as sa, sys; print(\"isa:\", sa.isa(), \"available:\", sa.available_isas()); sys.exit(sa.isa() != \"$expect\")' && \
+        python3 -m pytest -q -p no:cacheprovider tests"
 done

@@ -35,9 +35,9 @@ isas="$(cd "$build" && LD_PRELOAD="$preload" ASAN_OPTIONS=detect_leaks=0 \
 status=0
 for isa in $isas; do
     echo "== pytest under ASan + UBSan, SPARSE_ATTN_ISA=$isa"
-    (cd "$build/src" && \
+    (cd "$build" && \
      LD_PRELOAD="$preload" ASAN_OPTIONS=detect_leaks=0:abort_on_error=1 \
      UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1 SPARSE_ATTN_ISA="$isa" \
-     "$build/venv/bin/python" -m pytest -q -p no:cacheprovider "${tests[@]}" "$@") || status=1
+     "$build/venv/bin/python" -m pytest -q -p no:cacheprovider "${tests[@]/#/src/}" "$@") || status=1
 done
 exit "$status"

@@ -7,15 +7,13 @@ try:
 except ImportError as exc:   # pragma: no cover - exercised from a source tree
     import os as _os
     _here = _os.path.dirname(_os.path.abspath(__file__))
-    # src/sparse_attn in a checkout: the repository root is two levels up
-    if _os.path.exists(_os.path.join(_os.path.dirname(_os.path.dirname(_here)), "csrc",
-                                     "build_ffi.py")):
+    # sparse_attn/ of a checkout: the repository root is one level up
+    if _os.path.exists(_os.path.join(_os.path.dirname(_here), "csrc", "build_ffi.py")):
         raise ImportError(
-            f"sparse_attn is being imported from its source folder ({_here}), which has no "
-            "built C core (sparse_attn._core). Install it for development with "
-            "`python3 -m pip install -e .` (builds the core in place), or run from "
-            "outside src/ so that the installed package is imported."
-        ) from exc
+            f"you are importing sparse_attn from its source folder ({_here}), which has no "
+            "built C core: run `pip install -e .` there, or leave the folder to import the "
+            "installed package"
+        ) from None
     raise
 
 # The magnitude the C core refuses in the values it scans (sparse_attn.h).
