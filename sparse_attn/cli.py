@@ -38,7 +38,8 @@ def _info(argv):
     tenv = f"SPARSE_ATTN_NUM_THREADS={facts['threads_env']}" if facts["threads_env"] else \
         "SPARSE_ATTN_NUM_THREADS unset"
     print(f"threads:     {facts['threads']} ({tenv}; {facts['usable_cores']} usable cores)")
-    print(f"CPU:         {facts['cpu']} ({facts['machine']})")
+    cpu_id = f", {facts['cpu_id']}" if facts["cpu_id"] else ""
+    print(f"CPU:         {facts['cpu']} ({facts['machine']}{cpu_id})")
     caches = ", ".join(f"L{c['level']}{'d' if c['type'] == 'Data' else 'i' if c['type'] == 'Instruction' else ''}"
                        f" {machine.fmt_bytes(c['bytes'])}" for c in facts["caches"])
     print(f"caches:      {caches or 'not reported by sysfs'} (cpu0)")

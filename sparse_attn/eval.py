@@ -58,7 +58,7 @@ import numpy as np
 
 from sparse_attn.needles import (FILLERS, NEEDLES, answer_found, build_prompt, load_model,
                                  save_model)
-from sparse_attn import _flag_types as flag
+from sparse_attn import _flag_types as flag, machine
 from sparse_attn.selection import parse_policy
 
 # Where --quick changes a default; a flag given explicitly keeps its value.
@@ -265,7 +265,9 @@ def parse_args(argv, prog="python -m sparse_attn.eval"):
 
 
 def main(argv=None, prog="python -m sparse_attn.eval"):
-    args = parse_args(sys.argv[1:] if argv is None else argv, prog)
+    argv = sys.argv[1:] if argv is None else list(argv)
+    args = parse_args(argv, prog)
+    command = machine.command_line("sparse-attn eval", argv)
     try:
         import torch
     except ImportError:
@@ -274,11 +276,13 @@ def main(argv=None, prog="python -m sparse_attn.eval"):
     if args.torch_threads is not None:
         torch.set_num_threads(args.torch_threads)
     meta = {k: v for k, v in vars(args).items()}
+    facts = machine.info()
 
     def on_prompt(results, length, length_done):
         if args.json:
             with open(args.json, "w") as f:
-                json.dump(dict(args=meta, results=results), f, indent=1)
+                json.dump(dict(command=command, machine=facts, args=meta, results=results), f,
+                          indent=1)
         if length_done:
             print(summarise(results, length), flush=True)
 

@@ -4,6 +4,7 @@ versions and how the C core was built."""
 import glob
 import os
 import platform
+import shlex
 import sys
 
 from ._ffi import ffi, lib
@@ -20,6 +21,29 @@ def cpu_model():
     except OSError:
         pass
     return platform.processor() or platform.machine()
+
+
+def cpu_id():
+    """Vendor, family, model and stepping from /proc/cpuinfo (x86), or the
+    implementer, variant and part (Arm); '' where it does not say.  A
+    virtual machine's model name is often generic ("Intel(R) Xeon(R)
+    Processor"): these numbers still tell the core generation."""
+    keys = ("vendor_id", "cpu family", "model", "stepping",
+            "cpu implementer", "cpu variant", "cpu part")
+    found = {}
+    try:
+        with open("/proc/cpuinfo") as f:
+            for line in f:
+                if not line.strip():
+                    break                   # the first CPU's entry is enough
+                key, _, value = line.partition(":")
+                key = key.strip().lower()
+                if key in keys and key not in found:
+                    found[key] = value.strip()
+    except OSError:
+        return ""
+    return " ".join(f"{k} {found[k]}" if k != "vendor_id" else found[k]
+                    for k in keys if k in found)
 
 
 def _size(text):
@@ -86,6 +110,16 @@ def versions():
     return out
 
 
+def command_line(command, argv):
+    """The shell line that reruns a benchmark: `command` (e.g. "sparse-attn
+    bench") and its arguments, after the environment variables that choose
+    the kernels and threads when they are set; kept in every --json file so
+    a table rendered from it names what produced it."""
+    env = [f"{name}={os.environ[name]}" for name in ("SPARSE_ATTN_ISA", "SPARSE_ATTN_NUM_THREADS")
+           if os.environ.get(name)]
+    return shlex.join(env + command.split() + [str(a) for a in argv])
+
+
 def info():
     """Everything `sparse-attn info` prints, as a dict."""
     from . import __file__ as package_file
@@ -96,5 +130,5 @@ def info():
         threads_env=os.environ.get("SPARSE_ATTN_NUM_THREADS"),
         usable_cores=len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity")
         else os.cpu_count(),
-        machine=platform.machine(), cpu=cpu_model(), caches=cpu_caches(), build=build_info(),
+        machine=platform.machine(), cpu=cpu_model(), cpu_id=cpu_id(), caches=cpu_caches(), build=build_info(),
         platform=platform.platform())

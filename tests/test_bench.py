@@ -22,7 +22,10 @@ def test_quick_bench_reports_the_needle_and_the_collapse(tmp_path):
                "--policies", "seed;fast", "--json", str(out)])
     assert "k=1: the importance reserve" in res.stdout
     d = json.loads(out.read_text())
-    assert {"machine", "args", "rows"} <= set(d)
+    assert {"command", "machine", "args", "rows"} <= set(d)
+    # the command that reruns it, which the docs' tables print above themselves
+    assert d["command"].endswith("sparse-attn bench --quick --no-baselines --policies "
+                                 f"'seed;fast' --json {out}")
     assert d["machine"]["floor"]["bandwidth_gbs"] > 0 and d["machine"]["isa"]
     floor = d["machine"]["floor"]
     assert floor["buffer_bytes"] >= 4 * floor["llc_bytes"] and floor["passes"] >= 5

@@ -185,13 +185,15 @@ def check_table_flags(ap, args):
 
 
 def main(argv=None, prog="python -m sparse_attn.bench"):
-    args = parse_args(sys.argv[1:] if argv is None else argv, prog)
+    argv = sys.argv[1:] if argv is None else list(argv)
+    args = parse_args(argv, prog)
+    command = machine.command_line("sparse-attn bench", argv)
     if args.mode == "model":
         from .model import main_model, plot_model
         rows = main_model(args)
         if args.json:
             with open(args.json, "w") as f:
-                json.dump(dict(machine=machine.info(), args={k: v for k, v in vars(args).items()
+                json.dump(dict(command=command, machine=machine.info(), args={k: v for k, v in vars(args).items()
                                                              if k != "configs"},
                                configs=[c["label"] for c in args.configs], rows=rows), f,
                           indent=1)
@@ -207,7 +209,7 @@ def main(argv=None, prog="python -m sparse_attn.bench"):
         results = run_kernels(args)
         if args.json:
             with open(args.json, "w") as f:
-                json.dump(dict(machine=info, kernels=results), f, indent=1)
+                json.dump(dict(command=command, machine=info, kernels=results), f, indent=1)
         return 0
     rows, notes, prefill_rows = [], [], []
     for length in args.lengths:
@@ -223,7 +225,8 @@ def main(argv=None, prog="python -m sparse_attn.bench"):
         print_prefill_table(prefill_rows, args)
     if args.json:
         with open(args.json, "w") as f:
-            json.dump(dict(machine=info, args={k: v for k, v in vars(args).items()}, rows=rows,
+            json.dump(dict(command=command, machine=info,
+                           args={k: v for k, v in vars(args).items()}, rows=rows,
                            prefill=prefill_rows, notes=notes,
                            below_floor=len(below_floor(rows))), f, indent=1)
         log(f"figures written to {args.json}")
