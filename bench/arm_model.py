@@ -1,0 +1,807 @@
+#!/usr/bin/env python3
+"""Predicted Arm (RK3588) bytes per cycle of today's dense q8 decode kernels,
+without the board: what the NEON kernels cost per KV byte and per cycle.
+
+    python bench/arm_model.py --json docs/results/arm-model.json   (~2 min)
+    python bench/arm_model.py --quick                              (one shape)
+
+What it does, all from the sources in csrc/ as they are now:
+
+1. Builds bench/arm_model_driver.c with the package's core and the kernel
+   files csrc/isa_list.h lists, with the flags the package is built with
+   (setuptools' CFLAGS/CCSHARED of this Python, then csrc/build_ffi.py's
+   compile_args(): -O3 -ffp-contract=off ...; the kernel files pick their
+   ISA with `#pragma GCC target`): statically for aarch64 with
+   aarch64-linux-gnu-gcc and, on an x86-64 host, for x86-64.
+2. Runs the aarch64 binary under qemu-aarch64 (-cpu cortex-a76) with a small
+   TCG plugin (bench/arm_model_plugin.c; Debian's qemu-user ships none) that
+   records every translation block executed inside marked windows: one whole
+   sa_dense_decode (1 thread, one KV head, 2061 tokens) -> instructions per
+   KV byte; one scores_q8 call and one accumulate_v_q8 call of 32 rows as
+   rows.c makes them (rows 32..63, with the next rows' prefetch hint); one
+   softmax_exp over the 2061 scores of one head.
+3. Expands each call's block sequence through llvm-objdump into its dynamic
+   instruction trace (the loop nest as executed for that G and D: every
+   loop's trip count, the per-4-token and per-call work, the prefetches) and
+   hands it to llvm-mca.  Cycles per call / 32 are cycles per token and KV
+   head; K and V bytes per token are D int8 plus a float32 scale per 32
+   values each.  Core models (MODELS below): Debian's llvm-16 maps both
+   cortex-a76 and neoverse-n1 to its Cortex-A57 tables, so the A76 stand-in
+   is LLVM 19's neoverse-n1 (a real N1 model; Debian 12 ships llvm-19) when
+   llvm-mca-19 is installed; llvm-16's neoverse-n1 (A57 tables) and
+   neoverse-n2 are reported beside it, cortex-a55 for the A55.
+4. Calibrates the method on this x86-64 host: the same trace + llvm-mca over
+   the AVX2 build (traced under qemu-x86_64 -cpu max) against the in-cache
+   single-thread time of the same kernel calls here (sa_set_isa("avx2"), as
+   SPARSE_ATTN_ISA=avx2), in cycles at the core clock measured by dependent
+   add and multiply chains (this VM has no perf cycle counter).
+   factor = measured bytes/cycle / predicted bytes/cycle.
+5. Predicts the RK3588 step of the article's case (Qwen3-VL-2B shape: 16 query
+   heads, 8 KV heads, D=128, q8, 2061 tokens, 28 layers, ~133 MB) on the four
+   A76 cores at 2.4 GHz and on one A55 at 1.8 GHz, against a memory floor of
+   10-14 GB/s (an assumption, not a measurement).
+
+Limits: llvm-mca assumes every load hits L1, perfect branch prediction and
+an ideal front end beyond its dispatch width; Neoverse N1 stands in for the
+A76; the x86 factor says how far the method is from the truth on an
+out-of-order x86 core, not on the A76 or the in-order A55.
+"""
+import argparse
+import bisect
+import collections
+import concurrent.futures as cf
+import importlib.util
+import json
+import math
+import os
+import platform
+import re
+import shutil
+import statistics
+import subprocess
+import sysconfig
+import tempfile
+import time
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parent.parent
+CSRC = REPO / "csrc"
+DRIVER = REPO / "bench" / "arm_model_driver.c"
+PLUGIN = REPO / "bench" / "arm_model_plugin.c"
+
+SHAPES = [(2, 64), (2, 128), (3, 64), (3, 128), (7, 64), (7, 128)]
+QUICK_SHAPES = [(2, 128)]
+GS = 32          # q8 group size (the package default)
+CALL = 32        # rows per kernel call (rows.c STRETCH)
+N_TRACE = 2061   # tokens of the traced decode (the article's case)
+N_TIME = 2048    # tokens of the in-cache timing (K+V+scales: 295-590 KB, in L2)
+
+ARM_ISAS = ["neon", "neon-dotprod"]
+QUICK_ARM_ISAS = ["neon-dotprod"]
+X86_ISA = "avx2"
+
+
+class Model:
+    """One llvm-mca core model: llvm major version, -mcpu, and what it stands for."""
+
+    def __init__(self, llvm, mcpu, arch, note):
+        self.llvm, self.mcpu, self.arch, self.note = llvm, mcpu, arch, note
+        self.key = f"{mcpu}@llvm-{llvm}"
+
+
+MODELS = [
+    Model(19, "neoverse-n1", "aarch64",
+          "Cortex-A76 stand-in: LLVM 19's Neoverse N1 model (N1 is the A76's server "
+          "derivative: same 4-wide decode, 2x128-bit ASIMD pipes)"),
+    Model(16, "neoverse-n1", "aarch64",
+          "llvm-16's neoverse-n1 is its Cortex-A57 model (as is its cortex-a76: "
+          "same cycles, dispatch width 3); kept to compare with earlier estimates made with it"),
+    Model(16, "neoverse-n2", "aarch64",
+          "Neoverse N2 (5-wide decode, 2x128-bit vector pipes): a wider core than the "
+          "A76, so an optimistic bound for it"),
+    Model(16, "cortex-a55", "aarch64", "Cortex-A55, in-order model"),
+    Model(19, "sapphirerapids", "x86_64",
+          "this host's core (Emerald Rapids = Raptor Cove, a Golden Cove derivative): "
+          "LLVM 19's Sapphire Rapids model"),
+    Model(16, "alderlake", "x86_64",
+          "llvm-16's Golden Cove (Alder Lake P-core) model: the host core's family"),
+    Model(16, "sapphirerapids", "x86_64",
+          "llvm-16's sapphirerapids is its Skylake-server model (SKX ports, slow "
+          "integer divide); reported to show why llvm-19's is used"),
+]
+QUICK_MODELS = ["neoverse-n1@llvm-16", "cortex-a55@llvm-16"]
+# the first installed of each list is the one the predictions use
+A76_MODELS = ["neoverse-n1@llvm-19", "neoverse-n1@llvm-16"]
+HOST_MODELS = ["sapphirerapids@llvm-19", "alderlake@llvm-16"]
+A55_MODEL = "cortex-a55@llvm-16"
+
+# The article's step (README): Qwen3-VL-2B's attention shape.
+STEP = {"model": "Qwen3-VL-2B", "tokens": 2061, "layers": 28, "q_heads": 16, "kv_heads": 8,
+        "head_dim": 128, "dtype": "q8", "group_size": GS}
+BOARD = {
+    "a76": {"cores": 4, "ghz": 2.4},
+    "a55": {"cores": 1, "ghz": 1.8},
+    "dram_GBps": [10.0, 14.0],
+    "dram_note": "assumption, not measured (no board here): ~10-14 GB/s usable for a "
+                 "streaming read from the four A76 cores (an assumption); for scale, "
+                 "the RK3588's 64-bit LPDDR4x-4224 interface peaks at "
+                 "~34 GB/s in theory",
+}
+ISA_ARCH = {"neon": "aarch64", "neon-dotprod": "aarch64", "avx2": "x86_64"}
+
+
+def kv_bytes_per_token(D):
+    """Bytes of K (or of V) one token of one KV head holds: D int8 + a float32
+    scale per group."""
+    return D + 4 * (D // GS)
+
+
+# --------------------------------------------------------------------- tools
+
+def tool(*names):
+    for n in names:
+        p = shutil.which(n)
+        if p:
+            return p
+    return None
+
+
+def tools():
+    return {
+        "mca16": tool("llvm-mca-16"),
+        "mca19": tool("llvm-mca-19"),
+        "objdump": tool("llvm-objdump-16"),
+        "nm": tool("llvm-nm-16"),
+        "arm_cc": tool(os.environ.get("ARM_CC", "aarch64-linux-gnu-gcc")),
+        "cc": tool(os.environ.get("CC", "gcc"), "cc"),
+        "qemu_arm": tool("qemu-aarch64"),
+        "qemu_x86": tool("qemu-x86_64"),
+    }
+
+
+def missing_tools(t, need_x86):
+    need = ["mca16", "objdump", "nm", "arm_cc", "cc", "qemu_arm"] + (["qemu_x86"] if need_x86 else [])
+    return [k for k in need if not t[k]]
+
+
+def llvm_version(exe):
+    out = subprocess.run([exe, "--version"], capture_output=True, text=True).stdout
+    m = re.search(r"LLVM version [^\s]+", out)
+    return f"{Path(exe).name}: {m.group(0)}" if m else Path(exe).name
+
+
+def first_line(cmd):
+    try:
+        out = subprocess.run(cmd, capture_output=True, text=True).stdout
+    except OSError:
+        return None
+    for line in out.splitlines():
+        if line.strip():
+            return line.strip()
+    return None
+
+
+# --------------------------------------------------------------------- build
+
+def package_build():
+    """(flags, {arch: [kernel files]}) as csrc/build_ffi.py builds the package:
+    setuptools' CFLAGS + CCSHARED of this Python, then compile_args()."""
+    spec = importlib.util.spec_from_file_location("_sa_build_ffi", CSRC / "build_ffi.py")
+    mod = importlib.util.module_from_spec(spec)
+    saved = os.environ.pop("SPARSE_ATTN_CFLAGS", None)  # the release flags, not a sanitizer run's
+    try:
+        spec.loader.exec_module(mod)
+        args = mod.compile_args()
+        isas = mod.isa_list()
+    finally:
+        if saved is not None:
+            os.environ["SPARSE_ATTN_CFLAGS"] = saved
+    setuptools = (sysconfig.get_config_var("CFLAGS") or "").split() + \
+                 (sysconfig.get_config_var("CCSHARED") or "").split()
+    files = {}
+    for arch in ("x86_64", "aarch64"):
+        want = {"x86_64": "X86_64", "aarch64": "AARCH64"}[arch]
+        files[arch] = [f for _, _, a, f in isas if a in ("ANY", want)]
+    return setuptools + args, files
+
+
+def build(arch, cc, flags, kernel_files, out_dir, pool):
+    """Objects in parallel, then one static executable; returns its path."""
+    out_dir.mkdir(parents=True, exist_ok=True)
+    srcs = sorted(CSRC.glob("*.c")) + [CSRC / f for f in kernel_files] + [DRIVER]
+
+    def compile_one(src):
+        obj = out_dir / (src.relative_to(REPO).as_posix().replace("/", "__") + ".o")
+        r = subprocess.run([cc, *flags, f"-I{CSRC}", "-c", str(src), "-o", str(obj)],
+                           capture_output=True, text=True)
+        if r.returncode:
+            raise RuntimeError(f"{cc} {src}: {r.stderr}")
+        return obj
+
+    objs = list(pool.map(compile_one, srcs))
+    exe = out_dir / f"arm_model_driver_{arch}"
+    r = subprocess.run([cc, "-static", *map(str, objs), "-o", str(exe), "-lm", "-pthread"],
+                       capture_output=True, text=True)
+    if r.returncode:
+        raise RuntimeError(f"link {exe}: {r.stderr}")
+    return exe
+
+
+def build_plugin(cc, out_dir):
+    so = out_dir / "arm_model_plugin.so"
+    subprocess.run([cc, "-shared", "-fPIC", "-O2", str(PLUGIN), "-o", str(so)], check=True)
+    return so
+
+
+# ------------------------------------------------------- binary: syms, code
+
+class Binary:
+    def __init__(self, exe, arch, t):
+        self.exe, self.arch = exe, arch
+        out = subprocess.run([t["nm"], "-n", "--defined-only", str(exe)], capture_output=True,
+                             text=True, check=True).stdout
+        syms = []
+        for line in out.splitlines():
+            parts = line.split()
+            if len(parts) == 3 and parts[1] in "tTwW":
+                syms.append((int(parts[0], 16), parts[2]))
+        syms.sort()
+        self.sym_addr = [a for a, _ in syms]
+        self.sym_name = [n for _, n in syms]
+        self.addr_of = {n: a for a, n in syms}
+        dis = subprocess.run([t["objdump"], "-d", "--no-show-raw-insn", str(exe)],
+                             capture_output=True, text=True, check=True).stdout
+        self.insn = {}
+        line_re = re.compile(r"^\s+([0-9a-f]+):\s+(.*)$")
+        for line in dis.splitlines():
+            m = line_re.match(line)
+            if m:
+                self.insn[int(m.group(1), 16)] = m.group(2)
+        self.addrs = sorted(self.insn)
+        self.index = {a: i for i, a in enumerate(self.addrs)}
+
+    def symbol(self, addr):
+        i = bisect.bisect_right(self.sym_addr, addr) - 1
+        return self.sym_name[i] if i >= 0 else "?"
+
+    def where(self, addr):
+        i = bisect.bisect_right(self.sym_addr, addr) - 1
+        return f"{self.sym_name[i]}+{addr - self.sym_addr[i]:#x}" if i >= 0 else hex(addr)
+
+    def mca_text(self, ins):
+        """One objdump instruction as llvm-mc input: branch and literal
+        targets become a local label, comments go."""
+        s = ins.replace("\t", " ")
+        if self.arch == "aarch64":
+            s = s.split("//")[0]
+        else:
+            s = s.split("#")[0]
+        s = re.sub(r"0x[0-9a-f]+ <[^>]*>", ".Ltarget", s)
+        return s.strip()
+
+    def expand(self, blocks):
+        """The instructions of a sequence of (vaddr, n_insns) blocks."""
+        out = []
+        for a, n in blocks:
+            i = self.index[a]
+            out.extend(self.mca_text(self.insn[self.addrs[j]]) for j in range(i, i + n))
+        return out
+
+
+DRIVER_FUNCS = re.compile(r"^(main|sa_model_begin|sa_model_end|drv_\w*)(\..*)?$")
+
+
+def run_trace(binary, t, plugin, isa, G, D, n, tmp):
+    arch = ISA_ARCH[isa]
+    qemu = t["qemu_arm"] if arch == "aarch64" else t["qemu_x86"]
+    cpu = "cortex-a76" if arch == "aarch64" else "max"
+    out = Path(tmp) / f"trace-{isa}-{G}-{D}.txt"
+    b, e = binary.addr_of["sa_model_begin"], binary.addr_of["sa_model_end"]
+    cmd = [qemu, "-cpu", cpu, "-plugin", f"{plugin},begin={b:#x},end={e:#x},out={out}",
+           str(binary.exe), "trace", isa, str(G), str(D), str(n)]
+    r = subprocess.run(cmd, capture_output=True, text=True)
+    if r.returncode:
+        raise RuntimeError(f"{' '.join(cmd)}: exit {r.returncode}: {r.stderr}")
+    info = json.loads(r.stdout.strip().splitlines()[-1])
+    if info["isa"] != isa:
+        raise RuntimeError(f"driver ran {info['isa']}, not {isa}")
+    windows = []
+    for line in out.read_text().splitlines():
+        if line.startswith("W "):
+            windows.append([])
+        else:
+            a, k = line.split()
+            windows[-1].append((int(a, 16), int(k)))
+    out.unlink()
+    if len(windows) != 4:
+        raise RuntimeError(f"expected 4 trace windows, got {len(windows)}")
+    # drop the driver's own code (the marker, the call's return into main)
+    return [[(a, k) for a, k in w if not DRIVER_FUNCS.match(binary.symbol(a))] for w in windows]
+
+
+def count_insns(binary, blocks):
+    per = collections.Counter()
+    for a, k in blocks:
+        per[binary.symbol(a)] += k
+    return per
+
+
+def hot_blocks(binary, blocks, top=3):
+    c, size = collections.Counter(), {}
+    for a, k in blocks:
+        c[a] += k
+        size[a] = k
+    total = sum(c.values())
+    return [{"at": binary.where(a), "insns": size[a], "runs": c[a] // size[a],
+             "share": round(c[a] / total, 3)} for a, _ in c.most_common(top)]
+
+
+# ---------------------------------------------------------------- llvm-mca
+
+MCA_TARGET_INSNS = 30000
+
+
+class Mca:
+    """llvm-mca runs on a pool, one per distinct (model, trace): softmax's
+    trace is the same for every shape."""
+
+    def __init__(self, t, pool):
+        self.t, self.pool, self.jobs = t, pool, {}
+
+    def submit(self, model, lines):
+        key = (model.key, hash(tuple(lines)))
+        if key not in self.jobs:
+            self.jobs[key] = self.pool.submit(self._run, model, lines)
+        return self.jobs[key]
+
+    def _run(self, model, lines):
+        exe = self.t[f"mca{model.llvm}"]
+        iters = max(2, min(100, math.ceil(MCA_TARGET_INSNS / max(1, len(lines)))))
+        triple = "aarch64-linux-gnu" if model.arch == "aarch64" else "x86_64-linux-gnu"
+        with tempfile.NamedTemporaryFile("w", suffix=".s", delete=False) as f:
+            f.write(".Ltarget:\n" + "\n".join(lines) + "\n")
+            path = f.name
+        try:
+            r = subprocess.run([exe, f"-mtriple={triple}", f"-mcpu={model.mcpu}",
+                                f"-iterations={iters}", "-instruction-info=false", path],
+                               capture_output=True, text=True)
+        finally:
+            os.unlink(path)
+        if r.returncode:
+            raise RuntimeError(f"{exe} -mcpu={model.mcpu}: {r.stderr[:2000]}")
+
+        def field(name):
+            m = re.search(rf"^{name}:\s+([0-9.]+)", r.stdout, re.M)
+            if not m:
+                raise RuntimeError(f"llvm-mca output lacks {name}")
+            return float(m.group(1))
+
+        it, ins, cyc = field("Iterations"), field("Instructions"), field("Total Cycles")
+        if ins != it * len(lines):
+            raise RuntimeError(f"llvm-mca read {ins / it} instructions of {len(lines)}")
+        return {"cycles": cyc / it, "bound": field("Block RThroughput"),
+                "ipc": len(lines) * it / cyc, "dispatch_width": field("Dispatch Width")}
+
+
+# ------------------------------------------------------------ per ISA/shape
+
+def analyse(binary, t, plugin, isa, shapes, models, pool, mca, tmp):
+    """qemu counts and llvm-mca cycles for one ISA over the shapes."""
+    traces = dict(zip(shapes, pool.map(
+        lambda s: run_trace(binary, t, plugin, isa, s[0], s[1], N_TRACE, tmp), shapes)))
+    counts, jobs = [], {}
+    for (G, D), w in traces.items():
+        decode, sc, v, sm = w
+        kinds = {}
+        for kind, win in (("scores", sc), ("v", v), ("softmax", sm)):
+            for name in count_insns(binary, win):
+                kinds.setdefault(name, kind)
+        per = collections.Counter()
+        for name, k in count_insns(binary, decode).items():
+            per[kinds.get(name, "other")] += k
+        total = sum(per.values())
+        kvb = 2 * kv_bytes_per_token(D) * N_TRACE
+        kernel = per["scores"] + per["v"] + per["softmax"]
+        counts.append({
+            "isa": isa, "G": G, "D": D, "tokens": N_TRACE, "kv_heads": 1, "kv_bytes": kvb,
+            "instructions": total,
+            "instructions_per_kv_byte": {k: round(per[k] / kvb, 4)
+                                         for k in ("scores", "softmax", "v", "other")}
+                                        | {"total": round(total / kvb, 4)},
+            "non_kernel_share": round(1 - kernel / total, 4),
+            "call_instructions": {"scores_q8_32_rows": sum(k for _, k in sc),
+                                  "accumulate_v_q8_32_rows": sum(k for _, k in v),
+                                  f"softmax_exp_{N_TRACE}": sum(k for _, k in sm)},
+            "hot_blocks": {"scores_q8": hot_blocks(binary, sc),
+                           "accumulate_v_q8": hot_blocks(binary, v)},
+        })
+        for kind, win in (("scores", sc), ("v", v), ("softmax", sm)):
+            lines = binary.expand(win)
+            for m in models:
+                jobs[(G, D, kind, m.key)] = mca.submit(m, lines)
+    ipb = {(c["G"], c["D"]): c["instructions_per_kv_byte"] for c in counts}
+    cycles = []
+    for m in models:
+        for (G, D) in shapes:
+            r = {k: jobs[(G, D, k, m.key)].result() for k in ("scores", "v", "softmax")}
+            # per token and KV head: a 32-row call's cycles / 32; softmax is
+            # one head's pass over N_TRACE scores, times G heads
+            cyc = {"scores": r["scores"]["cycles"] / CALL, "v": r["v"]["cycles"] / CALL,
+                   "softmax": G * r["softmax"]["cycles"] / N_TRACE}
+            bound = {"scores": r["scores"]["bound"] / CALL, "v": r["v"]["bound"] / CALL,
+                     "softmax": G * r["softmax"]["bound"] / N_TRACE}
+            cyc["scores_v"] = cyc["scores"] + cyc["v"]
+            cyc["total"] = cyc["scores_v"] + cyc["softmax"]
+            bound["total"] = bound["scores"] + bound["v"] + bound["softmax"]
+            kb = kv_bytes_per_token(D)
+            cycles.append({
+                "model": m.key, "mcpu": m.mcpu, "llvm": m.llvm, "isa": isa, "G": G, "D": D,
+                "cycles_per_token_kv_head": {k: round(x, 2) for k, x in cyc.items()},
+                "resource_bound_cycles_per_token_kv_head": {k: round(x, 2)
+                                                            for k, x in bound.items()},
+                "bytes_per_cycle": {"scores": round(kb / cyc["scores"], 4),
+                                    "v": round(kb / cyc["v"], 4),
+                                    "scores_v": round(2 * kb / cyc["scores_v"], 4),
+                                    "total": round(2 * kb / cyc["total"], 4)},
+                "ipc": {k: round(r[k]["ipc"], 2) for k in r},
+                "qemu_instructions_per_kv_byte": ipb[(G, D)],
+            })
+    return counts, cycles
+
+
+# ------------------------------------------------------------ x86 timing
+
+def measure_x86(exe, shapes, repeats, reps=150):
+    """In-cache single-thread ns per token of the avx2 kernel calls, several
+    driver runs per shape (interleaved), and the clock before, between and
+    after them."""
+    clocks = []
+
+    def clock():
+        r = subprocess.run([str(exe), "clock"], capture_output=True, text=True, check=True)
+        clocks.append(json.loads(r.stdout))
+
+    runs = collections.defaultdict(list)
+    clock()
+    for i in range(repeats):
+        for (G, D) in shapes:
+            r = subprocess.run([str(exe), "time", X86_ISA, str(G), str(D), str(N_TIME), str(reps)],
+                               capture_output=True, text=True, check=True)
+            out = json.loads(r.stdout)
+            if out["isa"] != X86_ISA:
+                raise RuntimeError(f"timing ran {out['isa']}, not {X86_ISA}")
+            runs[(G, D)].append(out)
+        if i == repeats // 2:
+            clock()
+    clock()
+    return runs, clocks
+
+
+def calibrate(x86_cycles, runs, clocks, host_model):
+    ghz_all = [c["ghz_add"] for c in clocks] + [c["ghz_imul"] for c in clocks]
+    ghz = statistics.median(ghz_all)
+    measured = []
+    for (G, D), rs in sorted(runs.items()):
+        meas = {k: [r[f"{k}_ns"] * ghz for r in rs] for k in ("scores", "v", "softmax")}
+        meas["total"] = [(r["scores_ns"] + r["v_ns"] + r["softmax_ns"]) * ghz for r in rs]
+        meas["sa_dense_decode"] = [r["decode_ns"] * ghz for r in rs]
+        kb = kv_bytes_per_token(D)
+        med = {k: statistics.median(v) for k, v in meas.items()}
+        measured.append({
+            "G": G, "D": D,
+            "cycles_per_token_kv_head": {k: [round(min(v), 2), round(med[k], 2), round(max(v), 2)]
+                                         for k, v in meas.items()},
+            "bytes_per_cycle": {"scores": round(kb / med["scores"], 4),
+                                "v": round(kb / med["v"], 4),
+                                "total": round(2 * kb / med["total"], 4),
+                                "total_range": [round(2 * kb / max(meas["total"]), 4),
+                                                round(2 * kb / min(meas["total"]), 4)],
+                                "sa_dense_decode": round(2 * kb / med["sa_dense_decode"], 4)},
+            "GBps_per_core": round(2 * kb / med["total"] * ghz, 2),
+            "_med": med, "_all": meas["total"],
+        })
+    per_model = {}
+    for c in x86_cycles:
+        per_model.setdefault(c["model"], {})[(c["G"], c["D"])] = c
+    factors = {}
+    for key, pred in per_model.items():
+        rows, tot = [], []
+        for m in measured:
+            p = pred[(m["G"], m["D"])]["cycles_per_token_kv_head"]
+            # measured / predicted bytes per cycle = predicted / measured cycles
+            f = {k: round(p[k] / m["_med"][k], 3) for k in ("scores", "v", "softmax", "total")}
+            f["total_range"] = [round(p["total"] / max(m["_all"]), 3),
+                                round(p["total"] / min(m["_all"]), 3)]
+            rows.append({"G": m["G"], "D": m["D"], "predicted_cycles_per_token_kv_head":
+                         {k: p[k] for k in ("scores", "v", "softmax", "total")},
+                         "predicted_bytes_per_cycle": pred[(m["G"], m["D"])]["bytes_per_cycle"]
+                         ["total"], "factor": f})
+            tot.append(f["total"])
+        factors[key] = {"shapes": rows, "total": {"min": min(tot), "median":
+                                                  round(statistics.median(tot), 3),
+                                                  "max": max(tot)}}
+    for m in measured:
+        del m["_med"], m["_all"]
+    return {
+        "isa": X86_ISA, "tokens": N_TIME, "host_model": host_model,
+        "clock_ghz": {"used": round(ghz, 4), "min": round(min(ghz_all), 4),
+                      "max": round(max(ghz_all), 4),
+                      "how": "dependent chains (16 register adds of 1 cycle, 8 imul of 3 "
+                             "cycles per loop), fastest of 400 short chunks each, run before, "
+                             "between and after the timings; perf stat has no cycle counter "
+                             "in this VM; /proc/cpuinfo says 2300 MHz (nominal)"},
+        "runs_per_shape": len(next(iter(runs.values()))),
+        "timing": "best of 150 passes over 2048 tokens per run (in L2), one thread; "
+                  "[min, median, max] over the runs",
+        "measured": measured,
+        "factors": factors,
+        "factor": factors.get(host_model, {}).get("total"),
+        "factor_note": "measured / predicted bytes per cycle of scores_q8 + softmax_exp + "
+                       "accumulate_v_q8 (median of the runs), per shape; 'factor' is the host "
+                       "model's min / median / max over the six shapes; < 1: llvm-mca is "
+                       "optimistic",
+    }
+
+
+# ------------------------------------------------------------ the step
+
+def predict_step(arm_cycles, arm_counts, calib, a76_model, a76_alts):
+    G = STEP["q_heads"] // STEP["kv_heads"]
+    D = STEP["head_dim"]
+    isa = "neon-dotprod"  # both RK3588 cores have FEAT_DotProd: the ISA the package picks
+    per_model = {c["model"]: c for c in arm_cycles
+                 if c["isa"] == isa and c["G"] == G and c["D"] == D}
+    cnt = next((c for c in arm_counts if c["isa"] == isa and c["G"] == G and c["D"] == D), None)
+    if not per_model or cnt is None:
+        return None
+    kvb = 2 * kv_bytes_per_token(D) * STEP["tokens"] * STEP["layers"] * STEP["kv_heads"]
+    floor = [kvb / (bw * 1e9) * 1e3 for bw in BOARD["dram_GBps"]]
+    # the rest of a dense decode (rows.c, attend.c, query quantisation,
+    # normalisation) taken at the kernels' cycles per instruction
+    overhead = 1 / (1 - cnt["non_kernel_share"])
+    f = calib["factor"] if calib else None
+
+    def core(key, cores, ghz):
+        c = per_model.get(key)
+        if c is None:
+            return None
+        cyc = c["cycles_per_token_kv_head"]["total"] * overhead
+        total = cyc * STEP["tokens"] * STEP["layers"] * STEP["kv_heads"]
+        ms = total / (cores * ghz * 1e9) * 1e3
+        out = {"model": key, "cores": cores, "ghz": ghz,
+               "cycles_per_token_kv_head": round(cyc, 2),
+               "bytes_per_cycle_per_core": round(2 * kv_bytes_per_token(D) / cyc, 4),
+               "model_ms": round(ms, 2),
+               "model_GBps": round(kvb / (ms * 1e-3) / 1e9, 2)}
+        if f:
+            # the model's time divided by the host's measured/predicted
+            # factor, over its range across the six shapes
+            out["calibrated_ms"] = [round(ms / f["max"], 2), round(ms / f["median"], 2),
+                                    round(ms / f["min"], 2)]
+        return out
+
+    a76, a55 = BOARD["a76"], BOARD["a55"]
+    res = {
+        "case": STEP | {"G": G, "isa": isa},
+        "kv_bytes": kvb,
+        "non_kernel_overhead_factor": round(overhead, 4),
+        "floor_ms": {"at_GBps": BOARD["dram_GBps"], "ms": [round(x, 2) for x in floor],
+                     "source": BOARD["dram_note"]},
+        "a76_x4": core(a76_model, a76["cores"], a76["ghz"]) if a76_model else None,
+        "a76_x4_other_models": {k: core(k, a76["cores"], a76["ghz"]) for k in a76_alts
+                                if k in per_model},
+        "a55_x1": core(A55_MODEL, a55["cores"], a55["ghz"]),
+        "calibration_applied": calib["host_model"] if calib else None,
+        "assumptions": [
+            "the four A76 cores split the 8 KV heads evenly and scale perfectly",
+            "compute and memory overlap fully: the step takes the larger of the two",
+            "code outside the three kernels runs at the kernels' cycles per instruction",
+            "the x86 calibration factor carries over to the Arm cores (unverified without "
+            "a board)",
+            "the DRAM range is assumed, not measured",
+        ],
+    }
+    a = res["a76_x4"]
+    if a:
+        # the DRAM bandwidth at which the cores' time equals the memory's:
+        # below it the step is memory-bound
+        t = a.get("calibrated_ms", [a["model_ms"]])
+        even = sorted(round(kvb / (x * 1e-3) / 1e9, 2) for x in t)
+        lo_bw, hi_bw = BOARD["dram_GBps"]
+        a["compute_GBps"] = [even[0], even[-1]]
+        res["a76_x4_bound"] = (
+            f"memory-bound over the whole {lo_bw:g}-{hi_bw:g} GB/s range (the cores keep up "
+            f"with {even[0]}-{even[-1]} GB/s)" if even[0] >= hi_bw else
+            f"compute-bound over the whole {lo_bw:g}-{hi_bw:g} GB/s range (the cores keep up "
+            f"with {even[0]}-{even[-1]} GB/s)" if even[-1] <= lo_bw else
+            f"memory-bound if the board streams less than {even[0]}-{even[-1]} GB/s (what "
+            f"the cores keep up with), compute-bound above")
+    return res
+
+
+# ------------------------------------------------------------ main
+
+def run(quick=False, json_path=None, repeats=5, keep=None):
+    t0 = time.time()
+    t = tools()
+    on_x86 = platform.machine() in ("x86_64", "AMD64")
+    do_x86 = on_x86 and not quick
+    miss = missing_tools(t, do_x86)
+    if miss:
+        raise SystemExit(f"arm_model: missing tools: {', '.join(miss)} (apt-get install llvm-16 "
+                         "gcc-aarch64-linux-gnu libc6-dev-arm64-cross qemu-user)")
+    shapes = QUICK_SHAPES if quick else SHAPES
+    isas = QUICK_ARM_ISAS if quick else ARM_ISAS
+    wanted = [m for m in MODELS if (m.key in QUICK_MODELS if quick else True)]
+    models = [m for m in wanted if t[f"mca{m.llvm}"]]
+    skipped = [f"{m.key} (llvm-mca-{m.llvm} not installed)" for m in wanted if m not in models]
+    arm_models = [m for m in models if m.arch == "aarch64"]
+    x86_models = [m for m in models if m.arch == "x86_64"]
+    keys = [m.key for m in models]
+    a76_model = next((k for k in A76_MODELS if k in keys), None)
+    host_model = next((k for k in HOST_MODELS if k in keys), None)
+    flags, files = package_build()
+    workers = os.cpu_count() or 2
+    build_root = Path(keep) if keep else Path(tempfile.mkdtemp(prefix="arm-model-"))
+    try:
+        with cf.ThreadPoolExecutor(workers) as pool:
+            mca = Mca(t, pool)
+            arm_exe = build("aarch64", t["arm_cc"], flags, files["aarch64"],
+                            build_root / "aarch64", pool)
+            x86_exe = build("x86_64", t["cc"], flags, files["x86_64"], build_root / "x86_64",
+                            pool) if do_x86 else None
+            plugin = build_plugin(t["cc"], build_root)
+            arm_bin = Binary(arm_exe, "aarch64", t)
+            counts, cycles = [], []
+            for isa in isas:
+                c, y = analyse(arm_bin, t, plugin, isa, shapes, arm_models, pool, mca, build_root)
+                counts += c
+                cycles += y
+            x86 = None
+            if do_x86:
+                xb = Binary(x86_exe, "x86_64", t)
+                xc, xy = analyse(xb, t, plugin, X86_ISA, shapes, x86_models, pool, mca,
+                                 build_root)
+                x86 = {"counts": xc, "cycles": xy}
+        calib = None
+        if do_x86:
+            runs, clocks = measure_x86(x86_exe, shapes, repeats)
+            calib = calibrate(x86["cycles"], runs, clocks, host_model)
+            calib["qemu_instruction_counts"] = x86["counts"]
+            calib["llvm_mca"] = x86["cycles"]
+    finally:
+        if not keep:
+            shutil.rmtree(build_root, ignore_errors=True)
+
+    cmd = "python bench/arm_model.py" + (" --quick" if quick else "") + \
+          (f" --json {os.path.relpath(json_path, REPO)}" if json_path else "")
+    cpuinfo = Path("/proc/cpuinfo").read_text() if Path("/proc/cpuinfo").exists() else ""
+    name = re.search(r"^model name\s*:\s*(.*)$", cpuinfo, re.M)
+    fam = re.search(r"^cpu family\s*:\s*(\d+)", cpuinfo, re.M)
+    mod = re.search(r"^model\s*:\s*(\d+)", cpuinfo, re.M)
+    result = {
+        "command": cmd,
+        "machine": {
+            "host": f"{name.group(1) if name else platform.processor()} (family "
+                    f"{fam.group(1) if fam else '?'}, model {mod.group(1) if mod else '?'}), "
+                    f"{os.cpu_count()} CPUs, {platform.machine()}",
+            "llvm_mca": [llvm_version(t[k]) for k in ("mca16", "mca19") if t[k]],
+            "models": {m.key: m.note for m in models},
+            "models_skipped": skipped,
+            "a76_model": a76_model, "a55_model": A55_MODEL if A55_MODEL in keys else None,
+            "host_model": host_model if do_x86 else None,
+            "arm_cc": first_line([t["arm_cc"], "--version"]),
+            "cc": first_line([t["cc"], "--version"]),
+            "qemu": first_line([t["qemu_arm"], "--version"]),
+            "compile_flags": flags,
+        },
+        "method": {
+            "trace": "qemu-user TCG plugin bench/arm_model_plugin.c (Debian's qemu-user ships no "
+                     "plugins): translation blocks executed inside marker windows, expanded "
+                     "through llvm-objdump into the dynamic instruction trace of one call",
+            "cycles": "llvm-mca over the whole trace of one call (scores_q8 / accumulate_v_q8 "
+                      "of 32 rows as rows.c makes them, softmax_exp over the scores of one "
+                      f"head, {N_TRACE} tokens); per token and KV head = call cycles / 32 "
+                      "(softmax: / tokens x G); resource_bound = llvm-mca's Block RThroughput "
+                      "on the same scale",
+            "bytes": "per token and KV head: K = D int8 + 4 bytes per 32 values, V the same",
+            "instructions": f"exact guest instruction count of one sa_dense_decode (1 thread, "
+                            f"1 KV head, {N_TRACE} tokens, after a warm-up call), split by the "
+                            "functions each traced kernel call ran; qemu -cpu cortex-a76 for "
+                            "both Arm ISAs",
+            "calibration": "the same trace + llvm-mca over the AVX2 build (traced under "
+                           "qemu-x86_64 -cpu max) against this host's in-cache single-thread "
+                           "time of the same calls",
+            "limits": [
+                "llvm-mca: every load hits L1, branches are predicted perfectly, no "
+                "instruction-fetch or decode limits beyond the model's dispatch width",
+                "Neoverse N1 is a stand-in for the A76 (close relatives, not the same "
+                "core); N2 is wider than the A76 (optimistic); llvm-16's neoverse-n1 and "
+                "cortex-a76 are Cortex-A57 tables (pessimistic)",
+                "the calibration is measured on an out-of-order x86 core against LLVM's "
+                "model of it; nothing checks the Arm models against Arm silicon",
+                "one call of 32 rows (rows 32..63) stands for every call; the step's first "
+                "and last calls and the short tail are not modelled separately",
+                "the step assumes perfect scaling over 4 cores and full overlap of compute "
+                "and memory; the DRAM bandwidth range is an assumption",
+            ],
+        },
+        "qemu_instruction_counts": counts,
+        "llvm_mca": cycles,
+        "calibration_x86": calib,
+        "predicted_step": predict_step(cycles, counts, calib, a76_model,
+                                       [k for k in keys if k != a76_model and
+                                        k.split("@")[0] in ("neoverse-n1", "neoverse-n2")]),
+        "seconds": round(time.time() - t0, 1),
+    }
+    if json_path:
+        Path(json_path).parent.mkdir(parents=True, exist_ok=True)
+        Path(json_path).write_text(json.dumps(result, indent=1) + "\n")
+    return result
+
+
+def print_summary(r):
+    print(f"arm_model: {r['machine']['host']}; {', '.join(r['machine']['llvm_mca'])}")
+    print("\nllvm-mca, cycles per token and KV head (scores / V / softmax), KV bytes per cycle:")
+    print(f"  {'model':22s} {'isa':13s} {'G':>2s} {'D':>4s} {'scores':>7s} {'V':>7s} "
+          f"{'softmax':>7s} {'B/cyc':>6s} {'bound':>7s}")
+    for c in r["llvm_mca"] + ((r["calibration_x86"] or {}).get("llvm_mca") or []):
+        y = c["cycles_per_token_kv_head"]
+        print(f"  {c['model']:22s} {c['isa']:13s} {c['G']:2d} {c['D']:4d} {y['scores']:7.1f} "
+              f"{y['v']:7.1f} {y['softmax']:7.1f} {c['bytes_per_cycle']['total']:6.3f} "
+              f"{c['resource_bound_cycles_per_token_kv_head']['total']:7.1f}")
+    print("\nqemu, instructions per KV byte (scores / V / softmax / other = total):")
+    for c in r["qemu_instruction_counts"] + ((r["calibration_x86"] or {})
+                                             .get("qemu_instruction_counts") or []):
+        i = c["instructions_per_kv_byte"]
+        print(f"  {c['isa']:13s} G={c['G']} D={c['D']:3d}  {i['scores']:.3f} / {i['v']:.3f} / "
+              f"{i['softmax']:.3f} / {i['other']:.3f} = {i['total']:.3f}")
+    cal = r["calibration_x86"]
+    if cal:
+        print(f"\ncalibration ({cal['isa']}, clock {cal['clock_ghz']['used']} GHz "
+              f"[{cal['clock_ghz']['min']}-{cal['clock_ghz']['max']}]): measured B/cyc "
+              "[range], then measured/predicted per model")
+        for i, m in enumerate(cal["measured"]):
+            fs = "  ".join(f"{k}: {v['shapes'][i]['factor']['total']}"
+                           for k, v in cal["factors"].items())
+            b = m["bytes_per_cycle"]
+            print(f"  G={m['G']} D={m['D']:3d}  {b['total']:.3f} [{b['total_range'][0]:.3f}-"
+                  f"{b['total_range'][1]:.3f}]  {fs}")
+        f = cal["factor"]
+        if f:
+            print(f"  factor ({cal['host_model']}): {f['min']} .. {f['max']} (median {f['median']})")
+    p = r["predicted_step"]
+    if p:
+        print(f"\nRK3588 step ({p['case']['model']}, {p['case']['tokens']} tokens, "
+              f"{p['case']['layers']} layers, {p['kv_bytes'] / 1e6:.0f} MB, {p['case']['isa']}): "
+              f"floor {p['floor_ms']['ms'][1]}-{p['floor_ms']['ms'][0]} ms at "
+              f"{p['floor_ms']['at_GBps'][0]:g}-{p['floor_ms']['at_GBps'][1]:g} GB/s (assumed)")
+        rows = [("4x A76", p["a76_x4"])] + \
+               [(f"4x A76 as {k}", v) for k, v in p["a76_x4_other_models"].items()] + \
+               [("1x A55", p["a55_x1"])]
+        for label, c in rows:
+            if c:
+                cal_ms = c.get("calibrated_ms")
+                print(f"  {label:34s} {c['model']:22s} {c['bytes_per_cycle_per_core']:.3f} "
+                      f"B/cyc/core, model {c['model_ms']} ms" +
+                      (f", calibrated {cal_ms[0]}-{cal_ms[2]} ms" if cal_ms else ""))
+        if "a76_x4_bound" in p:
+            print(f"  four A76: {p['a76_x4_bound']}")
+    print(f"\n({r['seconds']} s)")
+
+
+def main(argv=None):
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--json", help="write the results here (e.g. docs/results/arm-model.json)")
+    ap.add_argument("--quick", action="store_true",
+                    help="one shape (G=2, D=128), neon-dotprod, llvm-16's neoverse-n1 and "
+                         "cortex-a55, no x86 calibration")
+    ap.add_argument("--repeats", type=int, default=5, help="x86 timing runs per shape")
+    ap.add_argument("--keep", help="build here and keep it (default: a temporary directory)")
+    a = ap.parse_args(argv)
+    r = run(quick=a.quick, json_path=a.json, repeats=a.repeats, keep=a.keep)
+    print_summary(r)
+
+
+if __name__ == "__main__":
+    main()
