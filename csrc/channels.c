@@ -86,7 +86,7 @@ static void block_copy(const sa_kv *k, int kh, int i0, int r0, int r1, const sa_
     }
     for (int j = 0; j < m; j++) {
         const float d = amax[j] / 127.0f;
-        id[j] = d != 0.0f ? 1.0f / d : 0.0f;
+        id[j] = sa_q8_inverse(d);
         c->scales[((ptrdiff_t)kh * D + i0 + j) * c->head_stride + blk] = d;
     }
     for (int t0 = 0; t0 < n; t0 += COPY_ROWS) {

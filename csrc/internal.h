@@ -2,6 +2,8 @@
 #ifndef SA_INTERNAL_H
 #define SA_INTERNAL_H
 
+#include <math.h>
+
 #include "kernels.h"
 #include "sparse_attn.h"
 
@@ -57,6 +59,16 @@ static inline int8_t sa_round_q8(float v)
     const int t = (int)v;
     const float f = v - (float)t;
     return (int8_t)(t + (f >= 0.5f) - (f <= -0.5f));
+}
+
+/* The id of a q8 group (spec §4) from its scale d = amax / 127: 1 / d, or
+ * 0 when that is not finite: d = 0 (an all-zero group), and d below
+ * 1 / FLT_MAX (amax below about 3.7e-37), where x * Inf would make the
+ * group's zeros 0 * Inf = NaN, which sa_round_q8 clamps to -127. */
+static inline float sa_q8_inverse(float d)
+{
+    const float id = d != 0.0f ? 1.0f / d : 0.0f;
+    return isfinite(id) ? id : 0.0f;
 }
 
 /* Row pointers into a KV tensor. */

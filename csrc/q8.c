@@ -76,8 +76,8 @@ void sa_quantize_row(const float *x, int dim, int gs, int8_t *q, float *scales)
     for (int g = 0, i0 = 0; i0 < dim; g++, i0 += gs) {
         const float amax = abs_max(x + i0, gs);
         const float d = amax / 127.0f;
-        const float id = d != 0.0f ? 1.0f / d : 0.0f;
-        round_group(x + i0, id, gs, q + i0); /* x * id can land a hair above 127 */
+        /* x * id can land a hair above 127 */
+        round_group(x + i0, sa_q8_inverse(d), gs, q + i0);
         scales[g] = d;
     }
 }

@@ -14,7 +14,7 @@ from ._operands import importance_array, kv_operand, query, scale_value
 from .attention import dense_call, metadata_structs, prefill_call, sparse_call
 from .metadata import (BlockBounds, ChannelCopy, ProbeRows, bounds_struct, channels_struct,
                        default_scale_group, empty_bounds, empty_channels, empty_probe_rows,
-                       probe_rows_struct)
+                       frozen_copy, probe_geometry, probe_rows_struct)
 from .q8 import Q8
 from .selection import CACHE_POLICY, n_probe_value, selection
 
@@ -206,12 +206,19 @@ class KVCache:
     :meth:`add_importance`, :meth:`truncate` and :meth:`reset` take the
     cache's lock exclusively, so a decode sees the cache either before or
     after an append, never half of one.  Each call reads the cache's state
-    once.  The views ``k``, ``v``, ``importance``, ``bounds`` and
-    ``probe_rows`` are snapshots of the rows valid when they were taken:
-    later appends never rewrite them, but :meth:`truncate` followed by an
-    append does.  K, V, the key bounds and the copies of one capacity share
-    one allocation (for transparent huge pages), so a view of any of them
-    taken before the cache grew keeps all of that capacity's memory.
+    once.
+
+    ``importance``, ``bounds``, ``channels`` and ``probe_rows`` are copies,
+    made when read: snapshots of the cache at that moment that nothing the
+    cache does later changes (the bounds and channel copy of a partial last
+    block are rewritten in place by the next append into it).  ``k`` and
+    ``v`` are views of the cache's memory (no copy: a model reads them every
+    step): an append never rewrites their rows, but :meth:`truncate`
+    followed by an append does, from the truncation point on; copy them to
+    keep them across a truncation.  K, V, the key bounds and the copies of
+    one capacity share one allocation (for transparent huge pages), so a
+    view of K or V taken before the cache grew keeps all of that capacity's
+    memory.
 
     An append that fails (bad values, no memory to grow) changes nothing.
 
@@ -380,54 +387,78 @@ class KVCache:
 
     @property
     def k(self):
-        """The valid keys, ``[n_kv_heads, seq_len, head_dim]`` (a view)."""
+        """The valid keys, ``[n_kv_heads, seq_len, head_dim]`` (a view: see
+        the class docstring on truncation)."""
         buf, n = self._buf, self._n
         return self._view(buf.k, n)
 
     @property
     def v(self):
-        """The valid values, ``[n_kv_heads, seq_len, head_dim]`` (a view)."""
+        """The valid values, ``[n_kv_heads, seq_len, head_dim]`` (a view: see
+        the class docstring on truncation)."""
         buf, n = self._buf, self._n
         return self._view(buf.v, n)
 
+    # The properties below copy under the read lock: an append, prefill or
+    # truncate running in another thread writes these arrays in place.
+
     @property
     def importance(self):
-        """float32 ``[seq_len]``: the importance recorded so far (a view)."""
-        buf, n = self._buf, self._n
-        return buf.importance[:n]
+        """float32 ``[seq_len]``: the importance recorded so far (a copy)."""
+        self._lock.acquire_read()
+        try:
+            return self._buf.importance[:self._n].copy()
+        finally:
+            self._lock.release_read()
 
     @property
     def bounds(self):
         """The per-block key bounds of the valid rows (:class:`BlockBounds`,
-        views), kept up to date by :meth:`append`, for ``scoring="minmax"``."""
-        buf, n = self._buf, self._n
-        nb = -(-n // self.block_size)
-        mn, mx, sc = (a[:, :nb] for a in buf.bounds)
-        return BlockBounds._wrap(mn, mx, sc, self.block_size, self._scale_group, n,
-                                 buf.bounds[0].shape[1])
+        a copy), kept up to date by :meth:`append`, for ``scoring="minmax"``."""
+        self._lock.acquire_read()
+        try:
+            buf, n = self._buf, self._n
+            nb = -(-n // self.block_size)
+            mn, mx, sc = (frozen_copy(a[:, :nb]) for a in buf.bounds)
+        finally:
+            self._lock.release_read()
+        return BlockBounds._wrap(mn, mx, sc, self.block_size, self._scale_group, n, nb)
 
     @property
     def channels(self):
         """The channel-major copy of the valid rows (:class:`ChannelCopy`,
-        views) for ``scoring="channels"``, kept up to date by :meth:`append`,
-        or None without ``copy_channels=True``."""
-        buf, n = self._buf, self._n
-        if buf.channels is None:
-            return None
-        nb = -(-n // self.block_size)
-        return ChannelCopy._wrap(buf.channels[0][:, :, :nb], buf.channels[1][:, :, :nb],
-                                 self.block_size, n)
+        copied from the one :meth:`append` keeps up to date) for
+        ``scoring="channels"``, or None without ``copy_channels=True``."""
+        self._lock.acquire_read()
+        try:
+            buf, n = self._buf, self._n
+            if buf.channels is None:
+                return None
+            nb = -(-n // self.block_size)
+            data, scales = (frozen_copy(a[:, :, :nb]) for a in buf.channels)
+        finally:
+            self._lock.release_read()
+        return ChannelCopy._wrap(data, scales, self.block_size, n)
 
     @property
     def probe_rows(self):
-        """The copies of the probe's rows (:class:`ProbeRows`, current for
-        the valid rows), or None with ``copy_probe_rows=False``."""
-        buf, n = self._buf, self._n
-        if buf.probe is None:
-            return None
-        rows = buf.probe if not isinstance(buf.probe, tuple) else \
-            Q8._wrap(*buf.probe, self.group_size)
-        return ProbeRows(rows, self.block_size, self.n_probe, n)
+        """The copies of the probe's rows (:class:`ProbeRows`, a copy of
+        those of the valid rows' full blocks), or None with
+        ``copy_probe_rows=False``."""
+        self._lock.acquire_read()
+        try:
+            buf, n = self._buf, self._n
+            if buf.probe is None:
+                return None
+            # the full blocks' copies (what a decode reads), at least one
+            # block's: an operand has rows
+            cnt, _ = probe_geometry(self.block_size, self.n_probe)
+            r = max(n // self.block_size, 1) * cnt
+            arrays = [frozen_copy(a[:, :r]) for a in _arrays(buf.probe)]
+        finally:
+            self._lock.release_read()
+        rows = Q8._wrap(*arrays, self.group_size) if len(arrays) == 2 else arrays[0]
+        return ProbeRows._wrap(rows, self.block_size, self.n_probe, n)
 
     @property
     def nbytes(self):
@@ -515,7 +546,9 @@ class KVCache:
 
     def add_importance(self, importance):
         """Add per-token importance (float32 ``[m <= seq_len]``, any strides,
-        finite) to the record."""
+        finite) to the record.  An add after which an entry would overflow
+        float32 is refused and changes nothing: the record stays finite, as
+        every decode that reads it requires (spec §3)."""
         importance = ck.as_array("importance", importance, dtype=np.float32, ndim=1,
                                  allow_empty=True)
         if not np.isfinite(importance).all():
@@ -526,7 +559,16 @@ class KVCache:
             if m > self._n:
                 raise ArgumentError(f"importance has {m} entries, more than the cache's "
                                     f"seq_len ({self._n})")
-            self._buf.importance[:m] += importance
+            record = self._buf.importance[:m]
+            with np.errstate(over="ignore"):
+                total = record + importance
+            if not np.isfinite(total).all():
+                at = int(np.argmin(np.isfinite(total)))
+                raise ArgumentError(
+                    f"importance would overflow the recorded importance at token {at} "
+                    f"({record[at]:.4g} + {importance[at]:.4g} is beyond float32); the "
+                    f"record is unchanged")
+            record[:] = total
             self._has_importance = self._has_importance or bool(importance.any())
         finally:
             self._lock.release_write()

@@ -1,9 +1,13 @@
 """What a selection reads beside K: the per-block key bounds of
-``scoring="minmax"`` and the copies of the rows the probe samples.
+``scoring="minmax"``, the copies of the rows the probe samples and the
+channel-major copy of ``scoring="channels"``.
 
-Both are immutable here, checked when made (so a hand-built one that does not
-fit never reaches C) and checked against each call they serve.  A
-:class:`~sparse_attn.KVCache` keeps its own up to date as tokens are appended.
+Each is immutable and owns its arrays: the functions here make them, and a
+hand-built one copies the caller's arrays and checks the copies when made
+(so one that does not fit never reaches C, and nothing the caller writes
+afterwards does).  Each is checked against every call it serves.  A
+:class:`~sparse_attn.KVCache` keeps its own up to date as tokens are
+appended, and hands out copies.
 """
 import numpy as np
 
@@ -12,7 +16,7 @@ from . import _ffi
 from ._checks import ArgumentError, ArgumentTypeError
 from ._ffi import ffi, lib
 from ._operands import check_seq_len, kv_operand
-from .q8 import Q8, _read_only
+from .q8 import _SCALE_LIMIT, Q8, _read_only
 
 
 def probe_geometry(block_size, n_probe):
@@ -28,6 +32,29 @@ def default_scale_group(kv_group_size, head_dim):
     if kv_group_size is not None:
         return kv_group_size
     return 32 if head_dim % 32 == 0 else head_dim
+
+
+def frozen_copy(a):
+    """A C-contiguous copy of `a` that nothing can write: its memory is a
+    bytes object, so its read-only flag cannot be lifted (it can on a
+    read-only view of a writable array, and that array's owner writes it
+    anyway)."""
+    return np.frombuffer(a.tobytes(), a.dtype).reshape(a.shape)
+
+
+def _check_scales(name, scales):
+    """The scales of bounds or of a channel copy, as this package makes
+    them: finite, not negative, and (as Q8 requires) times 127 below the
+    value limit, where scores could overflow float32."""
+    if not np.isfinite(scales).all():
+        raise ArgumentError(f"{name} holds NaN or Inf values")
+    if scales.size and scales.min() < 0:
+        raise ArgumentError(f"{name} holds negative scales ({scales.min():.4g}); a scale is "
+                            f"a largest magnitude / 127")
+    if scales.size and scales.max() >= _SCALE_LIMIT:
+        raise ArgumentError(
+            f"{name} holds scales of {_SCALE_LIMIT:.4g} or more: values would reach "
+            f"2**{_ffi.VALUE_LIMIT_LOG2}, where scores can overflow float32")
 
 
 def _rows_layout(name, a, dtype):
@@ -47,6 +74,9 @@ def _rows_layout(name, a, dtype):
 
 class BlockBounds:
     """Per-block, per-channel key bounds for ``scoring="minmax"`` (spec §6).
+
+    Made from the caller's arrays, it keeps copies of them (checked once:
+    finite scales, not negative, below ``2**48 / 127``).
 
     For block ``b`` of KV head ``kh`` and channel ``i``:
     ``scales[kh, b, i // scale_group] * mn[kh, b, i] <= K[kh, t, i] <=
@@ -85,9 +115,11 @@ class BlockBounds:
         if -(-k_rows // block_size) > nb:
             raise ArgumentError(f"bounds hold {nb} blocks, fewer than the "
                                 f"{-(-k_rows // block_size)} of k_rows {k_rows}")
-        if not np.isfinite(scales).all():
-            raise ArgumentError("bounds.scales holds NaN or Inf values")
-        self._init(mn, mx, scales, block_size, scale_group, k_rows, stride)
+        # the copies are checked, so what the caller writes into its arrays
+        # later (or meanwhile, from another thread) never reaches C
+        mn, mx, scales = frozen_copy(mn), frozen_copy(mx), frozen_copy(scales)
+        _check_scales("bounds.scales", scales)
+        self._init(mn, mx, scales, block_size, scale_group, k_rows, nb)
 
     def _init(self, mn, mx, scales, block_size, scale_group, k_rows, stride):
         for name, value in (("_mn", _read_only(mn)), ("_mx", _read_only(mx)),
@@ -98,7 +130,8 @@ class BlockBounds:
 
     @classmethod
     def _wrap(cls, mn, mx, scales, block_size, scale_group, k_rows, stride):
-        """Bounds this package computed (block_bounds, KVCache views)."""
+        """Bounds over arrays this package computed and no one else holds
+        (block_bounds, KVCache snapshots)."""
         self = cls.__new__(cls)
         self._init(mn, mx, scales, block_size, scale_group, k_rows, stride)
         return self
@@ -213,7 +246,9 @@ class ProbeRows:
     between).  The copies are byte copies, so scores, selections and outputs
     are bitwise those computed from K.  They cost ``cnt / block_size`` of
     K's memory (a quarter with the defaults).  The last, partial block of a
-    context is probed from K.
+    context is probed from K.  Made from the caller's rows, it keeps a copy
+    of them (checked once: finite float32 values below ``2**48``, or a
+    valid Q8).
 
     Attributes (read-only)
     ----------------------
@@ -232,16 +267,28 @@ class ProbeRows:
         if not isinstance(rows, (np.ndarray, Q8)):
             raise ArgumentTypeError(f"probe_rows.rows must be a float32 numpy.ndarray or a "
                                     f"Q8, got {type(rows).__name__}")
-        if isinstance(rows, np.ndarray):
-            rows = _read_only(rows)
         op = kv_operand("probe_rows.rows", rows)
         cnt, _ = probe_geometry(block_size, n_probe)
         if k_rows // block_size * cnt > op.rows:
             raise ArgumentError(f"probe_rows hold {op.rows} rows, fewer than the "
                                 f"{k_rows // block_size * cnt} copies of k_rows {k_rows}")
+        self._init(_owned_rows(rows), block_size, n_probe, k_rows)
+
+    def _init(self, rows, block_size, n_probe, k_rows):
+        if isinstance(rows, np.ndarray):
+            rows = _read_only(rows)
+        op = kv_operand("probe_rows.rows", rows)
         for name, value in (("_rows", rows), ("_op", op), ("_block_size", block_size),
                             ("_n_probe", n_probe), ("_k_rows", k_rows), ("_struct", None)):
             object.__setattr__(self, name, value)
+
+    @classmethod
+    def _wrap(cls, rows, block_size, n_probe, k_rows):
+        """Copies this package made and no one else holds (probe_rows,
+        KVCache snapshots): a float32 array or a Q8."""
+        self = cls.__new__(cls)
+        self._init(rows, block_size, n_probe, k_rows)
+        return self
 
     def __setattr__(self, name, value):
         raise AttributeError(f"ProbeRows is immutable (cannot set {name!r})")
@@ -284,6 +331,20 @@ class ProbeRows:
     def __repr__(self):
         return (f"ProbeRows(rows={tuple(self._rows.shape)}, block_size={self._block_size}, "
                 f"n_probe={self._n_probe}, k_rows={self._k_rows})")
+
+
+def _owned_rows(rows):
+    """A checked copy of the caller's probe rows (float32 [Hkv, R, D] or Q8)."""
+    if isinstance(rows, Q8):
+        try:
+            return Q8(frozen_copy(rows.data), frozen_copy(rows.scales), rows.group_size)
+        except ArgumentError as e:
+            raise ArgumentError(f"probe_rows.rows: {e}") from None
+    rows = frozen_copy(rows)
+    if not (np.isfinite(rows).all() and np.abs(rows).max() < 2.0 ** _ffi.VALUE_LIMIT_LOG2):
+        raise ArgumentError(f"probe_rows.rows holds NaN or Inf values, or magnitudes of "
+                            f"2**{_ffi.VALUE_LIMIT_LOG2} or more")
+    return rows
 
 
 def empty_probe_rows(n_kv_heads, capacity, head_dim, dtype, group_size, block_size, n_probe,
@@ -341,7 +402,7 @@ def probe_rows(k, *, block_size=32, n_probe=8, seq_len=None):
     st = probe_rows_struct(arrays, kop.group_size, block_size, n_probe, 0)
     _ffi.check(lib.sa_probe_rows_update(kop.struct, 0, seq_len, st), "probe_rows")
     rows = Q8._wrap(*arrays, kop.group_size) if isinstance(arrays, tuple) else arrays
-    return ProbeRows(rows, block_size, n_probe, seq_len)
+    return ProbeRows._wrap(rows, block_size, n_probe, seq_len)
 
 
 # --------------------------------------------------------------------------- channel copy
@@ -381,7 +442,9 @@ class ChannelCopy:
     block's valid rows ``t``.  A channel's blocks are adjacent, so a score
     over r of D channels reads r rows of the copy front to back, r/D of
     it.  ``block_rows`` is ``block_size``, or the rows there are for a copy
-    of fewer rows than one block.
+    of fewer rows than one block.  Made from the caller's arrays, it keeps
+    copies of them (checked once: finite scales, not negative, below
+    ``2**48 / 127``).
 
     Attributes (read-only)
     ----------------------
@@ -408,9 +471,9 @@ class ChannelCopy:
         if rows < min(block_size, k_rows) or (nb > 1 and rows < block_size):
             raise ArgumentError(f"the channel copy keeps {rows} rows per block, fewer than "
                                 f"its block_size {block_size}")
-        if not np.isfinite(scales).all():
-            raise ArgumentError("channels.scales holds NaN or Inf values")
-        self._init(np.ascontiguousarray(data), np.ascontiguousarray(scales), block_size, k_rows)
+        data, scales = frozen_copy(data), frozen_copy(scales)
+        _check_scales("channels.scales", scales)
+        self._init(data, scales, block_size, k_rows)
 
     def _init(self, data, scales, block_size, k_rows):
         for name, value in (("_data", _read_only(data)), ("_scales", _read_only(scales)),
@@ -419,7 +482,8 @@ class ChannelCopy:
 
     @classmethod
     def _wrap(cls, data, scales, block_size, k_rows):
-        """A copy this package made (channel_copy, KVCache views)."""
+        """A copy this package made and no one else holds (channel_copy,
+        KVCache snapshots)."""
         self = cls.__new__(cls)
         self._init(data, scales, block_size, k_rows)
         return self

@@ -108,7 +108,9 @@ def quantize_q8(x, group_size=32):
 
     Per group of ``group_size`` consecutive elements of the last axis:
     ``d = amax / 127``, ``q = round(x / d)`` (ties away from zero), clamped to
-    [-127, 127]; an all-zero group gets ``d = 0`` and zeros.
+    [-127, 127]; an all-zero group gets ``d = 0`` and zeros, and a group
+    too small for ``1 / d`` to be finite (amax below about 3.7e-37) gets its
+    ``d`` and zeros.
 
     Parameters
     ----------

@@ -29,7 +29,11 @@ def quantize_q8(x, group_size=32):
     groups = x.reshape(x.shape[:-1] + (-1, group_size))
     amax = np.abs(groups).max(axis=-1)
     d = (amax / np.float32(127)).astype(np.float32)
-    inv = np.where(d != 0, np.float32(1) / np.where(d != 0, d, 1), 0).astype(np.float32)
+    # id = 1 / d, or 0 where that is not finite: d = 0, or d below
+    # 1 / FLT_MAX, where 0 * Inf would be NaN
+    with np.errstate(divide="ignore", over="ignore"):
+        inv = (np.float32(1) / d).astype(np.float32)
+    inv = np.where(np.isfinite(inv), inv, np.float32(0)).astype(np.float32)
     q = round_half_away((groups * inv[..., None]).astype(np.float32))
     q = np.clip(q, -127, 127).astype(np.int8).reshape(x.shape)
     return Q8(q, d, group_size)

@@ -350,3 +350,254 @@ def test_contexts_near_the_c_int_limit_are_served_exactly():
     imp[3] = 1.0
     assert sa.select_blocks(q, k2, k_blocks=1, block_size=2**30, importance=imp,
                             recency=False).tolist() == [[0]]
+
+
+# ------------------------------------------------------------------ snapshots a cache hands out
+
+def _view_bytes(view):
+    """Every byte of a BlockBounds, ChannelCopy or ProbeRows, and its k_rows."""
+    if isinstance(view, sa.BlockBounds):
+        arrays = (view.mn, view.mx, view.scales)
+    elif isinstance(view, sa.ChannelCopy):
+        arrays = (view.data, view.scales)
+    else:
+        rows = view.rows
+        arrays = (rows.data, rows.scales) if isinstance(rows, sa.Q8) else (rows,)
+    return [view.k_rows] + [a.tobytes() for a in arrays]
+
+
+@pytest.mark.parametrize("dtype", ["q8", "float32"])
+def test_a_cache_s_metadata_views_are_snapshots(isa, rng, dtype):
+    """The key bounds, channel copy and probe-row copies a cache hands out
+    while its last block is partial are not rewritten by the next append
+    into that block, nor by prefill, add_importance, truncate, re-append or
+    growth: a decode over the k and v of that time with them chooses and
+    computes what metadata made afresh from that k does.  (Rewritten views,
+    still reporting the old k_rows, were accepted at that length: minmax
+    and channel scoring then chose other blocks.)"""
+    Hkv, D, H = 2, 64, 4
+    cache = sa.KVCache(Hkv, D, capacity=96, dtype=dtype, copy_probe_rows=True)
+    x = rng.standard_normal((Hkv, 80, D), dtype=np.float32)   # block 2: 16 of 32 rows
+    cache.append(x, x)
+    cache.prefill(rng.standard_normal((H, 80, D), dtype=np.float32))
+    k0, v0 = cache.k, cache.v
+    views = {"bounds": cache.bounds, "channels": cache.channels,
+             "probe_rows": cache.probe_rows}
+    before = {name: _view_bytes(view) for name, view in views.items()}
+    # rows far larger than block 2's: its bounds and channel scales grow
+    big = 40 * rng.standard_normal((Hkv, 10, D), dtype=np.float32)
+    cache.append(big, big)
+    cache.prefill(rng.standard_normal((H, 10, D), dtype=np.float32))
+    cache.add_importance(np.ones(90, np.float32))
+    assert {name: _view_bytes(view) for name, view in views.items()} == before
+    made = {"bounds": sa.block_bounds(k0), "channels": sa.channel_copy(k0),
+            "probe_rows": sa.probe_rows(k0)}
+    # one block a head, no recency: the scores alone choose among the three
+    for policy, name in (("fast", "bounds"), ("balanced", "channels"), ("seed", "probe_rows")):
+        for _ in range(20):
+            q = rng.standard_normal((H, D), dtype=np.float32)
+            kw = dict(k_blocks=1, recency=False, sink_blocks=0, policy=policy,
+                      return_blocks=True)
+            out, blocks = sa.sparse_decode(q, k0, v0, **kw, **{name: views[name]})
+            want_out, want_blocks = sa.sparse_decode(q, k0, v0, **kw, **{name: made[name]})
+            assert np.array_equal(blocks, want_blocks), (policy, blocks, want_blocks)
+            assert out.tobytes() == want_out.tobytes()
+    cache.truncate(40)                                        # in place: no growth
+    y = rng.standard_normal((Hkv, 50, D), dtype=np.float32)
+    cache.append(y, y)
+    assert {name: _view_bytes(view) for name, view in views.items()} == before
+    cache.append(y, y)                                        # grows
+    assert cache.capacity > 96
+    assert {name: _view_bytes(view) for name, view in views.items()} == before
+    # their arrays are their own and stay read-only
+    for view in views.values():
+        for a in (getattr(view, name) for name in ("mn", "mx", "scales", "data", "rows")
+                  if hasattr(view, name)):
+            for arr in ((a.data, a.scales) if isinstance(a, sa.Q8) else (a,)):
+                with pytest.raises(ValueError):
+                    arr.setflags(write=True)
+
+
+def test_the_importance_a_cache_hands_out_is_a_copy(rng):
+    """cache.importance is the caller's copy: a later prefill does not change
+    it, and writing into it does not reach the record (an Inf written there
+    made every default decode raise)."""
+    cache = sa.KVCache(2, 64, capacity=64)
+    x = rng.standard_normal((2, 40, 64), dtype=np.float32)
+    cache.append(x, x)
+    cache.add_importance(np.arange(40, dtype=np.float32))
+    imp = cache.importance
+    cache.prefill(rng.standard_normal((4, 40, 64), dtype=np.float32))
+    assert np.array_equal(imp, np.arange(40, dtype=np.float32))
+    imp[:] = np.inf
+    assert np.isfinite(cache.importance).all()
+    assert np.isfinite(cache.decode(rng.standard_normal((4, 64), dtype=np.float32))).all()
+
+
+# ------------------------------------------------------------------ the importance record
+
+def test_add_importance_never_makes_the_record_overflow(rng):
+    """Each add is finite, but two of 3e38 would overflow the record to Inf,
+    after which every default decode raised until a truncation: the add
+    that would overflow it is refused, naming the argument, and changes
+    nothing.  A prefill cannot make it overflow (it adds at most H * T per
+    token, far below float32's step at its largest value)."""
+    cache = sa.KVCache(2, 64, capacity=64)
+    x = rng.standard_normal((2, 40, 64), dtype=np.float32)
+    cache.append(x, x)
+    q = rng.standard_normal((4, 64), dtype=np.float32)
+    big = np.full(40, 3e38, np.float32)
+    cache.add_importance(big)
+    before = cache.importance.tobytes()
+    for bad in (big, big[:7]):
+        with pytest.raises(ValueError, match="^importance .*overflow"):
+            cache.add_importance(bad)
+        assert cache.importance.tobytes() == before
+    cache.add_importance(-big[:5])              # subtracting stays finite
+    assert np.isfinite(cache.importance).all()
+    assert np.isfinite(cache.decode(q)).all()
+    assert np.isfinite(cache.decode(q, policy="seed")).all()
+    edge = sa.KVCache(2, 64, capacity=64)
+    edge.append(x, x)
+    edge.add_importance(np.full(40, np.finfo(np.float32).max, np.float32))
+    for _ in range(3):
+        edge.prefill(rng.standard_normal((4, 40, 64), dtype=np.float32))
+    assert np.isfinite(edge.importance).all()
+    assert np.isfinite(edge.decode(q, policy="seed")).all()
+    with pytest.raises(ValueError, match="^importance .*overflow"):
+        edge.add_importance(np.full(1, 1e32, np.float32))
+
+
+# ------------------------------------------------------------------ q8 of tiny groups
+
+@pytest.mark.parametrize("amax", [1e-38, 3.7e-37, 1.5e-45, 4e-37, 1e-30])
+def test_q8_of_a_group_too_small_to_invert(isa, rng, amax):
+    """A group whose largest magnitude is below about 3.7e-37 has a scale
+    d = amax / 127 whose inverse overflows float32: 0 * Inf made NaN, and
+    zeros quantised to -127 in C (the reference gave 0).  Spec §4: id = 0
+    whenever 1 / d is not finite, so such a group quantises to zeros; in
+    quantize_q8, in a q8 cache's append and in the channel copy, on every
+    path, as in the reference."""
+    D, gs = 64, 32
+    amax = np.float32(amax)
+    x = rng.standard_normal((3, D), dtype=np.float32)
+    x[1, :gs] = 0
+    x[1, 5], x[1, 9], x[1, 20] = amax, -amax, amax / 2
+    x[2, gs:] = 0
+    with np.errstate(divide="ignore", over="ignore"):
+        tiny = not np.isfinite(np.float32(1) / (amax / np.float32(127)))
+    want = ref.quantize_q8(x, gs)
+    got = sa.quantize_q8(x, gs)
+    assert got.data.tobytes() == want.data.tobytes()
+    assert got.scales.tobytes() == want.scales.tobytes()
+    assert not got.data[2, gs:].any()
+    if tiny:
+        assert not got.data[1, :gs].any()
+    else:
+        assert got.data[1, 5] == 127 and got.data[1, 9] == -127 and got.data[1, 0] == 0
+    cache = sa.KVCache(1, D, capacity=8, dtype="q8", group_size=gs, block_size=4)
+    cache.append(x[None], x[None])
+    assert cache.k.data[0].tobytes() == want.data.tobytes()
+    assert cache.k.scales[0].tobytes() == want.scales.tobytes()
+    # the channel copy of K: channel 3 of block 0 tiny, of block 1 tiny and zeros
+    k = rng.standard_normal((1, 40, D), dtype=np.float32)
+    k[0, :32, 3] = amax * np.sign(rng.standard_normal(32)).astype(np.float32)
+    k[0, 32:, 3] = 0
+    k[0, 33, 3] = -amax
+    k[0, 37, 3] = amax
+    want_data, want_scales = ref.channel_copy(k)
+    for copy in (sa.channel_copy(k), _channels_of_a_cache(k)):
+        assert copy.scales.tobytes() == want_scales.tobytes()
+        assert copy.data[..., 0, :].tobytes() == want_data[..., 0, :].tobytes()
+        assert copy.data[..., 1, :8].tobytes() == want_data[..., 1, :8].tobytes()
+        if tiny:
+            assert not copy.data[0, 3, 0].any() and not copy.data[0, 3, 1, :8].any()
+
+
+def _channels_of_a_cache(k):
+    cache = sa.KVCache(k.shape[0], k.shape[2], capacity=64, dtype="float32")
+    cache.append(k, k)
+    return cache.channels
+
+
+# ------------------------------------------------------------------ metadata owns its arrays
+
+def test_hand_built_metadata_owns_its_arrays(rng):
+    """BlockBounds, ChannelCopy and ProbeRows made from the caller's arrays
+    copy them and check the copies once: what the caller writes into its
+    arrays afterwards (NaN scales, -128) never reaches C, their read-only
+    arrays stay read-only, and negative, huge or non-finite scales are
+    refused as Q8 refuses them."""
+    H, Hkv, D, S = 4, 2, 64, 100
+    k, v = make_kv(rng, Hkv, S, D)
+    kq, vq = sa.quantize_q8(k), sa.quantize_q8(v)
+    q = rng.standard_normal((H, D), dtype=np.float32)
+
+    def decode(keys, values, **kw):
+        return sa.sparse_decode(q, keys, values, k_blocks=2, recency=False, sink_blocks=0,
+                                return_blocks=True, **kw)
+
+    def same(a, b):
+        return a[0].tobytes() == b[0].tobytes() and np.array_equal(a[1], b[1])
+
+    # ChannelCopy
+    c = sa.channel_copy(k)
+    data, scales = c.data.copy(), c.scales.copy()
+    mine = sa.ChannelCopy(data, scales, 32, S)
+    want = decode(k, v, policy="balanced", channels=mine)
+    assert same(want, decode(k, v, policy="balanced"))
+    data[:] = 0
+    scales[0, 0] = np.nan
+    assert mine.data.tobytes() == c.data.tobytes()
+    assert mine.scales.tobytes() == c.scales.tobytes()
+    assert same(decode(k, v, policy="balanced", channels=mine), want)
+    # BlockBounds
+    b = sa.block_bounds(k)
+    mn, mx, bsc = b.mn.copy(), b.mx.copy(), b.scales.copy()
+    mine_b = sa.BlockBounds(mn, mx, bsc, 32, 32, S)
+    want_b = decode(k, v, policy="fast", bounds=mine_b)
+    assert same(want_b, decode(k, v, policy="fast"))
+    mn[:], mx[:] = -127, 127            # every block alike: block 0 would win
+    bsc[:] = 1
+    assert [a.tobytes() for a in (mine_b.mn, mine_b.mx, mine_b.scales)] == \
+        [a.tobytes() for a in (b.mn, b.mx, b.scales)]
+    assert same(decode(k, v, policy="fast", bounds=mine_b), want_b)
+    # ProbeRows, float32 and q8 rows
+    r = sa.probe_rows(k)
+    rows = r.rows.copy()
+    mine_r = sa.ProbeRows(rows, 32, 8, S)
+    want_r = decode(k, v, policy="seed", probe_rows=mine_r)
+    assert same(want_r, decode(k, v, policy="seed"))
+    rows[:] = np.nan
+    assert mine_r.rows.tobytes() == r.rows.tobytes()
+    assert same(decode(k, v, policy="seed", probe_rows=mine_r), want_r)
+    rq = sa.probe_rows(kq)
+    qdata, qscales = rq.rows.data.copy(), rq.rows.scales.copy()
+    mine_q = sa.ProbeRows(sa.Q8(qdata, qscales, 32), 32, 8, S)
+    want_q = decode(kq, vq, policy="seed", probe_rows=mine_q)
+    assert same(want_q, decode(kq, vq, policy="seed"))
+    qdata[:] = -128
+    qscales[:] = np.nan
+    assert mine_q.rows.data.tobytes() == rq.rows.data.tobytes()
+    assert mine_q.rows.scales.tobytes() == rq.rows.scales.tobytes()
+    assert same(decode(kq, vq, policy="seed", probe_rows=mine_q), want_q)
+    # read-only for good: no view of an array someone else may write
+    for arr in (mine.data, mine.scales, mine_b.mn, mine_b.mx, mine_b.scales, mine_r.rows,
+                mine_q.rows.data, mine_q.rows.scales):
+        with pytest.raises(ValueError):
+            arr.setflags(write=True)
+    # scales are checked as Q8 checks them
+    for bad in (-1.0, 3e38, np.inf, np.nan):
+        s = c.scales.copy()
+        s[1, 2, 3] = bad
+        with pytest.raises(ValueError, match="^channels.scales holds"):
+            sa.ChannelCopy(c.data, s, 32, S)
+        s = b.scales.copy()
+        s[1, 2, 0] = bad
+        with pytest.raises(ValueError, match="^bounds.scales holds"):
+            sa.BlockBounds(b.mn, b.mx, s, 32, 32, S)
+    for bad in (np.nan, np.inf, 2.0**48):
+        rows = r.rows.copy()
+        rows[0, 3, 5] = bad
+        with pytest.raises(ValueError, match="^probe_rows.rows holds"):
+            sa.ProbeRows(rows, 32, 8, S)

@@ -23,7 +23,8 @@ import numpy as np
 import sparse_attn as sa
 from sparse_attn.cache import _Arena
 from sparse_attn.machine import fmt_bytes
-from sparse_attn.metadata import default_scale_group, probe_geometry
+from sparse_attn.metadata import (BlockBounds, ChannelCopy, ProbeRows, default_scale_group,
+                                  probe_geometry)
 from sparse_attn.q8 import Q8
 from sparse_attn.selection import selection
 from sparse_attn.synthetic import needle_context
@@ -99,12 +100,16 @@ class Layer:
 
         def take(t):
             return Q8._wrap(next(it), next(it), t.group_size) if isinstance(t, Q8) else next(it)
+        # _wrap, not the public constructors: those copy the caller's arrays
+        # (a metadata object owns its data), which would move them out of
+        # the arena this layout is about
         k, v = take(self.k), take(self.v)
-        bounds = sa.BlockBounds(next(it), next(it), next(it), b.block_size, b.scale_group,
-                                b.k_rows)
-        rows = sa.ProbeRows(take(p.rows), p.block_size, p.n_probe, p.k_rows)
+        mn = next(it)
+        bounds = BlockBounds._wrap(mn, next(it), next(it), b.block_size, b.scale_group,
+                                   b.k_rows, stride=mn.shape[1])
+        rows = ProbeRows._wrap(take(p.rows), p.block_size, p.n_probe, p.k_rows)
         channels = None if c is None else \
-            sa.ChannelCopy(next(it), next(it), c.block_size, c.k_rows)
+            ChannelCopy._wrap(next(it), next(it), c.block_size, c.k_rows)
         return Layer(self.ctx, self.importance.copy(), k, v, bounds, rows, channels)
 
     @property

@@ -930,9 +930,11 @@ static int set_isa(const char *name)
 
 /* sa_quantize_q8 against spec §4 written out with roundf: bitwise, for
  * group sizes that take the vector rounding and its scalar tail, values on
- * and next to the halfway points, the clamp, all-zero groups, magnitudes up
- * to the value limit; NaN becomes -127 in sa_quantize_row (every entry
- * point refuses NaN before quantising; this only keeps it defined). */
+ * and next to the halfway points, the clamp, all-zero groups, groups too
+ * small for 1 / d to be finite (all zeros, not -127 from 0 * Inf),
+ * magnitudes up to the value limit; NaN becomes -127 in sa_quantize_row
+ * (every entry point refuses NaN before quantising; this only keeps it
+ * defined). */
 static void test_quantize(void)
 {
     static const int shapes[][2] = {{128, 32}, {64, 8}, {67, 1}, {30, 3}, {20, 5}, {256, 128}};
@@ -944,12 +946,14 @@ static void test_quantize(void)
         fill_gauss(x, (size_t)rows * D);
         for (int i = 0; i < D; i++) {
             /* row 1: exact halfway points k + 0.5 of a scale of 1 (amax 127);
-             * row 2: their float neighbours; row 3: zeros; row 4: huge */
+             * row 2: their float neighbours; row 3: zeros; row 4: huge;
+             * row 6: below 3.7e-37, zeros among them */
             x[D + i] = (i % gs == 0) ? 127.0f : (float)(i % 255 - 127) + 0.5f;
             x[2 * D + i] = (i % gs == 0) ? 127.0f
                            : nextafterf((float)(i % 255 - 127) + 0.5f, (i & 1) ? 1e9f : -1e9f);
             x[3 * D + i] = 0.0f;
             x[4 * D + i] = (i & 1 ? -0x1p47f : 0x1p47f) * (float)uniform();
+            x[6 * D + i] = i % 3 == 0 ? 0.0f : (i & 1 ? -3e-37f : 1e-38f) * (float)uniform();
         }
         check(sa_quantize_q8(x, rows, D, gs, q, sc) == SA_OK, "sa_quantize_q8 D=%d gs=%d", D, gs);
         int same = 1;
@@ -959,7 +963,8 @@ static void test_quantize(void)
                 float amax = 0.0f;
                 for (int i = 0; i < gs; i++)
                     amax = fabsf(xg[i]) > amax ? fabsf(xg[i]) : amax;
-                const float d = amax / 127.0f, id = d != 0.0f ? 1.0f / d : 0.0f;
+                const float d = amax / 127.0f, inv = d != 0.0f ? 1.0f / d : 0.0f;
+                const float id = isfinite(inv) ? inv : 0.0f;
                 same &= memcmp(&sc[r * ng + g], &d, sizeof d) == 0;
                 for (int i = 0; i < gs; i++) {
                     float v = roundf(xg[i] * id);
@@ -968,6 +973,11 @@ static void test_quantize(void)
                 }
             }
         check(same, "sa_quantize_q8 D=%d gs=%d differs from spec §4 with roundf", D, gs);
+        int tiny_zero = 1;
+        for (int i = 0; i < D; i++)
+            tiny_zero &= q[6 * D + i] == 0;
+        check(tiny_zero, "sa_quantize_q8 D=%d gs=%d: a group below 3.7e-37 is not all zeros",
+              D, gs);
         x[5 * D + 1] = NAN;
         sa_quantize_row(x + 5 * D, D, gs, q, sc);
         if (gs > 1)   /* the group's scale is then NaN-free only if 1 is not its max */
