@@ -31,16 +31,15 @@
  * the kernel's THP setting is "madvise" or "always"; small keeps 4 KB pages,
  * where every scattered block is also a TLB miss.  On a Zen 4 VM (THP
  * "madvise") random blocks with prefetch cost 1.65-1.74x contiguous ones
- * on huge pages and 2.2-2.7x on small pages (2026-12-03).  Built with
+ * on huge pages and 2.2-2.7x on small pages.  Built with
  * -march=native, where the work keeps up with the memory as the AVX-512
  * kernels do, one thread read contiguous blocks at 0.15 us each (~32 GB/s,
  * the bench's one-thread floor) and random ones at 0.50-0.52 us with their
  * lines prefetched 1, 2 or 4 blocks ahead (0.83 with none), about 9 GB/s;
  * two threads at once read contiguous blocks at ~32 GB/s together (the
  * two-thread floor: one core nearly fills this VM's share) and random ones
- * at 15 GB/s together, 2.0x the time per byte (2026-12-04, after each pass
- * got fresh blocks; before, a repeated 36 MB set was partly served from the
- * 32 MB L3).  Prefetching further ahead did not lower it, nor did
+ * at 15 GB/s together, 2.0x the time per byte (every pass reads fresh
+ * blocks: a repeated set would be partly served from the L3).  Prefetching further ahead did not lower it, nor did
  * prefetching or loading only the first lines of the next 1-8 blocks to
  * start the hardware prefetchers (0.66-0.77 us): on that VM a jump costs
  * about what a block's read does, whatever the distance.

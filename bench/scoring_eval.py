@@ -1,7 +1,7 @@
 """Block scorings that read a fraction of K, evaluated on a real model.
 
-The research harness behind issue 18 and docs/results.md "Scorings that read
-a fraction of K".  It runs ``sparse-attn eval``'s needle prompts (the same
+The research harness behind the channel scoring (docs/design.md, "What a
+cache keeps beside K and V").  It runs ``sparse-attn eval``'s needle prompts (the same
 runner, prompts, answer check and table) with the decode step's block
 selection replaced, per layer, by a numpy scoring of the query against the
 cache's keys, then the spec's choice (sinks, importance reserve, fill by

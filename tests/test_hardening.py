@@ -1,4 +1,4 @@
-"""What an adversarial pass found (issue 12), kept fixed: NaN in K/V behaves
+"""What adversarial passes found, kept fixed: NaN in K/V behaves
 the same on every ISA, values that would overflow never enter a cache, a
 failed append changes nothing, a cache serves concurrent readers while it
 grows, and sizes at the edge of a C int are served correctly."""

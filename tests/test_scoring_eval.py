@@ -1,5 +1,5 @@
 """bench/scoring_eval.py, the harness that evaluates block scorings reading
-a fraction of K (issue 18): its choice is the spec's, its recall scoring
+a fraction of K: its choice is the spec's, its recall scoring
 chooses what the C core's recall chooses, its partial scorings read what
 they say, and through the model it keeps the C recall's text."""
 import importlib.util
