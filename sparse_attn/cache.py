@@ -1,195 +1,22 @@
 """A growing per-layer KV cache in the layout the kernels read directly."""
-import ctypes
-import math
-import mmap
-import threading
-
 import numpy as np
 
-from . import _checks as ck
+from . import _checks as ck, _storage
 from . import _ffi
 from ._checks import ArgumentError
 from ._ffi import ffi, lib
-from ._operands import importance_array, kv_operand, query, scale_value
+from ._operands import importance_array, query, scale_value
+from ._rwlock import RWLock
 from .attention import dense_call, metadata_structs, prefill_call, sparse_call
-from .metadata import (BlockBounds, ChannelCopy, ProbeRows, bounds_struct, channels_struct,
-                       default_scale_group, empty_bounds, empty_channels, empty_probe_rows,
-                       frozen_copy, probe_geometry, probe_rows_struct)
+from .metadata import (BlockBounds, ChannelCopy, ProbeRows, default_scale_group, frozen_copy,
+                       probe_geometry)
 from .q8 import Q8
 from .selection import CACHE_POLICY, n_probe_value, selection
 
 DTYPES = ("q8", "float32")
 
-# The allocations of a cache smaller than a huge page, and its importance
-# record, go through this (tests inject failures here); larger ones map
-# their memory (_Arena).
-_zeros = np.zeros
-
-_ALIGN = 64
-
-
-def _huge_page_bytes():
-    """The transparent huge page size (Linux), or 0 where there is none to
-    ask for."""
-    if not hasattr(mmap, "MADV_HUGEPAGE"):
-        return 0
-    try:
-        with open("/sys/kernel/mm/transparent_hugepage/hpage_pmd_size") as f:
-            return int(f.read())
-    except (OSError, ValueError):
-        return 0
-
-
-_HUGE = _huge_page_bytes()
-
-
-def _span(shape, dtype):
-    """(bytes of an array, the bytes it takes in an arena: to the next
-    64-byte boundary)."""
-    n = math.prod(shape) * np.dtype(dtype).itemsize
-    return n, -(-n // _ALIGN) * _ALIGN
-
-
-class _Arena:
-    """The arrays of one capacity of a cache, carved at 64-byte boundaries
-    from one zeroed allocation, or, without a size, a plan that adds up the
-    bytes they take (docs/design.md, "One allocation per cache").
-
-    From one huge page's size on (2 MiB on x86-64 and on arm64 with 4 KB
-    pages) the allocation is a private anonymous mapping that starts at a
-    huge page boundary and reserves one huge page more than it uses
-    (address space only: untouched pages take no memory).  :meth:`advise_all`
-    asks for transparent huge pages on its whole huge pages (MADV_HUGEPAGE,
-    which the kernel's default "madvise" setting grants).  Sparse decode
-    reads scattered 4 KB blocks, which cost 1.2-1.5x more from small pages
-    (bench/scattered_blocks.c); numpy advises only its own allocations of 4
-    MiB or more, and malloc hands out reused heap memory already mapped in
-    small pages."""
-
-    def __init__(self, nbytes=None):
-        self.nbytes = 0
-        self._buf = self._mm = None
-        if nbytes is None:
-            return
-        if _HUGE and nbytes >= _HUGE:
-            try:
-                self._mm = mmap.mmap(-1, nbytes + _HUGE,
-                                     flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS)
-            except (OSError, OverflowError) as e:
-                raise MemoryError(f"cannot map {nbytes} bytes for a KV cache: {e}") from e
-            # The array's base is a ctypes array that holds an export of the
-            # mapping for as long as it lives, so no view of the cache (nor
-            # mmap.close(), which refuses while an export exists) can unmap
-            # it: np.frombuffer would put a memoryview there that anyone
-            # walking .base could release.
-            holder = (ctypes.c_ubyte * (nbytes + _HUGE)).from_buffer(self._mm)
-            whole = np.ndarray((nbytes + _HUGE,), np.uint8, buffer=holder)
-            self._at = whole.ctypes.data
-            off = (-self._at) % _HUGE
-        else:
-            try:
-                whole = _zeros(nbytes + _ALIGN, np.uint8)
-            except ValueError as e:         # beyond what an array can index
-                raise MemoryError(f"cannot allocate {nbytes} bytes for a KV cache: {e}") from e
-            off = (-whole.ctypes.data) % _ALIGN
-        self._buf = whole[off:off + nbytes]
-
-    def plan(self, shape, dtype):
-        self.nbytes += _span(shape, dtype)[1]
-        return None
-
-    def take(self, shape, dtype):
-        n, step = _span(shape, dtype)
-        a = self._buf[self.nbytes:self.nbytes + n].view(dtype).reshape(shape)
-        self.nbytes += step
-        return a
-
-    @property
-    def mapped(self):
-        return self._mm is not None
-
-    def advise_all(self):
-        """Transparent huge pages for every whole huge page of a mapped
-        arena (else nothing to do), before the rows under them are written."""
-        if self._mm is None:
-            return
-        start = self._buf.ctypes.data
-        lo = -(-start // _HUGE) * _HUGE
-        hi = (start + self._buf.nbytes) // _HUGE * _HUGE
-        if hi > lo:
-            try:
-                self._mm.madvise(mmap.MADV_HUGEPAGE, lo - self._at, hi - lo)
-            except OSError:
-                pass        # a kernel without THP: small pages, the same bytes
-
-
 # decode()'s importance default: the cache's record.
 _RECORDED = object()
-
-
-class _RWLock:
-    """Many readers or one writer; a waiting writer holds back new readers.
-
-    The plain lock is entered directly (a C-level context manager) and the
-    condition is notified only when a thread sleeps on it: a decode step
-    takes this lock twice per layer, so its cost is per token."""
-
-    def __init__(self):
-        self._mutex = threading.Lock()
-        self._cond = threading.Condition(self._mutex)
-        self._readers = 0
-        self._writer = False
-        self._waiting = 0      # writers waiting
-        self._sleepers = 0     # threads inside _cond.wait()
-
-    def _sleep(self):
-        self._sleepers += 1
-        try:
-            self._cond.wait()
-        finally:
-            self._sleepers -= 1
-
-    def acquire_read(self):
-        with self._mutex:
-            while self._writer or self._waiting:
-                self._sleep()
-            self._readers += 1
-
-    def release_read(self):
-        with self._mutex:
-            self._readers -= 1
-            if not self._readers and self._sleepers:
-                self._cond.notify_all()
-
-    def acquire_write(self):
-        with self._mutex:
-            self._waiting += 1
-            try:
-                while self._writer or self._readers:
-                    self._sleep()
-            except BaseException:      # interrupted: let held-back readers in
-                self._waiting -= 1
-                if self._sleepers:
-                    self._cond.notify_all()
-                raise
-            self._waiting -= 1
-            self._writer = True
-
-    def release_write(self):
-        with self._mutex:
-            self._writer = False
-            if self._sleepers:
-                self._cond.notify_all()
-
-
-class _Buffers:
-    """Everything a cache holds at one capacity.  A cache that grows builds a
-    whole new one (every allocation first, then the copies) and swaps it in
-    only when the append into it has succeeded."""
-
-    __slots__ = ("capacity", "arena", "advised", "karr", "varr", "k", "v", "kop", "vop",
-                 "importance", "bounds", "bounds_st", "probe", "probe_st", "channels",
-                 "channels_st")
 
 
 class KVCache:
@@ -281,94 +108,11 @@ class KVCache:
         self.copy_probe_rows = ck.check_bool("copy_probe_rows", copy_probe_rows) and \
             self.n_probe < self.block_size
         self.copy_channels = ck.check_bool("copy_channels", copy_channels)
-        self._scale_group = default_scale_group(self.group_size, self.head_dim)
-        self._lock = _RWLock()
+        self.scale_group = default_scale_group(self.group_size, self.head_dim)
+        self._lock = RWLock()
         self._n = 0
         self._has_importance = False
-        self._buf = self._allocate(capacity)
-
-    # ----------------------------------------------------------------- storage
-    def _allocate(self, capacity, old=None, n=0, filled=0):
-        """A complete _Buffers of `capacity` rows, holding the first n rows
-        of `old` (and what goes with them) when given; the first `filled`
-        rows are about to be written (_advise)."""
-        b = _Buffers()
-        b.capacity = capacity
-        # Sized first (nothing allocated), then carved from one allocation.
-        plan = _Arena()
-        self._arrays_into(b, capacity, plan.plan)
-        b.arena = _Arena(plan.nbytes)
-        b.advised = not b.arena.mapped          # small pages only: nothing to ask for
-        self._arrays_into(b, capacity, b.arena.take)
-        b.importance = _zeros(capacity, np.float32)
-        self._advise(b, filled)
-        if self.dtype == "float32":
-            b.k, b.v = b.karr[0], b.varr[0]
-        else:
-            b.k, b.v = Q8._wrap(*b.karr, self.group_size), Q8._wrap(*b.varr, self.group_size)
-        # Everything is allocated: copying cannot fail any more.
-        probe_rows_done = 0
-        if old is not None:
-            _copy_rows(old.karr, b.karr, n)
-            _copy_rows(old.varr, b.varr, n)
-            b.importance[:n] = old.importance[:n]
-            onb = -(-n // self.block_size)
-            for src, dst in zip(old.bounds, b.bounds):
-                dst[:, :onb] = src[:, :onb]
-            if b.channels is not None:
-                for src, dst in zip(old.channels, b.channels):
-                    dst[:, :, :onb] = src[:, :, :onb]
-            if b.probe is not None:
-                # every old copy row, including a partial block's copies so far
-                _copy_rows(_arrays(old.probe), _arrays(b.probe), _arrays(old.probe)[0].shape[1])
-                probe_rows_done = old.probe_st.k_rows
-        b.kop, b.vop = kv_operand("k", b.k), kv_operand("v", b.v)
-        b.bounds_st = bounds_struct(b.bounds, self.block_size, self._scale_group, n)
-        b.channels_st = None
-        if b.channels is not None:
-            b.channels_st = channels_struct(b.channels, self.block_size, n)
-        b.probe_st = None
-        if b.probe is not None:
-            b.probe_st = probe_rows_struct(b.probe, self.group_size, self.block_size,
-                                           self.n_probe, probe_rows_done)
-        return b
-
-    def _advise(self, b, filled):
-        """Once the first `filled` rows about to be written make b three
-        quarters full, ask for huge pages on all of its arena's whole huge
-        pages.  A huge page is memory on its first touch, rows written or
-        not, and each head's rows run to the capacity, so a cache asks only
-        when its unwritten rows are at most a third of what it holds.  The
-        kernel grants them where nothing was touched yet: under one write
-        that fills three quarters (a prompt, a growth's copy); pages that
-        earlier small appends touched stay small pages (the kernel's
-        background collapsing may merge them later, slowly)."""
-        if not b.advised and _HUGE and 4 * filled >= 3 * b.capacity:
-            b.arena.advise_all()
-            b.advised = True
-
-    def _arrays_into(self, b, capacity, zeros):
-        """b's arrays that grow with the capacity (K, V, key bounds, the
-        copies), each from zeros(shape, dtype), in a fixed order."""
-        shape = (self.n_kv_heads, capacity, self.head_dim)
-        if self.dtype == "float32":
-            b.karr, b.varr = (zeros(shape, np.float32),), (zeros(shape, np.float32),)
-        else:
-            sshape = (self.n_kv_heads, capacity, self.head_dim // self.group_size)
-            b.karr = (zeros(shape, np.int8), zeros(sshape, np.float32))
-            b.varr = (zeros(shape, np.int8), zeros(sshape, np.float32))
-        nb = -(-capacity // self.block_size)
-        b.bounds = empty_bounds(self.n_kv_heads, nb, self.head_dim, self.block_size,
-                                self._scale_group, zeros=zeros)
-        b.probe = None
-        if self.copy_probe_rows:
-            b.probe = empty_probe_rows(self.n_kv_heads, capacity, self.head_dim, self.dtype,
-                                       self.group_size, self.block_size, self.n_probe,
-                                       zeros=zeros)
-        b.channels = None
-        if self.copy_channels:
-            b.channels = empty_channels(self.n_kv_heads, nb, self.head_dim, self.block_size,
-                                        zeros=zeros)
+        self._buf = _storage.allocate(self, capacity)
 
     @property
     def seq_len(self):
@@ -422,7 +166,7 @@ class KVCache:
             mn, mx, sc = (frozen_copy(a[:, :nb]) for a in buf.bounds)
         finally:
             self._lock.release_read()
-        return BlockBounds._wrap(mn, mx, sc, self.block_size, self._scale_group, n, nb)
+        return BlockBounds._wrap(mn, mx, sc, self.block_size, self.scale_group, n, nb)
 
     @property
     def channels(self):
@@ -454,7 +198,7 @@ class KVCache:
             # block's: an operand has rows
             cnt, _ = probe_geometry(self.block_size, self.n_probe)
             r = max(n // self.block_size, 1) * cnt
-            arrays = [frozen_copy(a[:, :r]) for a in _arrays(buf.probe)]
+            arrays = [frozen_copy(a[:, :r]) for a in _storage.probe_arrays(buf.probe)]
         finally:
             self._lock.release_read()
         rows = Q8._wrap(*arrays, self.group_size) if len(arrays) == 2 else arrays[0]
@@ -471,7 +215,7 @@ class KVCache:
         """Bytes held at the current capacity by what selection reads beside
         K and V: the key bounds, the probe-row copies and the channel copy."""
         buf = self._buf
-        probe = 0 if buf.probe is None else sum(a.nbytes for a in _arrays(buf.probe))
+        probe = 0 if buf.probe is None else sum(a.nbytes for a in _storage.probe_arrays(buf.probe))
         channels = 0 if buf.channels is None else sum(a.nbytes for a in buf.channels)
         return sum(a.nbytes for a in buf.bounds) + probe + channels
 
@@ -535,9 +279,10 @@ class KVCache:
             raise ArgumentError(f"the cache would hold {n + T} rows; at most "
                                 f"{ck.INT_MAX} are supported")
         if n + T > buf.capacity:
-            buf = self._allocate(min(max(n + T, 2 * buf.capacity), ck.INT_MAX), buf, n, n + T)
+            buf = _storage.allocate(self, min(max(n + T, 2 * buf.capacity), ck.INT_MAX), buf, n,
+                                   n + T)
         elif not buf.advised:
-            self._advise(buf, n + T)
+            _storage.advise(buf, n + T)
         rc = lib.sa_kv_append(buf.kop.struct, buf.vop.struct, n, kp, vp, T, buf.bounds_st,
                               buf.probe_st if buf.probe_st is not None else ffi.NULL,
                               buf.channels_st if buf.channels_st is not None else ffi.NULL)
@@ -906,14 +651,3 @@ class _Decoder:
 def _own_full(cache, sel):
     """The cache's own metadata a full-length decode with `sel` reads."""
     return cache._own_metadata(sel, 1, 1, None, None)
-
-
-def _arrays(t):
-    """The arrays of probe-row copies: (f32,) or (data, scales)."""
-    return t if isinstance(t, tuple) else (t,)
-
-
-def _copy_rows(src, dst, n):
-    """dst[i][:, :n] = src[i][:, :n] for matching tuples of arrays."""
-    for s, d in zip(src, dst):
-        d[:, :n] = s[:, :n]

@@ -10,8 +10,10 @@ import numpy as np
 import pytest
 
 import sparse_attn as sa
+import sparse_attn._storage as sa_storage
 import sparse_attn.cache as sa_cache
 from sparse_attn import reference as ref
+from sparse_attn._rwlock import RWLock
 
 from conftest import make_kv, rel_err, rtol_for
 
@@ -132,14 +134,14 @@ def test_failed_growth_changes_nothing(rng, monkeypatch, dtype):
                 raise MemoryError("injected")
             return real(*args, **kw)
 
-        monkeypatch.setattr(sa_cache, "_zeros", failing)
+        monkeypatch.setattr(sa_storage, "zeros", failing)
         try:
             cache.append(x[:, 20:], x[:, 20:])      # needs to grow past 32 rows
         except MemoryError:
             failed = True
         else:
             failed = False
-        monkeypatch.setattr(sa_cache, "_zeros", real)
+        monkeypatch.setattr(sa_storage, "zeros", real)
         if not failed:
             assert fails_at > 0          # some allocations were tried and failed before
             break
@@ -159,7 +161,7 @@ def _huge_cache(dtype="q8", capacity=4096):
     return sa.KVCache(4, 128, capacity=capacity, dtype=dtype, copy_probe_rows=True)
 
 
-@pytest.mark.skipif(not sa_cache._HUGE, reason="no transparent huge pages on this system")
+@pytest.mark.skipif(not sa_storage.HUGE, reason="no transparent huge pages on this system")
 @pytest.mark.parametrize("dtype", ["q8", "float32"])
 def test_a_large_cache_is_one_huge_page_aligned_mapping(rng, monkeypatch, dtype):
     """K, V and the metadata of a large cache are carved from one zeroed
@@ -167,8 +169,8 @@ def test_a_large_cache_is_one_huge_page_aligned_mapping(rng, monkeypatch, dtype)
     bitwise what the same cache gives from plain numpy arrays."""
     cache = _huge_cache(dtype)
     b = cache._buf
-    arrays = [*b.karr, *b.varr, *b.bounds, *sa_cache._arrays(b.probe), *b.channels]
-    assert arrays[0].ctypes.data % sa_cache._HUGE == 0
+    arrays = [*b.karr, *b.varr, *b.bounds, *sa_storage.probe_arrays(b.probe), *b.channels]
+    assert arrays[0].ctypes.data % sa_storage.HUGE == 0
     roots = {id(a.base.base if a.base.base is not None else a.base) for a in arrays}
     assert len(roots) == 1                   # one allocation under all of them
     assert all(a.ctypes.data % 64 == 0 and a.flags.c_contiguous and a.flags.writeable
@@ -180,7 +182,7 @@ def test_a_large_cache_is_one_huge_page_aligned_mapping(rng, monkeypatch, dtype)
     assert not isinstance(root, (memoryview, mmap.mmap))
     with pytest.raises(BufferError):
         b.arena._mm.close()
-    monkeypatch.setattr(sa_cache, "_HUGE", 0)
+    monkeypatch.setattr(sa_storage, "HUGE", 0)
     plain = _huge_cache(dtype)
     kv = rng.standard_normal((4, 3000, 128), dtype=np.float32)
     q = rng.standard_normal((8, 128), dtype=np.float32)
@@ -194,7 +196,7 @@ def test_a_large_cache_is_one_huge_page_aligned_mapping(rng, monkeypatch, dtype)
                               plain.decode(q, k_blocks=8, policy=policy))
 
 
-@pytest.mark.skipif(not sa_cache._HUGE, reason="no transparent huge pages on this system")
+@pytest.mark.skipif(not sa_storage.HUGE, reason="no transparent huge pages on this system")
 def test_a_cache_asks_for_huge_pages_once_three_quarters_full(rng):
     """A huge page is memory on its first touch, written rows or not: a
     mapped cache asks for them only when the rows about to be written fill
@@ -216,7 +218,7 @@ def test_a_cache_asks_for_huge_pages_once_three_quarters_full(rng):
     assert not small._buf.arena.mapped and small._buf.advised
 
 
-@pytest.mark.skipif(not sa_cache._HUGE, reason="no transparent huge pages on this system")
+@pytest.mark.skipif(not sa_storage.HUGE, reason="no transparent huge pages on this system")
 def test_a_refused_mapping_is_a_memory_error_that_changes_nothing(rng, monkeypatch):
     """A mapping the system refuses while a large cache grows raises
     MemoryError and leaves the cache as it was; a cache too large for any
@@ -229,15 +231,15 @@ def test_a_refused_mapping_is_a_memory_error_that_changes_nothing(rng, monkeypat
     def refuse(*args, **kw):
         raise OSError(12, "Cannot allocate memory")
 
-    monkeypatch.setattr(sa_cache.mmap, "mmap", refuse)
+    monkeypatch.setattr(sa_storage.mmap, "mmap", refuse)
     with pytest.raises(MemoryError, match="cannot map"):
         cache.append(kv[:, :1], kv[:, :1])          # grows to 4096 rows
     assert _state(cache) == before
     monkeypatch.undo()
     cache.append(kv[:, :1], kv[:, :1])
     assert cache.seq_len == 2049 and cache.capacity == 4096
-    for huge in (sa_cache._HUGE, 0):
-        monkeypatch.setattr(sa_cache, "_HUGE", huge)
+    for huge in (sa_storage.HUGE, 0):
+        monkeypatch.setattr(sa_storage, "HUGE", huge)
         with pytest.raises(MemoryError, match="for a KV cache"):
             sa.KVCache(2**20, 2**20, capacity=2**30, copy_channels=False)
 
@@ -290,7 +292,7 @@ def test_concurrent_decodes_while_one_thread_appends(rng, policy):
 def test_cache_lock_readers_share_and_a_waiting_writer_holds_back_new_readers():
     """The cache's read/write lock: readers overlap; a writer waits for them;
     while it waits no new reader gets in; once it is done everyone runs."""
-    lock = sa_cache._RWLock()
+    lock = RWLock()
     lock.acquire_read()
     lock.acquire_read()                 # two readers at once
     order, writer_in, late_in = [], threading.Event(), threading.Event()

@@ -21,7 +21,7 @@ import math
 import numpy as np
 
 import sparse_attn as sa
-from sparse_attn.cache import _Arena
+from sparse_attn._storage import Arena
 from sparse_attn.machine import fmt_bytes
 from sparse_attn.metadata import (BlockBounds, ChannelCopy, ProbeRows, default_scale_group,
                                   probe_geometry)
@@ -86,10 +86,10 @@ class Layer:
         b, p, c = self.bounds, self.probe_rows, self.channels
         arrays = [*parts(self.k), *parts(self.v), b.mn, b.mx, b.scales, *parts(p.rows),
                   *((c.data, c.scales) if c is not None else ())]
-        plan = _Arena()
+        plan = Arena()
         for a in arrays:
             plan.plan(a.shape, a.dtype)
-        arena = _Arena(plan.nbytes)
+        arena = Arena(plan.nbytes)
         arena.advise_all()                      # every row is written now
         moved = []
         for a in arrays:
