@@ -148,43 +148,81 @@ SA_INLINE void scales_8x4(const float *const *srow, int g, __m256 *out)
     out[3] = _mm256_castpd_ps(_mm256_unpackhi_pd(t1, t3));
 }
 
+/* The scales of groups g, g+1 for the 8 tokens: 8-byte loads (a row's
+ * scales may end at g+1), rows i and i+4 in one vector, then unpacks. */
+SA_INLINE void scales_8x2(const float *const *srow, int g, __m256 *out)
+{
+    __m256 r[4];
+    for (int i = 0; i < 4; i++)
+        r[i] = _mm256_castsi256_ps(_mm256_inserti128_si256(
+            _mm256_castsi128_si256(_mm_loadl_epi64((const __m128i *)(srow[i] + g))),
+            _mm_loadl_epi64((const __m128i *)(srow[i + 4] + g)), 1));
+    const __m256d t0 = _mm256_castps_pd(_mm256_unpacklo_ps(r[0], r[1]));
+    const __m256d t1 = _mm256_castps_pd(_mm256_unpacklo_ps(r[2], r[3]));
+    out[0] = _mm256_castpd_ps(_mm256_unpacklo_pd(t0, t1));
+    out[1] = _mm256_castpd_ps(_mm256_unpackhi_pd(t0, t1));
+}
+
+/* The 8 tokens' scales of every group, 4 or 2 groups per transpose. */
+SA_INLINE void scales_8xng(const float *const *srow, int ng, __m256 *kd)
+{
+    int g = 0;
+    for (; g + 4 <= ng; g += 4)
+        scales_8x4(srow, g, kd + g);
+    for (; g + 2 <= ng; g += 2)
+        scales_8x2(srow, g, kd + g);
+    if (g < ng)
+        kd[g] = _mm256_setr_ps(srow[0][g], srow[1][g], srow[2][g], srow[3][g], srow[4][g],
+                               srow[5][g], srow[6][g], srow[7][g]);
+}
+
+/* The most groups per row the SIMD scores take (their scales are kept on
+ * the stack for a block); more go through the portable loop. */
+#define SA_Q8_MAX_GROUPS 64
+
 /* HB heads x one block of 8 rows: per group, the 8 tokens' exact int32 sums
  * side by side, then the group term (qd * kd) * isum added in group order,
  * the portable kernel's operations (so the scores are bitwise the portable
  * ones).  srow[i] are the tokens' scale rows (slots past n repeat the last
- * row, like rows). */
-SA_INLINE void scores_q8_block(const int8_t *qq, const float *qd, int HB, int D, int gs,
-                               const int8_t *const *rows, const float *const *srow, __m256 *res)
+ * row, like rows).  NC (32-byte chunks per group) is a constant for the
+ * default group of 32, so its dot has no chunk loop. */
+SA_INLINE void scores_q8_group_loop(const int8_t *qq, const float *qd, int HB, int D, int gs,
+                                    const int NC, const int8_t *const *rows,
+                                    const float *const *srow, __m256 *res)
 {
-    const int ng = D / gs, nc = gs / 32;
+    const int ng = D / gs;
     const int8_t *qh[2] = {qq, qq + (HB > 1 ? D : 0)};
+    __m256 kd[SA_Q8_MAX_GROUPS];
+    scales_8xng(srow, ng, kd);
     for (int h = 0; h < HB; h++)
         res[h] = _mm256_setzero_ps();
-    __m256 kd4[4];
     for (int g = 0; g < ng; g++) {
         __m256i lo[2], hi[2];
-        dot_group4_s8(qh, HB, rows, g * gs, nc, lo);
-        dot_group4_s8(qh, HB, rows + 4, g * gs, nc, hi);
-        if (g % 4 == 0 && g + 4 <= ng)
-            scales_8x4(srow, g, kd4);
-        const __m256 kdg = g < (ng & ~3) ? kd4[g % 4]
-                                         : _mm256_setr_ps(srow[0][g], srow[1][g], srow[2][g],
-                                                          srow[3][g], srow[4][g], srow[5][g],
-                                                          srow[6][g], srow[7][g]);
+        dot_group4_s8(qh, HB, rows, g * gs, NC, lo);
+        dot_group4_s8(qh, HB, rows + 4, g * gs, NC, hi);
         for (int h = 0; h < HB; h++) {
             const __m256i isum = _mm256_add_epi32(_mm256_permute2x128_si256(lo[h], hi[h], 0x20),
                                                   _mm256_permute2x128_si256(lo[h], hi[h], 0x31));
-            const __m256 w = _mm256_mul_ps(_mm256_set1_ps(qd[h * ng + g]), kdg);
+            const __m256 w = _mm256_mul_ps(_mm256_set1_ps(qd[h * ng + g]), kd[g]);
             res[h] = _mm256_add_ps(res[h], _mm256_mul_ps(w, _mm256_cvtepi32_ps(isum)));
         }
     }
 }
 
+SA_INLINE void scores_q8_block(const int8_t *qq, const float *qd, int HB, int D, int gs,
+                               const int8_t *const *rows, const float *const *srow, __m256 *res)
+{
+    if (gs == 32)
+        scores_q8_group_loop(qq, qd, HB, D, gs, 1, rows, srow, res);
+    else
+        scores_q8_group_loop(qq, qd, HB, D, gs, gs / 32, rows, srow, res);
+}
+
 /* gs a multiple of 32 (the dot works on 32-byte chunks of one group). */
 SA_INLINE int q8_takes(int gs, int D, ptrdiff_t scale_stride)
 {
-    (void)D, (void)scale_stride;
-    return gs % 32 == 0;
+    (void)scale_stride;
+    return gs % 32 == 0 && D / gs <= SA_Q8_MAX_GROUPS;
 }
 
 /* Heads per score block: pairs.  A block of three (as the AVX-512 file
@@ -232,5 +270,104 @@ SA_INLINE __m256 vf_mul_exp2(__m256 y, __m256 n)
  * instead of 10 per 8 (x86_common.h, accv_f32_wide). */
 #define SA_V_WIDE 6
 #define SA_V_WIDE_VECS 2
+
+/* -------------------------------------------------------------------------
+ * accumulate_v_q8: one block of tokens for all the heads (SA_Q8_V_BLOCK)
+ * ---------------------------------------------------------------------- */
+
+/* out[h][d .. d + 8*NV) for HB heads over tokens [t0, t1), all in q8 group
+ * g: each token's 8*NV values are widened, converted and scaled once for
+ * the HB heads (one rounding, as dequantize_rows), then added by one FMA
+ * per head and vector in token order, as accumulate_v_f32 adds a float row.
+ * HB and NV are constants at every call: HB * NV accumulators, NV values
+ * and a weight stay in the 16 registers. */
+SA_INLINE void accv_q8_tile(float *const *out, const float *const *p, const int HB, const int NV,
+                            const int8_t *v, const float *vd, ptrdiff_t row_stride,
+                            ptrdiff_t scale_stride, int t0, int t1, int d, int g)
+{
+    __m256 a[4][4];
+    for (int h = 0; h < HB; h++)
+        for (int c = 0; c < NV; c++)
+            a[h][c] = _mm256_loadu_ps(out[h] + d + 8 * c);
+    const int8_t *row = v + (ptrdiff_t)t0 * row_stride + d;
+    const float *sc = vd + (ptrdiff_t)t0 * scale_stride + g;
+    for (int t = t0; t < t1; t++, row += row_stride, sc += scale_stride) {
+        const __m256 s = _mm256_broadcast_ss(sc);
+        __m256 x[4];
+        for (int c = 0; c < NV; c++)
+            x[c] = _mm256_mul_ps(s, load8_s8_ps(row + 8 * c));
+        for (int h = 0; h < HB; h++) {
+            const __m256 w = _mm256_broadcast_ss(p[h] + t);
+            for (int c = 0; c < NV; c++)
+                a[h][c] = _mm256_fmadd_ps(w, x[c], a[h][c]);
+        }
+    }
+    for (int h = 0; h < HB; h++)
+        for (int c = 0; c < NV; c++)
+            _mm256_storeu_ps(out[h] + d + 8 * c, a[h][c]);
+}
+
+/* All of D for HB heads: tiles of NV vectors while they fit (gs a multiple
+ * of 8 * NV, so a tile never straddles two groups), then single vectors.
+ * The group is counted along, not divided out per tile. */
+SA_INLINE void accv_q8_cols(float *const *out, const float *const *p, const int HB, const int NV,
+                            int D, int gs, const int8_t *v, const float *vd,
+                            ptrdiff_t row_stride, ptrdiff_t scale_stride, int t0, int t1)
+{
+    int d = 0, g = 0, left = gs;
+    for (; d + 8 * NV <= D; d += 8 * NV) {
+        accv_q8_tile(out, p, HB, NV, v, vd, row_stride, scale_stride, t0, t1, d, g);
+        if ((left -= 8 * NV) == 0)
+            g++, left = gs;
+    }
+    for (; d < D; d += 8) {
+        accv_q8_tile(out, p, HB, 1, v, vd, row_stride, scale_stride, t0, t1, d, g);
+        if ((left -= 8) == 0)
+            g++, left = gs;
+    }
+}
+
+/* HB heads with the widest tile their group size allows. */
+SA_INLINE void accv_q8_heads_avx2(float *const *out, const float *const *p, const int HB,
+                                  const int NV, int D, int gs, const int8_t *v, const float *vd,
+                                  ptrdiff_t row_stride, ptrdiff_t scale_stride, int t0, int t1)
+{
+    if (NV >= 4 && gs % 32 == 0)
+        accv_q8_cols(out, p, HB, 4, D, gs, v, vd, row_stride, scale_stride, t0, t1);
+    else if (NV >= 2 && gs % 16 == 0)
+        accv_q8_cols(out, p, HB, 2, D, gs, v, vd, row_stride, scale_stride, t0, t1);
+    else
+        accv_q8_cols(out, p, HB, 1, D, gs, v, vd, row_stride, scale_stride, t0, t1);
+}
+
+/* Heads in blocks of 4 (two vectors of 16 columns: 8 accumulators), then
+ * the last 1-3 as one block (three heads x two vectors, or one or two heads
+ * x four vectors), so each token is dequantised once per block: a group of
+ * 3 or 7 pays for one and two dequantisations per token instead of the
+ * pair-and-one blocks' two and four.  The convert and the scale run on the
+ * FMA ports, so that is most of the cost at G = 3: V took 0.67-0.70x the
+ * time at G = 3 and 7, 0.93x at G = 2 (in cache, one thread, Xeon Emerald
+ * Rapids; bench/arm_model_driver.c `time`, old and new builds alternated). */
+SA_INLINE void accv_q8_block_avx2(float *const *out, const float *const *p, int G, int D,
+                                  int gs, const int8_t *v, const float *vd,
+                                  ptrdiff_t row_stride, ptrdiff_t scale_stride, int t0, int t1)
+{
+    int g = 0;
+    for (; g + 4 <= G; g += 4)
+        accv_q8_heads_avx2(out + g, p + g, 4, 2, D, gs, v, vd, row_stride, scale_stride, t0, t1);
+    switch (G - g) {
+    case 3:
+        accv_q8_heads_avx2(out + g, p + g, 3, 2, D, gs, v, vd, row_stride, scale_stride, t0, t1);
+        break;
+    case 2:
+        accv_q8_heads_avx2(out + g, p + g, 2, 4, D, gs, v, vd, row_stride, scale_stride, t0, t1);
+        break;
+    case 1:
+        accv_q8_heads_avx2(out + g, p + g, 1, 4, D, gs, v, vd, row_stride, scale_stride, t0, t1);
+        break;
+    default: break;
+    }
+}
+#define SA_Q8_V_BLOCK accv_q8_block_avx2
 
 #include "x86_common.h"

@@ -31,6 +31,11 @@
  *                             with 3, odd groups end on a block of three
  *   SA_V_HEADS                heads per V accumulation block (2 / 4; from 4,
  *                             q8 V also takes a block of three)
+ *   SA_Q8_V_BLOCK(out, p, G, D, gs, v, vd, row_stride, scale_stride, t0, t1)
+ *                             optional: q8 V accumulation of tokens [t0, t1)
+ *                             for all G heads (gs a multiple of SA_VT), in
+ *                             the file's own head blocks and tiles, instead
+ *                             of accv_q8_heads' SA_V_HEADS, pairs and one
  *   SA_Q8_MANY_HEADS, q8_many_takes(gs, D), scores_q8_many(...)  optional:
  *                             scores_q8 for G >= SA_Q8_MANY_HEADS heads when
  *                             q8_many_takes (the same bits, each K block
@@ -513,11 +518,12 @@ SA_INLINE void accv_q8_heads(float *const *out, const float *const *p, int HB, i
 #define SA_SCALAR_FN(kernel) kernel##_scalar
 #include "../scalar_kernels.h"
 
-/* accumulate_v_q8 with SA_V_HEADS heads at a time, then pairs, then one.
- * Out of line: a caller below takes the three-head case first, and the
- * loop keeps the code it had alone (inlined beside that case, or with it
- * as a branch inside, the pairs' loop read 2-7% slower on a Zen 4:
- * bench/kernel_costs.c, G = 2). */
+/* accumulate_v_q8 with SA_V_HEADS heads at a time, then pairs, then one
+ * (or the file's SA_Q8_V_BLOCK), a block of tokens at a time.  Out of
+ * line: a caller below takes the three-head case first, and the loop keeps
+ * the code it had alone (inlined beside that case, or with it as a branch
+ * inside, the pairs' loop read 2-7% slower on a Zen 4: bench/kernel_costs.c,
+ * G = 2). */
 __attribute__((noinline)) static void accv_q8_blocks(float *const *out, const float *const *p,
                                                      int G, int D, int gs, const int8_t *v,
                                                      const float *vd, ptrdiff_t row_stride,
@@ -532,6 +538,9 @@ __attribute__((noinline)) static void accv_q8_blocks(float *const *out, const fl
     for (int t0 = 0, it = 0; t0 < n; t0 += V_TOKENS, it++) {
         const int t1 = n - t0 < V_TOKENS ? n : t0 + V_TOKENS;
         sa_prefetch_part(pf, it, iters);
+#ifdef SA_Q8_V_BLOCK
+        SA_Q8_V_BLOCK(out, p, G, D, gs, v, vd, row_stride, scale_stride, t0, t1);
+#else
         int g = 0;
         for (; g + SA_V_HEADS <= G; g += SA_V_HEADS)
             accv_q8_heads(out + g, p + g, SA_V_HEADS, D, gs, v, vd, row_stride, scale_stride,
@@ -540,6 +549,7 @@ __attribute__((noinline)) static void accv_q8_blocks(float *const *out, const fl
             accv_q8_heads(out + g, p + g, 2, D, gs, v, vd, row_stride, scale_stride, t0, t1);
         if (g < G)
             accv_q8_heads(out + g, p + g, 1, D, gs, v, vd, row_stride, scale_stride, t0, t1);
+#endif
     }
 }
 
@@ -548,8 +558,9 @@ __attribute__((noinline)) static void accv_q8_blocks(float *const *out, const fl
  * as above, then the last three as one block, each token dequantised once
  * for the three instead of for a pair and again for one; the rows are back
  * in L1 or L2 for them.  Each head's sums are the same operations in the
- * same order whichever pass adds them.  (AVX2 keeps a pair and one: three
- * heads in 16 registers read slower there.) */
+ * same order whichever pass adds them.  (AVX2 has its own blocks,
+ * SA_Q8_V_BLOCK: three heads' four vectors of accumulators do not fit its
+ * 16 registers, three heads' two do.) */
 __attribute__((noinline)) static void accv_q8_split3(float *const *out, const float *const *p,
                                                      int G, int D, int gs, const int8_t *v,
                                                      const float *vd, ptrdiff_t row_stride,

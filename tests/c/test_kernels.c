@@ -744,6 +744,19 @@ static void test_accumulate_q8(const sa_kernels *kern)
         char what[120];
         snprintf(what, sizeof what, "accumulate_v_q8 D=%d gs=%d G=%d n=%d stride=%tdD %s", D,
                  gs, G, n, rs / D, Q8_MODE_NAME[mode]);
+        /* kernels.h: bitwise dequantize_rows then accumulate_v_f32 of the
+         * same table (prefill reads q8 V that way) */
+        float *deq = operand_alloc((size_t)n * D * sizeof(float));
+        float **two = rows_new(G, D);
+        kern->dequantize_rows(vq, vs, D, gs, n, rs, ss, deq);
+        for (int g = 0; g < G; g++)
+            memcpy(two[g], a.o0[g], (size_t)D * sizeof(float));
+        kern->accumulate_v_f32(two, (const float *const *)a.p, G, D, deq, D, n, NULL);
+        int as_f32 = 1;
+        for (int g = 0; g < G; g++)
+            as_f32 &= memcmp(two[g], a.got[g], (size_t)D * sizeof(float)) == 0;
+        check(as_f32, "%s: not dequantize_rows + accumulate_v_f32 bit for bit", what);
+        rows_free(two, G), operand_free(deq);
         accum_case_finish(&a, what, &(v_rows){.vq = vq, .vd = vs, .rs = rs, .ss = ss, .gs = gs});
         strided_free(&v), strided_free(&vd);
     }
