@@ -333,16 +333,6 @@ def test_sparse_kv_cache_probe_rows_follow_the_policy(eager, prompt):
         assert c.layers[0].kv.probe_rows is None, policy
 
 
-def test_alternating_sequences_on_a_transformers_cache_is_refused(eager, prompt):
-    model = sparse_copy(eager, k_blocks=2)
-    c1, c2 = DynamicCache(config=model.config), DynamicCache(config=model.config)
-    with torch.no_grad():
-        model(prompt, cache=c1, use_cache=True)
-        model(prompt[:, :100], cache=c2, use_cache=True)
-        with pytest.raises(sat.UnsupportedError, match="another sequence"):
-            model(prompt[:, :1], cache=c1, use_cache=True)
-
-
 # --------------------------------------------------------------------------- settings
 
 def test_settings_are_per_model_and_visible(eager, prompt):

@@ -37,9 +37,20 @@ KV caches
   through zero-copy numpy views of its contiguous CPU tensors; a
   bfloat16/float16 cache is converted to float32 at every step (a copy of the
   whole cache per layer and step: use ``kv_dtype="float32"`` to avoid it).
-  The importance record lives on each attention module
-  (``module._sparse_attn_record``), so one such cache per model at a time:
-  alternating two sequences on one model is refused, not mixed.
+  What the backend keeps of a sequence between calls (each layer's
+  importance record and channel copy) is kept on the cache object that
+  holds it, so several caches may be used on one model in turn, and a
+  ``deepcopy`` of a prefilled cache (transformers' way to reuse a prompt)
+  carries it.  transformers hands the attention function the cache's
+  tensors, not the cache, so each attention module gets a forward pre-hook
+  that notes the cache of its call: from :func:`enable` (unless
+  ``kv_dtype`` is set: the hook costs ~1.5 us a call), else from the
+  module's first call on such a cache.  A call the hook did not name (that
+  first one) gets the module's own state, continued only where K and V
+  start with the rows it recorded (compared), and handed to the first cache
+  that continues it.  A cache cropped by ``crop`` keeps the importance its
+  kept tokens received; one holding tokens sparse_topk did not attend
+  (filled by another attention implementation) is refused.
 * :class:`SparseKVCache`: a transformers ``Cache`` whose layers each hold a
   :class:`sparse_attn.KVCache` (``dtype="q8"`` quantises in C on append and
   holds K and V in ~3.6x less memory than float32, ~2.3x with the channel
@@ -48,7 +59,10 @@ KV caches
   Its ``update`` returns K/V tensors that carry a reference to the layer
   (attribute ``_sparse_attn_layer``); the attention function reads the
   ``KVCache`` through it and hands its buffers (``Q8`` for q8) to the kernels
-  directly.  For q8 K and V are one *placeholder* tensor of the right shape
+  directly.  A q8 layer's one-token ``update`` (a decode step) copies the
+  token at once and leaves the append to the attention call, so the caller
+  may reuse or free its tensors as soon as ``update`` returns.  For q8 K and
+  V are one *placeholder* tensor of the right shape
   and dtype with no data: any other attention implementation that touches
   it raises :class:`UnsupportedError` instead of reading garbage, and
   nothing ever dequantises the cache.  Mask creation only asks the cache
@@ -69,6 +83,8 @@ import math
 import time
 import types
 import warnings
+import weakref
+from ctypes import memmove as _memmove
 from dataclasses import asdict, dataclass, field
 
 import numpy as np
@@ -148,7 +164,8 @@ class SparseAttnSettings:
         None uses the cache transformers makes (``DynamicCache``); otherwise
         ``model.generate`` uses a :class:`SparseKVCache` of that dtype.
     group_size : int, default 32
-        q8 group size (must divide head_dim).
+        q8 group size (must divide head_dim: :func:`enable` with
+        ``kv_dtype="q8"`` checks it against the model's).
     threads : int or None, default None
         Kernel threads (None: ``SPARSE_ATTN_NUM_THREADS`` or the usable cores).
     compare_exact : bool, default False
@@ -333,6 +350,8 @@ def enable(model, *, k_blocks=32, block_size=32, n_probe=None, recency=True, pol
     if bad:
         raise ArgumentError(f"dense_layers {bad} are beyond the model's {n_layers} layers "
                             f"(0..{n_layers - 1})")
+    if settings.kv_dtype == "q8":
+        _check_group_size(settings.group_size, model, modules[0])
     for m in modules:
         _check_layer_type(m)
     devices = {p.device.type for p in model.parameters()}
@@ -345,12 +364,27 @@ def enable(model, *, k_blocks=32, block_size=32, n_probe=None, recency=True, pol
     for m in modules:
         m.sparse_attn = settings
         m.config.sparse_attn = settings.to_dict()
+        if settings.kv_dtype is None:       # generate will use transformers' cache
+            _watch_caches(m)
     if hasattr(model, "set_attn_implementation"):
         model.set_attn_implementation(NAME)
     else:
         model.config._attn_implementation = NAME
     _install_generate_cache(model)
     return model
+
+
+def _check_group_size(group_size, model, module):
+    """Refuse a q8 group size that does not divide the model's head_dim
+    (the one its SparseKVCache is made with; else the attention module's),
+    which the cache generate makes would refuse only inside generate()."""
+    shape = _kv_shape(_text_config(model.config))
+    head_dim = shape[1] if shape is not None else getattr(module, "head_dim", None)
+    if isinstance(head_dim, int) and head_dim > 0 and head_dim % group_size:
+        raise ArgumentError(
+            f"group_size ({group_size}) must divide the model's head_dim ({head_dim}) for "
+            f"kv_dtype='q8': use a divisor of {head_dim}, such as "
+            f"{math.gcd(head_dim, 32)}")
 
 
 def _check_layer_type(module):
@@ -495,6 +529,10 @@ class SparseKVLayer(CacheLayerMixin):
         # a one-slot list, emptied under the cache's write lock by whoever
         # appends it (KVCache._append_pending, _Decoder.append_call_at)
         self._pending = [None]
+        # the two handoffs (rows) a decode step's token is copied to, in
+        # turn (_hold_token), their rows' addresses, and which one is next
+        self._token_rows = self._token_to = None
+        self._token_next = 0
         self._prompt = None     # prefill="sdpa": the K/V of a prompt that filled the layer
         self._placeholder = _KVPlaceholder.for_layer(self)
         # the decode steps' placeholders, made PLACEHOLDER_BATCH at a time
@@ -522,6 +560,11 @@ class SparseKVLayer(CacheLayerMixin):
         (docs/design.md).  The first update still
         checks its shape, and remakes the cache if the config was wrong."""
         self._pending[0] = None
+        # update's decode-step handoff takes K/V of this cache's token shape
+        # only (q8), copied to rows of that size
+        self._token_shape = torch.Size((1, n_kv_heads, 1, head_dim)) if self.dtype == "q8" \
+            else None
+        self._token_rows = None
         self._kv = sa.KVCache(n_kv_heads, head_dim, capacity=self.capacity, dtype=self.dtype,
                               group_size=self.group_size, block_size=self.block_size,
                               n_probe=self.n_probe, copy_probe_rows=self.copy_probe_rows,
@@ -543,8 +586,6 @@ class SparseKVLayer(CacheLayerMixin):
         self.model_dtype = key_states.dtype
         self.device = key_states.device
         self.is_initialized = True
-        # update's decode-step handoff takes K/V of this shape (q8 only)
-        self._token_shape = torch.Size((1, hkv, 1, d)) if self.dtype == "q8" else None
         self._phs = []
 
     def update(self, key_states, value_states, *args, **kwargs):
@@ -553,11 +594,12 @@ class SparseKVLayer(CacheLayerMixin):
         float32 buffers, or q8 placeholders).  ``stats`` keeps the calls, their
         seconds and the seconds inside the C append.
 
-        A q8 layer's decode step (one new token) hands the token over to the
-        ``sparse_topk`` attention call that reads the placeholder, which
-        appends it and attends under one hold of the cache's lock; anything
-        else that reads the layer (``kv``, ``get_seq_length``, ``crop``, the
-        next update) appends it first."""
+        A q8 layer's decode step (one new token) copies the token now and
+        hands the copy over to the ``sparse_topk`` attention call that reads
+        the placeholder, which appends it and attends under one hold of the
+        cache's lock; anything else that reads the layer (``kv``,
+        ``get_seq_length``, ``crop``, the next update) appends it first.  No
+        caller's tensor is read after ``update`` returns."""
         t0 = time.perf_counter()
         shape = key_states.shape
         if shape == self._token_shape and value_states.shape == shape and \
@@ -565,7 +607,7 @@ class SparseKVLayer(CacheLayerMixin):
             # a q8 decode step: the token is handed over to the attention
             # call (see below), and the placeholder made with no other work
             # (the general path below does the same, after its checks)
-            self._pending[0] = _rows_at(key_states) + _rows_at(value_states)
+            self._pending[0] = self._hold_token(key_states, value_states)
             self._prompt = None
             i = self._kv._n + 1 - self._phs_first
             self.keys = self.values = self._phs[i] if 0 <= i < len(self._phs) else \
@@ -585,19 +627,20 @@ class SparseKVLayer(CacheLayerMixin):
             raise UnsupportedError(f"SparseKVCache layer expects K/V of shape {want} (one "
                                    f"shape for both), got {list(key_states.shape)} and "
                                    f"{list(value_states.shape)}")
-        (kp, k), (vp, v) = _rows_at(key_states), _rows_at(value_states)
         st = self.stats
         # A prompt filling the empty layer: prefill="sdpa" attends it on
         # these tensors (the attention call of this update takes them,
-        # whatever the mode).
-        self._prompt = (key_states, value_states) if kv._n == 0 else None
+        # whatever the mode, unless they were changed in place since).
+        self._prompt = (key_states, value_states, key_states._version,
+                        value_states._version) if kv._n == 0 else None
         if shape[2] == 1 and self.dtype == "q8":
-            self._pending[0] = (kp, k, vp, v)       # k and v keep the rows alive
+            self._pending[0] = self._hold_token(key_states, value_states)
             self.keys = self.values = self._placeholder.make(
                 (1, shape[1], kv._n + 1, shape[3]), self.model_dtype)
             st[0] += 1
             st[1] += time.perf_counter() - t0
             return self.keys, self.values
+        (kp, k), (vp, v) = _rows_at(key_states), _rows_at(value_states)
         t1 = time.perf_counter()
         kv._append_at(kp, vp, shape[2])     # k and v keep the rows alive
         t2 = time.perf_counter()
@@ -606,6 +649,39 @@ class SparseKVLayer(CacheLayerMixin):
         st[1] += time.perf_counter() - t0
         st[2] += t2 - t1
         return self.keys, self.values
+
+    def _hold_token(self, key_states, value_states):
+        """The handoff of a one-token update (``[1, Hkv, 1, D]`` K and V), as
+        KVCache._append_pending takes it: pointers to float32 copies of the
+        token's rows, made now, and what owns them.  The append comes later
+        (in the attention call), when the caller may have reused, resized
+        or freed its tensors.  Float32 rows are copied to one of the
+        layer's two handoffs, in turn: one is taken (under the cache's
+        lock) before the next is made, so the one written is never one
+        still being read; memory the layer keeps stays in the CPU's caches.
+        Other layouts and dtypes get torch's float32 copy."""
+        k, v = key_states, value_states
+        if (k.dtype is torch.float32 and v.dtype is torch.float32 and k.is_contiguous()
+                and v.is_contiguous() and k.is_cpu and v.is_cpu):
+            if self._token_rows is None:
+                self._new_token_rows(k.shape[1] * k.shape[3])
+            i = self._token_next
+            self._token_next = i ^ 1
+            k_to, v_to, nbytes = self._token_to[i]
+            # ctypes takes the addresses as ints: no cffi pointer is made per step
+            _memmove(k_to, k.data_ptr(), nbytes)
+            _memmove(v_to, v.data_ptr(), nbytes)
+            return self._token_rows[i]
+        return _rows_at(k, copy=True) + _rows_at(v, copy=True)
+
+    def _new_token_rows(self, row):
+        """The layer's two handoffs of ``row`` floats of K and of V each, in
+        one allocation that each keeps alive, and their rows' addresses."""
+        block = _uninitialised("float[]", 4 * row)
+        at = int(ffi.cast("uintptr_t", block))
+        self._token_rows = [(block, block, block + row, block),
+                            (block + 2 * row, block, block + 3 * row, block)]
+        self._token_to = [(at, at + 4 * row, 4 * row), (at + 8 * row, at + 12 * row, 4 * row)]
 
     def _step_placeholder(self, S):
         """The decode step's placeholder for a layer of S tokens, making
@@ -693,13 +769,20 @@ class SparseKVLayer(CacheLayerMixin):
             f"SparseKVLayer(dtype={self.dtype!r}, empty)"
 
 
-def _rows_at(states):
+_uninitialised = ffi.new_allocator(should_clear_after_alloc=False)
+
+
+def _rows_at(states, copy=False):
     """A cffi pointer to one update's tokens as float32 C-contiguous
-    ``[Hkv, T, D]``, and what owns that memory (to keep alive for the call):
-    the tensor itself when it has that layout (one token's K/V from a model's
-    ``transpose(1, 2)``), else a float32 C-contiguous copy made by torch (a
-    bfloat16 model's one-token K/V: 2.8 against 7.3 us through numpy)."""
+    ``[Hkv, T, D]``, and what owns that memory: the tensor itself when it
+    has that layout (one token's K/V from a model's ``transpose(1, 2)``) and
+    ``copy`` is false, to read during the call only (the caller may change
+    the tensor once update returns), else a float32 C-contiguous copy made
+    by torch (a bfloat16 model's one-token K/V: 2.8 against 7.3 us through
+    numpy), which nothing else holds."""
     if states.is_cpu and states.dtype is torch.float32 and states.is_contiguous():
+        if copy:
+            states = states.clone()
         return ffi.cast("float *", states.data_ptr()), states
     _check_cpu("key/value states", states)
     # (.to() returns a float32 tensor itself, whatever its layout)
@@ -753,8 +836,7 @@ class SparseKVCache(Cache):
             dtype = getattr(settings, "kv_dtype", None) or "q8"
         if group_size is None:
             group_size = getattr(settings, "group_size", 32)
-        text = config.get_text_config(decoder=True) if hasattr(config, "get_text_config") \
-            else config
+        text = _text_config(config)
         n_layers = ck.check_int("num_hidden_layers", text.num_hidden_layers, minimum=1)
         kinds = set(getattr(text, "layer_types", None) or ["full_attention"])
         if kinds != {"full_attention"} or getattr(text, "use_sliding_window", False):
@@ -792,6 +874,12 @@ class SparseKVCache(Cache):
         """Bytes of what every layer keeps beside K and V for selection (key
         bounds, channel copy, probe-row copies; :attr:`sparse_attn.KVCache.metadata_nbytes`)."""
         return sum(layer.kv.metadata_nbytes for layer in self.layers if layer.kv is not None)
+
+
+def _text_config(config):
+    """The decoder's text config of a model config (itself for a text model)."""
+    return config.get_text_config(decoder=True) if hasattr(config, "get_text_config") \
+        else config
 
 
 def _kv_shape(text):
@@ -859,20 +947,21 @@ class _ImportanceRecord:
             self._buf = buf
 
     def prepare(self, layer_idx, past, seq):
-        """Check the record covers exactly the ``past`` tokens of this
-        sequence (a new sequence when ``past == 0``), then extend it with
-        zeros to ``seq`` tokens."""
-        if past == 0:
-            self.length = 0
-        elif self.length != past:
+        """Check the record covers the ``past`` tokens the cache holds
+        before this call (``past == 0``: a new sequence; fewer than it
+        covers: a cropped cache, whose kept tokens keep the importance they
+        received), then make it ``seq`` tokens, the new ones at zero."""
+        if past > self.length:
             raise UnsupportedError(
-                f"layer {layer_idx}: the importance recorded for this model covers "
-                f"{self.length} tokens but the cache holds {past}: the cache belongs to another "
-                "sequence (two caches used alternately, or a cropped cache). Give each sequence "
-                "its own sparse_attn.integrations.transformers.SparseKVCache, which keeps "
-                "importance per cache")
+                f"layer {layer_idx}: the cache holds {past} tokens before this call, of which "
+                f"sparse_topk attended {self.length}: it holds another sequence, filled by "
+                "another attention implementation, or copied from a cache before the backend "
+                "could tell caches apart (a model not passed to sat.enable() learns that at "
+                "its first forward). Fill each cache with attn_implementation='sparse_topk' "
+                "from its first token, or use "
+                "sparse_attn.integrations.transformers.SparseKVCache")
         self._reserve(seq)
-        self._buf[self.length:seq] = 0
+        self._buf[past:seq] = 0
         self.length = seq
 
     def add(self, importance):
@@ -967,9 +1056,17 @@ class _CacheState:
 
     def prompt_kv(self, T):
         """The K/V tensors of this call's T tokens when they are the whole
-        layer (a prompt that filled it in one update), else None."""
-        kv, self.layer._prompt = self.layer._prompt, None
-        return kv if kv is not None and kv[0].shape[2] == T == self.kv.seq_len else None
+        layer (a prompt that filled it in one update) and unchanged since
+        (torch's version counters: an in-place op or ``set_`` on them after
+        the update leaves the cache holding other values), else None."""
+        held, self.layer._prompt = self.layer._prompt, None
+        if held is None:
+            return None
+        k, v, k_version, v_version = held
+        if k.shape[2] == T == self.kv.seq_len and (k._version, v._version) == (k_version,
+                                                                               v_version):
+            return k, v
+        return None
 
     def decoder(self, settings, scale, threads, dense):
         """The layer's prepared decode call for these settings: the one made
@@ -989,10 +1086,11 @@ class _CacheState:
 
 
 class _ViewState:
-    """What the backend reads and records for one layer of transformers' own
-    cache (a DynamicCache): float32 views of the K and V it hands over at
-    each call, and the importance of the sequence in it (per module, so one
-    such cache per model at a time)."""
+    """What the backend reads and records for one layer of one of
+    transformers' own caches (a DynamicCache): float32 views of the K and V
+    it hands over at each call, and what it keeps of the sequence in it
+    between calls, the importance record and the channel copy
+    (:func:`_view_state` keeps one per cache and layer)."""
 
     def __init__(self):
         self.record = _ImportanceRecord()
@@ -1003,31 +1101,69 @@ class _ViewState:
         # the struct's k_rows says; None until a decode needs it.
         self._copy = None
 
+    def __getstate__(self):
+        """What a copy keeps (a ``deepcopy`` of the cache that holds this
+        state): the record and the channel copy; the next call binds its own
+        tensors."""
+        copy = None
+        if self._copy is not None:
+            arrays, st = self._copy
+            copy = (arrays, st.block_size, st.k_rows)
+        return {"record": self.record, "copy": copy}
+
+    def __setstate__(self, state):
+        self.__init__()
+        self.record = state["record"]
+        if state["copy"] is not None:
+            arrays, block_size, k_rows = state["copy"]
+            self._copy = (arrays, _metadata.channels_struct(arrays, block_size, k_rows))
+
     def bind(self, layer_idx, key, value, T):
+        """Take this call's K and V (``[1, Hkv, S, D]``, the ``T`` queries'
+        rows last), which hold the sequence this state recorded (the caller
+        has made sure): ``S - T`` rows, or fewer after a crop, or none for a
+        new sequence.  Returns S."""
         self.key, self.value = key, value
         self.k, self.v = _float32_kv("key", key), _float32_kv("value", value)
         S = self.k.shape[1]
         if self.v.shape[1] != S or S < T:
             raise UnsupportedError(f"layer {layer_idx}: key/value hold {S}/{self.v.shape[1]} "
                                    f"tokens for {T} queries; expected equal lengths >= {T}")
-        self.record.prepare(layer_idx, S - T, S)
-        self.start = S - T
+        past = S - T
+        if past == 0 or past < self.record.length:
+            self._copy = None       # made from rows this sequence no longer holds
+        self.record.prepare(layer_idx, past, S)
+        self.start = past
         return S
+
+    def continues(self, key, value, past):
+        """Whether this call's K and V (``[1, Hkv, S, D]``) start with the
+        first ``past`` rows of those this state was last bound to: their
+        values compared (O(past), for the calls that cannot tell which cache
+        they read)."""
+        k, v = self.key, self.value
+        if k is None or not 0 < past <= min(self.record.length, k.shape[2]):
+            return False
+        if (k.dtype, v.dtype) != (key.dtype, value.dtype) or \
+                (k.shape[:2], k.shape[3]) != (key.shape[:2], key.shape[3]) or \
+                (v.shape[:2], v.shape[3]) != (value.shape[:2], value.shape[3]):
+            return False
+        return bool(torch.equal(k[:, :, :past], key[:, :, :past])
+                    and torch.equal(v[:, :, :past], value[:, :, :past]))
 
     def _channels_struct(self, kop, block_size):
         """The sa_channels of the channel copy (spec §6) of this call's K
         for ``scoring="channels"``, kept between calls: the rows before this
-        call's are the sequence's own (the importance record has checked
-        that the cache holds the sequence it recorded), so only the blocks
-        holding new rows are made again, as a :class:`sparse_attn.KVCache`
-        does on append.  A new sequence, head layout or block size starts
-        the copy again; the room for blocks grows by a quarter as it fills."""
+        call's are the ones the copy was made from (:meth:`bind` drops it
+        when they are not), so only the blocks holding new rows are made
+        again, as a :class:`sparse_attn.KVCache` does on append.  Another
+        head layout or block size starts the copy again; the room for blocks
+        grows by a quarter as it fills."""
         hkv, S, D = self.k.shape
         copy = self._copy
         if copy is not None:
             arrays, st = copy
-            if (arrays[0].shape[:2] != (hkv, D) or st.block_size != block_size
-                    or st.k_rows > self.start):
+            if arrays[0].shape[:2] != (hkv, D) or st.block_size != block_size:
                 copy = None
         nb = -(-S // block_size)
         if copy is None or nb > arrays[0].shape[2]:
@@ -1095,20 +1231,92 @@ class _ViewState:
         return sa.dense_decode(q, self.k, self.v, scale=scale, threads=threads)
 
 
-def _state(module, settings, key, value):
+def _state(module, settings, key, value, T, named):
     """The layer state of this call: the SparseKVCache layer's, or the
-    module's view of transformers' cache."""
+    view of the sequence in transformers' cache."""
     layer = getattr(key, "_sparse_attn_layer", None)
     if layer is not None and getattr(value, "_sparse_attn_layer", None) is layer:
         return layer.state
-    state = module.__dict__.get("_sparse_attn_view")
-    if state is None:
+    return _view_state(module, settings, key, value, T, named)
+
+
+def _view_state(module, settings, key, value, T, named):
+    """The :class:`_ViewState` of the sequence in the transformers cache
+    this call reads (K and V ``[1, Hkv, S, D]``, ``T`` new rows): the one
+    kept on the cache object for this layer, which the module's pre-hook
+    names (``named``: a weak reference, or None; :func:`_note_cache`).  A
+    call it does not name (before the hook, or without a cache) gets the
+    module's own state ("loose"), continued only when K and V start with
+    the rows it recorded; the first cache named in a call that continues
+    it takes it over.  ``module._sparse_attn_view`` is the state of the
+    module's last call."""
+    md = module.__dict__
+    cache = named() if named is not None else None
+    if "_sparse_attn_watched" not in md:
         if settings.kv_dtype is not None:
             warnings.warn(f"sparse_topk: kv_dtype={settings.kv_dtype!r} is set but this forward "
                           "got a transformers cache; it runs on that cache's float K/V. Pass "
-                          "cache=SparseKVCache(model) to use the setting", stacklevel=4)
-        state = module.__dict__["_sparse_attn_view"] = _ViewState()
+                          "cache=SparseKVCache(model) to use the setting", stacklevel=5)
+        _watch_caches(module)
+    past = key.shape[2] - T
+    loose = md.get("_sparse_attn_loose")
+    states = _states_on(cache)
+    if states is not None:
+        state = states.get(module.layer_idx)
+        if state is None:
+            if loose is not None and loose.continues(key, value, past):
+                state = md.pop("_sparse_attn_loose")
+            else:
+                state = _ViewState()
+            states[module.layer_idx] = state
+    elif loose is not None and (past == 0 or loose.continues(key, value, past)):
+        state = loose
+    else:
+        state = md["_sparse_attn_loose"] = _ViewState()
+    md["_sparse_attn_view"] = state
     return state
+
+
+def _states_on(cache):
+    """The view states kept on a transformers cache (a dict by layer index,
+    made empty when there is none), or None for no cache, or one that takes
+    no attributes."""
+    if cache is None:
+        return None
+    states = getattr(cache, "_sparse_attn_views", None)
+    if states is None:
+        states = {}
+        try:
+            cache._sparse_attn_views = states
+        except AttributeError:
+            return None
+    return states
+
+
+def _watch_caches(module):
+    """Give an attention module the pre-hook that names the cache of each
+    call (once; a copy of the module has it too).  Never taken away: a call
+    on a transformers cache without it cannot find the cache's state.  Not
+    given before it is needed: it costs every call of the module ~1.5 us,
+    which a model on a SparseKVCache (whose layers name themselves) saves."""
+    md = module.__dict__
+    if "_sparse_attn_watched" not in md and hasattr(module, "register_forward_pre_hook"):
+        module.register_forward_pre_hook(_note_cache, with_kwargs=True)
+        md["_sparse_attn_watched"] = True
+
+
+def _note_cache(module, args, kwargs):
+    """The forward pre-hook of an attention module served on transformers'
+    caches: transformers hands the attention function the cache's tensors
+    but not the cache, so this notes (weakly: the attention call takes it)
+    the cache the module's forward was given."""
+    cache = kwargs.get("cache")
+    if cache is None:
+        cache = kwargs.get("past_key_values")
+    try:
+        module.__dict__["_sparse_attn_cache"] = None if cache is None else weakref.ref(cache)
+    except TypeError:       # not weakly referenceable: treated as unnamed
+        module.__dict__["_sparse_attn_cache"] = None
 
 
 def sparse_topk_attention(module, query, key, value, attention_mask, scaling=None,
@@ -1137,6 +1345,9 @@ def sparse_topk_attention(module, query, key, value, attention_mask, scaling=Non
     """
     t0 = time.perf_counter()
     md = module.__dict__
+    # the cache this module's forward was given, if its pre-hook noted it:
+    # taken here, whatever the cache, so no later call finds it
+    named = md.pop("_sparse_attn_cache", None)
     settings = md.get("sparse_attn") or _settings_of(module)
     # One cheap test of everything _refuse_unsupported checks; it runs (and
     # raises with the reason) only when the test fails.
@@ -1156,7 +1367,8 @@ def sparse_topk_attention(module, query, key, value, attention_mask, scaling=Non
     _, n_heads, T, D = qs
     if scaling is None:
         scaling = getattr(module, "scaling", None) or 1.0 / math.sqrt(D)
-    state = key._sparse_attn_layer.state if ph else _state(module, settings, key, value)
+    state = key._sparse_attn_layer.state if ph else \
+        _state(module, settings, key, value, T, named)
     threads = settings.threads
     dense = module.layer_idx in settings.dense_layers
     done = state.step(settings, scaling, threads, dense, query, qdt, n_heads) \
