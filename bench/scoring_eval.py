@@ -252,7 +252,7 @@ class Scorer:
 # --------------------------------------------------------------------------- wiring
 
 _active = {"scorer": None}
-_c_decoder = sat._CacheState.decoder
+_c_decoder = sat.state.CacheState.decoder
 
 
 def _decoder(self, settings, scale, threads, dense):
@@ -322,11 +322,11 @@ def main(argv=None):
 
     # The numpy decode step and the runner are swapped in for this run only.
     runner_class = ev.Runner
-    ev.Runner, sat._CacheState.decoder = _R, _decoder
+    ev.Runner, sat.state.CacheState.decoder = _R, _decoder
     try:
         ev.run(args, on_prompt)
     finally:
-        ev.Runner, sat._CacheState.decoder = runner_class, _c_decoder
+        ev.Runner, sat.state.CacheState.decoder = runner_class, _c_decoder
         _active["scorer"] = None
     return 0
 

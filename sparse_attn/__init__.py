@@ -9,10 +9,11 @@ VNNI, NEON, NEON dotprod) at import from what the CPU reports;
 """
 import os as _os
 
-from ._checks import ArgumentError, ArgumentTypeError, KernelError, SparseAttnError
 from .attention import (accumulate_v, dense_decode, prefill, probe_scores, q8_dot,
                         select_blocks, sparse_decode)
 from .cache import KVCache
+from .errors import (ArgumentError, ArgumentTypeError, KernelError, SparseAttnError,
+                     UnsupportedError)
 from .isa import available_isas, built_isas, isa, set_isa
 from .metadata import BlockBounds, ChannelCopy, ProbeRows, block_bounds, channel_copy, probe_rows
 from .q8 import Q8, quantize_q8
@@ -25,7 +26,7 @@ __all__ = [
     "block_bounds", "ProbeRows", "probe_rows", "ChannelCopy", "channel_copy", "sparse_decode",
     "dense_decode", "prefill", "q8_dot", "accumulate_v", "isa", "set_isa",
     "available_isas", "built_isas", "SparseAttnError", "ArgumentError",
-    "ArgumentTypeError", "KernelError",
+    "ArgumentTypeError", "KernelError", "UnsupportedError",
 ]
 
 if _os.environ.get("SPARSE_ATTN_ISA"):

@@ -10,24 +10,10 @@ import os
 
 import numpy as np
 
+from .errors import ArgumentError, ArgumentTypeError
+
 # The C core takes sizes and counts as C ints.
 INT_MAX = 2**31 - 1
-
-
-class SparseAttnError(Exception):
-    """Base class of every error this package raises."""
-
-
-class ArgumentError(SparseAttnError, ValueError):
-    """An argument has the right type but a wrong value, shape or layout."""
-
-
-class ArgumentTypeError(SparseAttnError, TypeError):
-    """An argument has the wrong type or dtype."""
-
-
-class KernelError(SparseAttnError, RuntimeError):
-    """The C core reported a failure the Python checks did not foresee."""
 
 
 def check_int(name, value, *, minimum=None, maximum=INT_MAX):

@@ -1,10 +1,10 @@
 """The one module that imports the compiled core: pointers to arrays, and C
 statuses turned into exceptions that name the argument."""
-from ._checks import ArgumentError, KernelError
+from .errors import ArgumentError, KernelError
 
 try:
     from ._core import ffi, lib
-except ImportError as exc:   # pragma: no cover - exercised from a source tree
+except ImportError:   # pragma: no cover - exercised from a source tree
     import os as _os
     _here = _os.path.dirname(_os.path.abspath(__file__))
     # sparse_attn/ of a checkout: the repository root is one level up

@@ -17,7 +17,8 @@ each parser, checked with ``ap.error`` right after the parse.
 import argparse
 import os
 
-from ._checks import INT_MAX, ArgumentError
+from ._checks import INT_MAX
+from .errors import ArgumentError
 from .isa import default_threads
 
 Invalid = argparse.ArgumentTypeError
@@ -161,3 +162,12 @@ def threads_default(ap):
         return default_threads()
     except ArgumentError as exc:
         ap.error(str(exc))
+
+
+def fill_defaults(args, defaults, quick):
+    """Each flag of `defaults` the command line left unset (None) takes its
+    --quick value when args.quick, else its default: flags given
+    explicitly keep their value either way."""
+    for name, value in defaults.items():
+        if getattr(args, name) is None:
+            setattr(args, name, quick[name] if args.quick else value)

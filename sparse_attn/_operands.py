@@ -8,7 +8,7 @@ import numpy as np
 
 from . import _checks as ck
 from . import _ffi
-from ._checks import ArgumentError, ArgumentTypeError
+from .errors import ArgumentError, ArgumentTypeError
 from ._ffi import ffi, lib
 from .q8 import Q8
 

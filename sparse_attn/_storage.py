@@ -8,8 +8,9 @@ import mmap
 import numpy as np
 
 from ._operands import kv_operand
-from .metadata import (bounds_struct, channels_struct, empty_bounds, empty_channels,
-                       empty_probe_rows, probe_rows_struct)
+from .metadata import (BlockBounds, ChannelCopy, ProbeRows, bounds_struct, channels_struct,
+                       empty_bounds, empty_channels, empty_probe_rows, frozen_copy,
+                       probe_geometry, probe_rows_struct)
 from .q8 import Q8
 
 # The allocations of a cache smaller than a huge page, and its importance
@@ -158,7 +159,8 @@ def allocate(cache, capacity, old=None, n=0, filled=0):
                 dst[:, :, :onb] = src[:, :, :onb]
         if b.probe is not None:
             # every old copy row, including a partial block's copies so far
-            copy_rows(probe_arrays(old.probe), probe_arrays(b.probe), probe_arrays(old.probe)[0].shape[1])
+            src = probe_arrays(old.probe)
+            copy_rows(src, probe_arrays(b.probe), src[0].shape[1])
             probe_rows_done = old.probe_st.k_rows
     b.kop, b.vop = kv_operand("k", b.k), kv_operand("v", b.v)
     b.bounds_st = bounds_struct(b.bounds, cache.block_size, cache.scale_group, n)
@@ -218,3 +220,75 @@ def copy_rows(src, dst, n):
     """dst[i][:, :n] = src[i][:, :n] for matching tuples of arrays."""
     for s, d in zip(src, dst):
         d[:, :n] = s[:, :n]
+
+
+# What a cache hands out of its metadata: copies of the valid rows' part,
+# taken by the cache under its read lock (KVCache._snapshot), in read-only
+# memory, so later appends into a partial block never show through.
+
+def bounds_snapshot(b, n, cache):
+    nb = -(-n // cache.block_size)
+    mn, mx, sc = (frozen_copy(a[:, :nb]) for a in b.bounds)
+    return BlockBounds._wrap(mn, mx, sc, cache.block_size, cache.scale_group, n, nb)
+
+
+def channels_snapshot(b, n, cache):
+    if b.channels is None:
+        return None
+    nb = -(-n // cache.block_size)
+    data, scales = (frozen_copy(a[:, :, :nb]) for a in b.channels)
+    return ChannelCopy._wrap(data, scales, cache.block_size, n)
+
+
+def probe_rows_snapshot(b, n, cache):
+    if b.probe is None:
+        return None
+    # the full blocks' copies (what a decode reads), at least one block's:
+    # an operand has rows
+    cnt, _ = probe_geometry(cache.block_size, cache.n_probe)
+    r = max(n // cache.block_size, 1) * cnt
+    arrays = [frozen_copy(a[:, :r]) for a in probe_arrays(b.probe)]
+    rows = Q8._wrap(*arrays, cache.group_size) if len(arrays) == 2 else arrays[0]
+    return ProbeRows._wrap(rows, cache.block_size, cache.n_probe, n)
+
+
+def metadata_nbytes(b):
+    probe = 0 if b.probe is None else sum(a.nbytes for a in probe_arrays(b.probe))
+    channels = 0 if b.channels is None else sum(a.nbytes for a in b.channels)
+    return sum(a.nbytes for a in b.bounds) + probe + channels
+
+
+def own_metadata(cache, sel, seq, n, bounds, probe_rows, channels=None):
+    """Which of `cache`'s own metadata a decode with selection `sel`
+    over `seq` of its n rows reads: "bounds", "channels", "probe_rows" or
+    None (the caller passed its own, or none fits and K is probed or the
+    bounds computed for the call)."""
+    if bounds is not None or probe_rows is not None or channels is not None or seq != n:
+        return None
+    if sel.scoring == "minmax":
+        return "bounds" if sel.block_size == cache.block_size else None
+    if sel.scoring == "channels":
+        return "channels" if cache.copy_channels and sel.block_size == cache.block_size \
+            else None
+    if cache.copy_probe_rows and (sel.block_size, sel.n_probe) == \
+            (cache.block_size, cache.n_probe):
+        return "probe_rows"
+    return None
+
+
+def own_structs(buf, kind):
+    """The C structs (bounds-or-channels, probe rows) of a buffer set's own
+    metadata of the kind own_metadata named (None: neither)."""
+    if kind == "bounds":
+        return buf.bounds_st, None
+    if kind == "channels":
+        return buf.channels_st, None
+    if kind == "probe_rows":
+        return None, buf.probe_st
+    return None, None
+
+
+def own_kind_structs(cache, buf, sel, seq, n, bounds=None, probe_rows=None, channels=None):
+    """own_metadata's kind, and the C structs of buf's metadata of that kind."""
+    kind = own_metadata(cache, sel, seq, n, bounds, probe_rows, channels)
+    return (kind, *own_structs(buf, kind))

@@ -13,7 +13,7 @@ import numpy as np
 
 from . import _checks as ck
 from . import _ffi
-from ._checks import ArgumentError, ArgumentTypeError
+from .errors import ArgumentError, ArgumentTypeError
 from ._ffi import ffi, lib
 from ._operands import (check_pair, check_seq_len, importance_array, kv_operand, kv_pair,
                         query, scale_value)

@@ -3,13 +3,12 @@ import numpy as np
 
 from . import _checks as ck, _storage
 from . import _ffi
-from ._checks import ArgumentError
+from .errors import ArgumentError
 from ._ffi import ffi, lib
 from ._operands import importance_array, query, scale_value
 from ._rwlock import RWLock
 from .attention import dense_call, metadata_structs, prefill_call, sparse_call
-from .metadata import (BlockBounds, ChannelCopy, ProbeRows, default_scale_group, frozen_copy,
-                       probe_geometry)
+from .metadata import default_scale_group
 from .q8 import Q8
 from .selection import CACHE_POLICY, n_probe_value, selection
 
@@ -59,21 +58,16 @@ class KVCache:
         ``scoring="minmax"``) and probe-row copies the cache keeps up to date
     n_probe : int or ``"all"``, default 8; the probe the copies serve
     copy_probe_rows : bool, default False; keep copies of the rows the probe
-        samples (:class:`ProbeRows`), so that decode with ``scoring="probe"``
-        (``policy="seed"``) at this block_size and n_probe reads a quarter of
-        K's bytes for the probe instead of about all of them (same result,
-        bitwise).  They cost a quarter of K's memory with the defaults; turn
-        them on with ``copy_channels=False`` when the seed's rule is the one
-        decoded with.  None are kept when ``n_probe >= block_size``
+        samples (:class:`ProbeRows`): decode with ``scoring="probe"``
+        (``policy="seed"``) at this block_size and n_probe then reads a
+        quarter of K for the probe instead of all of it (same bits), for a
+        quarter of K's memory.  None are kept when ``n_probe >= block_size``
     copy_channels : bool, default True; keep the channel-major copy of K
-        that ``scoring="channels"`` (``policy="balanced"``, the default of
-        :meth:`decode`) reads at this block_size: ``head_dim * (block_size +
-        4)`` bytes per block and KV head, about K's own size for q8 K (a
-        quarter of it for float32).  Without it such a decode makes the copy
-        for the call, reading all of K (about 75x a dense decode's time,
-        docs/results.md); turn it off when memory is tighter than recall and
-        decode with ``policy="seed"`` (with ``copy_probe_rows=True``),
-        ``"fast"`` or ``"recall"``
+        that ``scoring="channels"`` (``policy="balanced"``, :meth:`decode`'s
+        default) reads: ``head_dim * (block_size + 4)`` bytes per block and
+        KV head, about q8 K's size.  Without it such a decode copies all of K
+        per call; turn it off when memory is tighter than recall and decode
+        with ``policy="seed"`` (with ``copy_probe_rows=True``) or ``"fast"``
 
     Examples
     --------
@@ -155,54 +149,34 @@ class KVCache:
         finally:
             self._lock.release_read()
 
+    def _snapshot(self, take):
+        """take(buffers, n, cache) under the read lock: an append, prefill or
+        truncate in another thread writes the arrays in place."""
+        self._lock.acquire_read()
+        try:
+            return take(self._buf, self._n, self)
+        finally:
+            self._lock.release_read()
+
     @property
     def bounds(self):
         """The per-block key bounds of the valid rows (:class:`BlockBounds`,
         a copy), kept up to date by :meth:`append`, for ``scoring="minmax"``."""
-        self._lock.acquire_read()
-        try:
-            buf, n = self._buf, self._n
-            nb = -(-n // self.block_size)
-            mn, mx, sc = (frozen_copy(a[:, :nb]) for a in buf.bounds)
-        finally:
-            self._lock.release_read()
-        return BlockBounds._wrap(mn, mx, sc, self.block_size, self.scale_group, n, nb)
+        return self._snapshot(_storage.bounds_snapshot)
 
     @property
     def channels(self):
         """The channel-major copy of the valid rows (:class:`ChannelCopy`,
         copied from the one :meth:`append` keeps up to date) for
         ``scoring="channels"``, or None without ``copy_channels=True``."""
-        self._lock.acquire_read()
-        try:
-            buf, n = self._buf, self._n
-            if buf.channels is None:
-                return None
-            nb = -(-n // self.block_size)
-            data, scales = (frozen_copy(a[:, :, :nb]) for a in buf.channels)
-        finally:
-            self._lock.release_read()
-        return ChannelCopy._wrap(data, scales, self.block_size, n)
+        return self._snapshot(_storage.channels_snapshot)
 
     @property
     def probe_rows(self):
         """The copies of the probe's rows (:class:`ProbeRows`, a copy of
         those of the valid rows' full blocks), or None with
         ``copy_probe_rows=False``."""
-        self._lock.acquire_read()
-        try:
-            buf, n = self._buf, self._n
-            if buf.probe is None:
-                return None
-            # the full blocks' copies (what a decode reads), at least one
-            # block's: an operand has rows
-            cnt, _ = probe_geometry(self.block_size, self.n_probe)
-            r = max(n // self.block_size, 1) * cnt
-            arrays = [frozen_copy(a[:, :r]) for a in _storage.probe_arrays(buf.probe)]
-        finally:
-            self._lock.release_read()
-        rows = Q8._wrap(*arrays, self.group_size) if len(arrays) == 2 else arrays[0]
-        return ProbeRows._wrap(rows, self.block_size, self.n_probe, n)
+        return self._snapshot(_storage.probe_rows_snapshot)
 
     @property
     def nbytes(self):
@@ -214,10 +188,7 @@ class KVCache:
     def metadata_nbytes(self):
         """Bytes held at the current capacity by what selection reads beside
         K and V: the key bounds, the probe-row copies and the channel copy."""
-        buf = self._buf
-        probe = 0 if buf.probe is None else sum(a.nbytes for a in _storage.probe_arrays(buf.probe))
-        channels = 0 if buf.channels is None else sum(a.nbytes for a in buf.channels)
-        return sum(a.nbytes for a in buf.bounds) + probe + channels
+        return _storage.metadata_nbytes(self._buf)
 
     # ----------------------------------------------------------------- updates
     def append(self, k, v):
@@ -380,11 +351,8 @@ class KVCache:
         exact_tail = ck.check_int("exact_tail", exact_tail, minimum=0)
         sel = None
         if k_blocks is not None:
-            sel = selection(policy, k_blocks=k_blocks,
-                            block_size=self.block_size if block_size is None else block_size,
-                            n_probe=n_probe, recency=recency,
-                            importance_fraction=importance_fraction, sink_blocks=sink_blocks,
-                            share=share, scoring=scoring, n_channels=n_channels)
+            sel = self._selection(policy, k_blocks, block_size, n_probe, recency,
+                                  importance_fraction, sink_blocks, share, scoring, n_channels)
         self._lock.acquire_write()
         try:
             buf, n = self._buf, self._n
@@ -395,11 +363,8 @@ class KVCache:
                                     f"{n}; append their K/V first")
             params = prior = keep = None
             if sel is not None:
-                bst = pst = None
-                kind = self._own_metadata(sel, n, n, None, None)
-                if kind:
-                    bst, pst = _own_structs(buf, kind)
-                elif sel.scoring in ("minmax", "channels"):
+                kind, bst, pst = _storage.own_kind_structs(self, buf, sel, n, n)
+                if not kind and sel.scoring in ("minmax", "channels"):
                     bst, pst, keep = metadata_structs(sel, self._view(buf.k, n), buf.kop, n,
                                                       None, None)
                 params = sel.params(bst, pst, exact_tail)
@@ -426,11 +391,8 @@ class KVCache:
         its probe-row copies for ``scoring="probe"`` when ``block_size``
         (default: the cache's) and ``n_probe`` are the cache's and
         ``seq_len`` is the cache's."""
-        sel = selection(policy, k_blocks=k_blocks,
-                        block_size=self.block_size if block_size is None else block_size,
-                        n_probe=n_probe, recency=recency,
-                        importance_fraction=importance_fraction, sink_blocks=sink_blocks,
-                        share=share, scoring=scoring, n_channels=n_channels)
+        sel = self._selection(policy, k_blocks, block_size, n_probe, recency,
+                              importance_fraction, sink_blocks, share, scoring, n_channels)
         scale = scale_value(scale, self.head_dim)
         threads = ck.check_threads(threads)
         return_blocks = ck.check_bool("return_blocks", return_blocks)
@@ -446,12 +408,11 @@ class KVCache:
                 imp = buf.importance if self._has_importance else None
             else:
                 imp = importance_array(importance, seq)
-            keep = bst = pst = None
-            kind = self._own_metadata(sel, seq, n, bounds, probe_rows, channels)
-            if kind:
-                bst, pst = _own_structs(buf, kind)
-            elif bounds is not None or probe_rows is not None or channels is not None or \
-                    sel.scoring in ("minmax", "channels"):
+            keep = None
+            kind, bst, pst = _storage.own_kind_structs(self, buf, sel, seq, n, bounds, probe_rows,
+                                                       channels)
+            if not kind and (sel.scoring in ("minmax", "channels")
+                             or any(x is not None for x in (bounds, probe_rows, channels))):
                 bst, pst, keep = metadata_structs(sel, self._view(buf.k, seq), buf.kop, seq,
                                                   bounds, probe_rows, channels)
             result = sparse_call(q, n_heads, buf.kop, buf.vop, seq, sel, imp, bst, pst, scale,
@@ -473,12 +434,9 @@ class KVCache:
         the output and one C call.  This is what a model's per-layer,
         per-token loop wants (the transformers backend uses it).  It follows
         the cache through appends and growth."""
-        sel = selection(policy, k_blocks=k_blocks,
-                        block_size=self.block_size if block_size is None else block_size,
-                        n_probe=n_probe, recency=recency,
-                        importance_fraction=importance_fraction, sink_blocks=sink_blocks,
-                        share=share, scoring=scoring, n_channels=n_channels)
-        return _Decoder(self, sel, scale_value(scale, self.head_dim),
+        sel = self._selection(policy, k_blocks, block_size, n_probe, recency,
+                              importance_fraction, sink_blocks, share, scoring, n_channels)
+        return Decoder(self, sel, scale_value(scale, self.head_dim),
                         ck.check_threads(threads), ck.check_bool("dense", dense),
                         ck.check_bool("return_blocks", return_blocks))
 
@@ -496,22 +454,13 @@ class KVCache:
         finally:
             self._lock.release_read()
 
-    def _own_metadata(self, sel, seq, n, bounds, probe_rows, channels=None):
-        """Which of the cache's own metadata a decode with selection `sel`
-        over `seq` of its n rows reads: "bounds", "channels", "probe_rows" or
-        None (the caller passed its own, or none fits and K is probed or the
-        bounds computed for the call)."""
-        if bounds is not None or probe_rows is not None or channels is not None or seq != n:
-            return None
-        if sel.scoring == "minmax":
-            return "bounds" if sel.block_size == self.block_size else None
-        if sel.scoring == "channels":
-            return "channels" if self.copy_channels and sel.block_size == self.block_size \
-                else None
-        if self.copy_probe_rows and (sel.block_size, sel.n_probe) == \
-                (self.block_size, self.n_probe):
-            return "probe_rows"
-        return None
+    def _selection(self, policy, k_blocks, block_size, n_probe, recency, importance_fraction,
+                   sink_blocks, share, scoring, n_channels):
+        return selection(policy, k_blocks=k_blocks,
+                         block_size=self.block_size if block_size is None else block_size,
+                         n_probe=n_probe, recency=recency, importance_fraction=importance_fraction,
+                         sink_blocks=sink_blocks, share=share, scoring=scoring,
+                         n_channels=n_channels)
 
     def metadata_for(self, *, seq_len=None, k_blocks=32, block_size=None, n_probe=None,
                      policy=CACHE_POLICY, scoring=None, n_channels=None, bounds=None,
@@ -527,32 +476,20 @@ class KVCache:
                         **{k: v for k, v in knobs.items() if k in
                            ("recency", "importance_fraction", "sink_blocks", "share")})
         n = self._n
-        return self._own_metadata(sel, n if seq_len is None else seq_len, n, bounds, probe_rows,
-                                  channels)
+        seq = n if seq_len is None else seq_len
+        return _storage.own_metadata(self, sel, seq, n, bounds, probe_rows, channels)
 
     def __repr__(self):
         return (f"KVCache(n_kv_heads={self.n_kv_heads}, head_dim={self.head_dim}, "
                 f"dtype={self.dtype!r}, seq_len={self.seq_len}, capacity={self.capacity})")
 
 
-def _own_structs(buf, kind):
-    """The C structs (bounds-or-channels, probe rows) of a buffer set's own
-    metadata of the kind _own_metadata named (None: neither)."""
-    if kind == "bounds":
-        return buf.bounds_st, None
-    if kind == "channels":
-        return buf.channels_st, None
-    if kind == "probe_rows":
-        return None, buf.probe_st
-    return None, None
-
-
-class _Decoder:
-    """KVCache.decoder's prepared call.  What depends on the cache's buffers
-    (the selection struct pointing at its bounds or probe-row copies, the
-    importance pointer) is made once per buffer set; a call checks the
-    query's shape and layout against the first call's, takes the read lock,
-    and makes one C call."""
+class Decoder:
+    """KVCache.decoder's prepared call (package-internal: the transformers
+    backend checks for it and calls call_at / append_call_at).  What
+    depends on the cache's buffers (the selection struct, the importance
+    pointer) is made once per buffer set; a call checks the query against
+    the first call's, takes the read lock, and makes one C call."""
 
     __slots__ = ("cache", "sel", "scale", "threads", "dense", "return_blocks", "buf", "params",
                  "imp", "qshape", "slow")
@@ -566,12 +503,13 @@ class _Decoder:
         # (or channel scoring without the cache's copy at its block size)
         self.slow = not dense and (
             (sel.scoring == "minmax" and sel.block_size != cache.block_size) or
-            (sel.scoring == "channels" and _own_full(cache, sel) is None))
+            (sel.scoring == "channels" and
+             _storage.own_metadata(cache, sel, 1, 1, None, None) is None))
 
     def _bind(self, buf):
         c, sel = self.cache, self.sel
-        kind = None if self.dense else c._own_metadata(sel, 1, 1, None, None)
-        self.params = None if self.dense else sel.params(*_own_structs(buf, kind))
+        kind = None if self.dense else _storage.own_metadata(c, sel, 1, 1, None, None)
+        self.params = None if self.dense else sel.params(*_storage.own_structs(buf, kind))
         self.imp = _ffi.ptr(buf.importance, "float")
         self.buf = buf
 
@@ -648,6 +586,15 @@ class _Decoder:
         return blocks
 
 
-def _own_full(cache, sel):
-    """The cache's own metadata a full-length decode with `sel` reads."""
-    return cache._own_metadata(sel, 1, 1, None, None)
+# The transformers backend's zero-copy appends (package-internal), under the write lock.
+
+def append_at(cache, kp, vp, T):
+    """Append T rows of float32 K and V at the cffi pointers kp, vp (laid
+    out [n_kv_heads, T, head_dim]; the caller keeps them alive)."""
+    cache._append_at(kp, vp, T)
+
+
+def append_pending(cache, slot):
+    """Append the one token a backend layer parked in `slot` (see
+    KVCache._append_pending), if any."""
+    cache._append_pending(slot)

@@ -256,9 +256,7 @@ def parse_args(argv, prog="python -m sparse_attn.eval"):
     ap.add_argument("--json", metavar="PATH", type=flag.output_file,
                     help="every row, written as each prompt finishes")
     args = ap.parse_args(argv)
-    for name, value in DEFAULTS.items():
-        if getattr(args, name) is None:
-            setattr(args, name, QUICK[name] if args.quick else value)
+    flag.fill_defaults(args, DEFAULTS, QUICK)
     flag.check_model_files(ap, args)
     flag.threads_default(ap)
     return args

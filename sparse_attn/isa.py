@@ -2,7 +2,8 @@
 import; these name it and switch it, process-wide), and how many threads a
 call uses by default (``default_threads()``: ``SPARSE_ATTN_NUM_THREADS`` or
 the cores this process may run on)."""
-from ._checks import ArgumentError, ArgumentTypeError, default_threads
+from ._checks import default_threads
+from .errors import ArgumentError, ArgumentTypeError
 from ._ffi import ffi, lib
 
 

@@ -130,5 +130,6 @@ def info():
         threads_env=os.environ.get("SPARSE_ATTN_NUM_THREADS"),
         usable_cores=len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity")
         else os.cpu_count(),
-        machine=platform.machine(), cpu=cpu_model(), cpu_id=cpu_id(), caches=cpu_caches(), build=build_info(),
+        machine=platform.machine(), cpu=cpu_model(), cpu_id=cpu_id(), caches=cpu_caches(),
+        build=build_info(),
         platform=platform.platform())

@@ -13,7 +13,7 @@ import numpy as np
 
 from . import _checks as ck
 from . import _ffi
-from ._checks import ArgumentError, ArgumentTypeError
+from .errors import ArgumentError, ArgumentTypeError
 from ._ffi import ffi, lib
 from ._operands import check_seq_len, kv_operand
 from .q8 import _SCALE_LIMIT, Q8, _read_only
@@ -570,3 +570,10 @@ def channel_copy(k, *, block_size=32, seq_len=None):
     st = channels_struct(arrays, block_size, 0)
     _ffi.check(lib.sa_channels_update(kop.struct, 0, seq_len, st), "channel_copy")
     return ChannelCopy._wrap(*arrays, block_size, seq_len)
+
+
+def owned_channel_copy(data, scales, block_size, k_rows):
+    """A ChannelCopy over arrays the caller made for it and no one else
+    writes (package-internal: the transformers backend's kept copy); not
+    copied or checked again."""
+    return ChannelCopy._wrap(data, scales, block_size, k_rows)

@@ -4,7 +4,7 @@ import numpy as np
 
 from . import _checks as ck
 from . import _ffi
-from ._checks import ArgumentError
+from .errors import ArgumentError
 from ._ffi import lib
 
 # The largest dequantised magnitude a q8 tensor may hold (127 * scale), as

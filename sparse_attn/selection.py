@@ -12,7 +12,7 @@ import math
 from dataclasses import dataclass
 
 from . import _checks as ck
-from ._checks import ArgumentError
+from .errors import ArgumentError
 from ._ffi import ffi, lib
 
 SHARES = {"head": lib.SA_SHARE_HEAD, "group": lib.SA_SHARE_GROUP}

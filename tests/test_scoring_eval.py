@@ -93,5 +93,5 @@ def test_np_recall_keeps_the_c_recall_text_on_smollm2(tmp_path, capsys):
     assert rows["np-recall"]["text"] == rows["recall"]["text"]
     assert "np-recall" in capsys.readouterr().out
     # the run leaves the backend and the eval runner as they were
-    assert se.sat._CacheState.decoder is se._c_decoder
+    assert se.sat.state.CacheState.decoder is se._c_decoder
     assert se.ev.Runner is not se.Runner and se._active["scorer"] is None

@@ -19,6 +19,7 @@ transformers = pytest.importorskip("transformers")
 sat = pytest.importorskip("sparse_attn.integrations.transformers")
 
 import sparse_attn as sa  # noqa: E402
+from sparse_attn._ffi import ffi  # noqa: E402
 from transformers import DynamicCache, Qwen3Config, Qwen3ForCausalLM  # noqa: E402
 
 # Same float32 attention, summed in another order than torch's matmul, then
@@ -205,8 +206,8 @@ def test_sdpa_prefill_is_torchs_attention_and_decode_stays_sparse(eager, prompt,
     model = sparse_copy(eager, k_blocks=ALL_BLOCKS, policy="balanced", prefill="sdpa",
                         kv_dtype=kv_dtype)
     calls = []
-    real = sat._sdpa_prefill
-    monkeypatch.setattr(sat, "_sdpa_prefill", lambda *a: calls.append(a[0].shape) or real(*a))
+    real = sat.attention._sdpa_prefill
+    monkeypatch.setattr(sat.attention, "_sdpa_prefill", lambda *a: calls.append(a[0].shape) or real(*a))
     cache = sat.SparseKVCache(model) if kv_dtype else DynamicCache(config=model.config)
     with torch.no_grad():
         first = model(prompt, cache=cache, use_cache=True).logits[0, -1]
@@ -232,8 +233,8 @@ def test_sdpa_prefill_serves_only_a_prompt_that_fills_the_cache(eager, prompt, m
     prefill, which records the importance of what it ran: the second
     chunk's share of an exact chunked prefill's."""
     calls = []
-    real = sat._sdpa_prefill
-    monkeypatch.setattr(sat, "_sdpa_prefill", lambda *a: calls.append(a[0].shape) or real(*a))
+    real = sat.attention._sdpa_prefill
+    monkeypatch.setattr(sat.attention, "_sdpa_prefill", lambda *a: calls.append(a[0].shape) or real(*a))
     imps = {}
     for mode in ("exact", "sdpa"):
         model = sparse_copy(eager, k_blocks=ALL_BLOCKS, policy="balanced", prefill=mode,
@@ -405,12 +406,12 @@ def test_settings_keep_checked_ints():
 
 def test_float32_kv_is_read_without_copies():
     kv = torch.randn(1, 2, 50, 128)
-    view = sat._float32_kv("key", kv)
+    view = sat.state._float32_kv("key", kv)
     assert np.shares_memory(view, kv.numpy()) and view.shape == (2, 50, 128)
     big = torch.randn(1, 2, 80, 128)                       # head stride of 80 rows, 50 valid
-    assert np.shares_memory(sat._float32_kv("key", big[:, :, :50]), big.numpy())
+    assert np.shares_memory(sat.state._float32_kv("key", big[:, :, :50]), big.numpy())
     half = kv.to(torch.bfloat16)
-    assert sat._float32_kv("key", half).dtype == np.float32
+    assert sat.state._float32_kv("key", half).dtype == np.float32
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16])
@@ -419,10 +420,10 @@ def test_update_rows_are_float32_hkv_t_d(dtype, T):
     """What a SparseKVCache appends from an update's K/V: float32 [Hkv, T, D]
     C-contiguous, from a model's transpose(1, 2) layout in any float dtype."""
     x = torch.randn(1, T, 3, 64).to(dtype).transpose(1, 2)       # [1, Hkv, T, D]
-    ptr, owner = sat._rows_at(x)
-    got = np.frombuffer(sat.ffi.buffer(ptr, 3 * T * 64 * 4), dtype=np.float32)
+    ptr, owner = sat.cache._rows_at(x)
+    got = np.frombuffer(ffi.buffer(ptr, 3 * T * 64 * 4), dtype=np.float32)
     np.testing.assert_array_equal(got, x.float().reshape(-1).numpy())
-    assert owner.data_ptr() == int(sat.ffi.cast("uintptr_t", ptr))
+    assert owner.data_ptr() == int(ffi.cast("uintptr_t", ptr))
 
 
 @pytest.mark.parametrize("kv_dtype", [None, "float32"])
@@ -532,11 +533,11 @@ def test_decode_placeholders_and_outputs_made_in_batches_stay_right(eager, promp
     layer = cache.layers[0]
     n = PROMPT_TOKENS
     g = torch.Generator().manual_seed(9)
-    steps = sat.PLACEHOLDER_BATCH + sat.OUTPUT_BATCH + 3
+    steps = sat.tensors.PLACEHOLDER_BATCH + sat.tensors.OUTPUT_BATCH + 3
     outs, copies, seen = [], [], set()
     with torch.no_grad():
         for i in range(steps):
-            if i == sat.PLACEHOLDER_BATCH // 2:     # a rollback inside a batch
+            if i == sat.tensors.PLACEHOLDER_BATCH // 2:     # a rollback inside a batch
                 layer.crop(-2)
                 n -= 2
             k, v = torch.randn(2, 1, 2, 1, 128, generator=g)
@@ -749,8 +750,13 @@ def test_refuses_output_attentions(eager, prompt):
 
 
 def test_docstring_examples():
-    result = doctest.testmod(sat, optionflags=doctest.ELLIPSIS)
-    assert result.attempted > 0 and result.failed == 0
+    attempted = 0
+    for module in (sat, sat.settings, sat.patching, sat.cache, sat.state, sat.attention,
+                   sat.tensors, sat.refusals):
+        result = doctest.testmod(module, optionflags=doctest.ELLIPSIS)
+        assert result.failed == 0, module.__name__
+        attempted += result.attempted
+    assert attempted > 0
 
 
 def decode_steps(model, cache, first, n):
@@ -877,7 +883,7 @@ def test_the_kept_channel_copy_grows_and_restarts():
     room of 64 blocks, then a new sequence, then another block size."""
     g = torch.Generator().manual_seed(5)
     K = torch.randn(1, 2, 2200, 64, generator=g)
-    state = sat._ViewState()
+    state = sat.state._ViewState()
     for S, T in [(100, 100), (101, 1), (130, 29), (2100, 1970), (2101, 1), (2200, 99)]:
         state.bind(0, K[:, :, :S], K[:, :, :S], T)
         assert_same_copy(state.channels(32), K[0, :, :S].numpy())
@@ -905,7 +911,7 @@ def test_the_view_states_decode_is_sparse_decode(policy):
     V = torch.randn(1, 2, 300, 64, generator=g)
     q = torch.randn(4, 64, generator=g).numpy()
     settings = sat.SparseAttnSettings(k_blocks=3, policy=policy, threads=1)
-    state = sat._ViewState()
+    state = sat.state._ViewState()
     state.bind(0, K[:, :, :200], V[:, :, :200], 200)
     state.record.add(np.linspace(0, 1, 200, dtype=np.float32))
     for S in (201, 202, 240):

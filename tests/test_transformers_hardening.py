@@ -55,7 +55,7 @@ def test_a_new_sequence_restarts_the_kept_channel_copy():
     g = torch.Generator().manual_seed(3)
     A = torch.randn(1, 2, 101, 64, generator=g)
     B = torch.randn(1, 2, 201, 64, generator=g)
-    state = sat._ViewState()
+    state = sat.state._ViewState()
     state.bind(0, A[:, :, :100], A[:, :, :100], 100)
     state.bind(0, A, A, 1)
     assert_same_copy(state.channels(32), A[0].numpy())

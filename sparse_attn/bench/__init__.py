@@ -150,9 +150,7 @@ def parse_args(argv, prog="python -m sparse_attn.bench"):
     ap.add_argument("--plot", metavar="PATH", type=flag.output_file,
                     help="draw ms/token vs context (needs matplotlib)")
     args = ap.parse_args(argv)
-    for name, value in TABLE_DEFAULTS.items():
-        if getattr(args, name) is None:
-            setattr(args, name, QUICK[name] if args.quick else value)
+    flag.fill_defaults(args, TABLE_DEFAULTS, QUICK)
     if args.prefill_lengths is None:
         args.prefill_lengths = [n for n in args.lengths if n <= PREFILL_MAX_DEFAULT]
     check_table_flags(ap, args)
@@ -193,8 +191,8 @@ def main(argv=None, prog="python -m sparse_attn.bench"):
         rows = main_model(args)
         if args.json:
             with open(args.json, "w") as f:
-                json.dump(dict(command=command, machine=machine.info(), args={k: v for k, v in vars(args).items()
-                                                             if k != "configs"},
+                json.dump(dict(command=command, machine=machine.info(),
+                               args={k: v for k, v in vars(args).items() if k != "configs"},
                                configs=[c["label"] for c in args.configs], rows=rows), f,
                           indent=1)
         if args.plot:

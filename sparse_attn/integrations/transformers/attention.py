@@ -1,0 +1,195 @@
+"""The attention function and mask transformers calls for attn_implementation="sparse_topk"."""
+import math
+import time
+
+import numpy as np
+import torch
+from transformers.masking_utils import causal_mask_function
+
+from sparse_attn.errors import UnsupportedError
+
+from .refusals import CHECKED_KWARGS, QUERY_DTYPES, refuse_kwargs, refuse_unsupported
+from .settings import settings_of
+from .state import CacheState, layer_state
+from .tensors import KVPlaceholder
+
+
+def sparse_topk_mask(batch_size, q_length, kv_length, q_offset=0, kv_offset=0,
+                     mask_function=causal_mask_function, attention_mask=None, **kwargs):
+    """The ``AttentionMaskInterface`` entry of ``sparse_topk``.
+
+    The kernels apply the causal mask themselves (queries at ``[S - T, S)``),
+    so the only mask this returns is None, and only for what they compute:
+    one unpadded sequence, plain causal attention, keys ``[0, S)``.  Anything
+    else (padding, sliding/chunked/bidirectional patterns, packed sequences,
+    extra mask overlays, a pre-allocated cache) raises
+    :class:`UnsupportedError`.
+    """
+    if batch_size != 1:
+        raise UnsupportedError(
+            f"sparse_topk runs one sequence at a time (batch 1), got batch {batch_size}: loop "
+            "over the prompts, or use attn_implementation='sdpa' for batched/padded inputs")
+    if mask_function is not causal_mask_function:
+        name = getattr(mask_function, "__qualname__", repr(mask_function))
+        raise UnsupportedError(
+            f"sparse_topk computes plain causal attention; this model asked for another mask "
+            f"pattern ({name}: sliding-window, chunked, bidirectional, packed sequences or an "
+            "overlay): use attn_implementation='sdpa' for it")
+    if attention_mask is not None and not bool(attention_mask.all()):
+        raise UnsupportedError(
+            "sparse_topk does not support padding (the attention_mask has zeros): pass the "
+            "sequence without padding, or use attn_implementation='sdpa' for padded inputs")
+    q_offset = int(q_offset)
+    if int(kv_offset) != 0 or q_offset + q_length != kv_length:
+        raise UnsupportedError(
+            f"the cache reports kv_length {kv_length} at offset {int(kv_offset)} for "
+            f"{q_length} queries after {q_offset} cached tokens: a pre-allocated (static) or "
+            "windowed cache, which sparse_topk does not read. Use the default DynamicCache "
+            "or sparse_attn.integrations.transformers.SparseKVCache")
+    return None
+
+
+def sparse_topk_attention(module, query, key, value, attention_mask, scaling=None,
+                          dropout=0.0, **kwargs):
+    """The ``AttentionInterface`` function of ``attn_implementation="sparse_topk"``.
+
+    Parameters
+    ----------
+    module : the attention module (``layer_idx``, ``config``, ``is_causal``, ``training``)
+    query : ``[1, H, T, D]`` float32/bfloat16/float16 CPU tensor
+    key, value : ``[1, Hkv, S, D]`` (after the cache update; ``S >= T``), or
+        the K/V a :class:`SparseKVCache` returned
+    attention_mask : None (what :func:`sparse_topk_mask` returns)
+    scaling : float, default ``module.scaling`` or ``1/sqrt(D)``
+    dropout : must be 0
+
+    Returns
+    -------
+    attn_output : ``[1, T, H, D]`` in the query's dtype
+    attn_weights : None
+
+    With ``profile=True`` in the settings, each call adds to
+    ``module.sparse_attn_stats``: ``calls``, ``seconds`` (the whole call),
+    ``kernel_seconds`` (inside the C calls) and, for decode, the same as
+    ``decode_*``.
+    """
+    t0 = time.perf_counter()
+    md = module.__dict__
+    # the cache this module's forward was given, if its pre-hook noted it:
+    # taken here, whatever the cache, so no later call finds it
+    named = md.pop("_sparse_attn_cache", None)
+    settings = md.get("sparse_attn") or settings_of(module)
+    # One cheap test of everything refuse_unsupported checks; it runs (and
+    # raises with the reason) only when the test fails.
+    # (a SparseKVCache's q8 placeholder stands for K and V, on the CPU,
+    # without grad: its own checks are the shape's)
+    qs, qdt = query.shape, query.dtype
+    ph = value is key and isinstance(key, KVPlaceholder)
+    if not (md.get("_sparse_attn_checked") and attention_mask is None and not dropout
+            and query.is_cpu and qdt in QUERY_DTYPES and qs[0] == 1
+            and (ph or key.is_cpu)
+            and not ((query.requires_grad or not ph and key.requires_grad)
+                     and torch.is_grad_enabled())
+            and key.shape[-1] == qs[-1] and (ph or value.shape[-1] == qs[-1])):
+        refuse_unsupported(module, query, key, value, attention_mask, dropout)
+    if kwargs and not CHECKED_KWARGS.isdisjoint(kwargs):
+        refuse_kwargs(module, kwargs)
+    _, n_heads, T, D = qs
+    if scaling is None:
+        scaling = getattr(module, "scaling", None) or 1.0 / math.sqrt(D)
+    state = key._sparse_attn_layer.state if ph else \
+        layer_state(module, settings, key, value, T, named)
+    threads = settings.threads
+    dense = module.layer_idx in settings.dense_layers
+    done = state.step(settings, scaling, threads, dense, query, qdt, n_heads) \
+        if T == 1 and type(state) is CacheState else None
+    if done is not None:            # a SparseKVCache layer's decode step
+        out, blocks, kernel = done
+        decode = True
+    else:
+        S = state.bind(module.layer_idx, key, value, T)
+        decode = T == 1 and S > 1
+        if decode:
+            decoder = state.decoder(settings, scaling, threads, dense)
+            qd = _decode_query(query, n_heads, D)
+            t1 = time.perf_counter()
+            res = decoder(qd)
+            kernel = time.perf_counter() - t1
+            out, blocks = res if type(res) is tuple else (res, None)
+            out = torch.from_numpy(out).view(1, 1, n_heads, D)
+        else:
+            # taken whatever the mode, so a prompt's K/V never outlives its
+            # layer's call (30 layers of a 7K prompt would hold ~300 MB)
+            prompt = state.prompt_kv(T)
+            if prompt is not None and settings.prefill == "sdpa":
+                t1 = time.perf_counter()
+                out = _sdpa_prefill(query.detach(), prompt[0].detach(), prompt[1].detach(),
+                                    scaling)
+                kernel = time.perf_counter() - t1
+            else:
+                q = query.detach()[0]
+                if q.dtype != torch.float32:
+                    q = q.to(torch.float32)
+                sparse = {}
+                if settings.prefill == "sparse" and not dense:
+                    sparse = dict(settings.decode_kwargs(), exact_tail=settings.exact_tail)
+                t1 = time.perf_counter()
+                out = state.prefill(q.contiguous().numpy(), scaling, threads, sparse)
+                kernel = time.perf_counter() - t1
+                out = torch.from_numpy(out).transpose(0, 1).unsqueeze(0)
+    if decode and not dense:
+        if settings.record_blocks:
+            md["sparse_attn_blocks"] = blocks
+        if settings.compare_exact:
+            exact = state.exact(_decode_query(query, n_heads, D), scaling, threads)
+            got = out.view(n_heads, D).numpy()
+            err = float(np.abs(got - exact).max() / max(np.abs(exact).max(), 1e-30))
+            md.setdefault("sparse_attn_errors", []).append(err)
+    if out.dtype is not qdt:
+        out = out.to(qdt)
+    if settings.profile:
+        _record(module, decode, time.perf_counter() - t0, kernel)
+    return out, None
+
+
+def _sdpa_prefill(query, key, value, scaling):
+    """prefill="sdpa": torch's causal attention of a whole prompt, ``[1, H,
+    T, D]`` against its own ``[1, Hkv, T, D]`` K/V, in the query's dtype;
+    ``[1, T, H, D]``."""
+    key, value = key.to(query.dtype), value.to(query.dtype)
+    g = query.shape[1] // key.shape[1]
+    sdpa = torch.nn.functional.scaled_dot_product_attention
+    try:
+        out = sdpa(query, key, value, is_causal=True, scale=scaling, enable_gqa=g > 1)
+    except TypeError:       # torch < 2.5: no enable_gqa
+        out = sdpa(query, key.repeat_interleave(g, dim=1), value.repeat_interleave(g, dim=1),
+                   is_causal=True, scale=scaling)
+    return out.transpose(1, 2)
+
+
+def _decode_query(query, n_heads, D):
+    """``[H, D]`` float32 C-contiguous numpy of a one-token ``[1, H, 1, D]``
+    query: a view when it is float32 with rows D apart (what a model's
+    ``transpose(1, 2)`` of its projection gives), else a copy."""
+    q = query.detach()
+    if q.dtype != torch.float32:
+        q = q.to(torch.float32)
+    try:
+        return q.view(n_heads, D).numpy()
+    except RuntimeError:
+        return q.reshape(n_heads, D).contiguous().numpy()
+
+
+def _record(module, decode, seconds, kernel_seconds):
+    st = module.__dict__.get("sparse_attn_stats")
+    if st is None:
+        st = module.__dict__["sparse_attn_stats"] = dict.fromkeys(
+            ("calls", "seconds", "kernel_seconds", "decode_calls", "decode_seconds",
+             "decode_kernel_seconds"), 0)
+    st["calls"] += 1
+    st["seconds"] += seconds
+    st["kernel_seconds"] += kernel_seconds
+    if decode:
+        st["decode_calls"] += 1
+        st["decode_seconds"] += seconds
+        st["decode_kernel_seconds"] += kernel_seconds

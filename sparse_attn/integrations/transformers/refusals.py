@@ -1,0 +1,116 @@
+"""What sparse_topk does not handle, refused with an UnsupportedError that names the alternative."""
+import math
+
+import torch
+
+from sparse_attn.errors import ArgumentError
+from sparse_attn.errors import UnsupportedError
+
+from .settings import kv_shape, text_config
+from .tensors import KVPlaceholder
+
+
+def check_group_size(group_size, model, module):
+    """Refuse a q8 group size that does not divide the model's head_dim
+    (the one its SparseKVCache is made with; else the attention module's),
+    which the cache generate makes would refuse only inside generate()."""
+    shape = kv_shape(text_config(model.config))
+    head_dim = shape[1] if shape is not None else getattr(module, "head_dim", None)
+    if isinstance(head_dim, int) and head_dim > 0 and head_dim % group_size:
+        raise ArgumentError(
+            f"group_size ({group_size}) must divide the model's head_dim ({head_dim}) for "
+            f"kv_dtype='q8': use a divisor of {head_dim}, such as "
+            f"{math.gcd(head_dim, 32)}")
+
+
+def check_layer_type(module):
+    layer_types = getattr(module.config, "layer_types", None)
+    kind = layer_types[module.layer_idx] if layer_types else "full_attention"
+    if kind != "full_attention" or getattr(module, "sliding_window", None) is not None:
+        raise UnsupportedError(
+            f"layer {module.layer_idx} is a {kind!r} layer (sliding_window="
+            f"{getattr(module, 'sliding_window', None)}); sparse_topk serves full causal "
+            "attention layers only: use attn_implementation='sdpa' for this model")
+
+
+def check_cpu(name, t):
+    if t.device.type != "cpu":
+        raise UnsupportedError(
+            f"sparse_topk runs on CPU tensors; {name} is on {t.device}: keep "
+            "attn_implementation='sdpa' (or a flash kernel) on an accelerator, or move the "
+            "model to the CPU")
+
+
+def refuse_unsupported(module, query, key, value, attention_mask, dropout):
+    """Raise UnsupportedError for what sparse_topk does not compute.  What
+    depends only on the module is checked once per module."""
+    if "_sparse_attn_checked" not in module.__dict__:
+        _refuse_module(module)
+        module.__dict__["_sparse_attn_checked"] = True
+    if query.device.type != "cpu":
+        check_cpu("query", query)
+    if not isinstance(key, KVPlaceholder) and key.device.type != "cpu":
+        check_cpu("key", key)
+    if query.dtype not in QUERY_DTYPES:
+        raise UnsupportedError(f"sparse_topk takes float32/bfloat16/float16 queries, got "
+                               f"{query.dtype}")
+    if dropout:
+        raise UnsupportedError(
+            f"attention dropout ({dropout}) in training: sparse_topk is for inference; call "
+            "model.eval(), or train with attn_implementation='sdpa'")
+    if torch.is_grad_enabled() and (query.requires_grad or key.requires_grad):
+        raise UnsupportedError(
+            "sparse_topk has no backward pass: run inference under torch.no_grad() (generate "
+            "does), or use attn_implementation='sdpa' for training")
+    if query.shape[0] != 1:
+        raise UnsupportedError(
+            f"sparse_topk runs one sequence at a time (batch 1), got batch {query.shape[0]}: loop "
+            "over the prompts, or use attn_implementation='sdpa' for batches")
+    if attention_mask is not None:
+        raise UnsupportedError(
+            "sparse_topk got a materialised attention mask (a custom 4D mask, padding or "
+            "another mask implementation): it computes plain causal attention only; use "
+            "attn_implementation='sdpa' for custom masks")
+    if key.shape[-1] != query.shape[-1] or value.shape[-1] != query.shape[-1]:
+        raise UnsupportedError(
+            f"sparse_topk needs one head_dim for Q, K and V, got {query.shape[-1]}, "
+            f"{key.shape[-1]}, {value.shape[-1]}: use attn_implementation='sdpa'")
+
+
+QUERY_DTYPES = (torch.float32, torch.bfloat16, torch.float16)
+
+
+# the keyword arguments refuse_kwargs looks at (others are ignored)
+CHECKED_KWARGS = frozenset(("sliding_window", "is_causal", "softcap", "s_aux", "sinks",
+                             "position_bias", "output_attentions"))
+
+
+def _refuse_module(module):
+    layer_idx = module.layer_idx
+    if getattr(module, "sliding_window", None):
+        raise UnsupportedError(
+            f"layer {layer_idx} is a sliding-window layer: sparse_topk serves full causal "
+            "attention only; use attn_implementation='sdpa' for this model")
+    if not getattr(module, "is_causal", True):
+        raise UnsupportedError(
+            f"layer {layer_idx} is not causal (an encoder or bidirectional layer): sparse_topk "
+            "is a causal decoder backend; use attn_implementation='sdpa'")
+
+
+def refuse_kwargs(module, kwargs):
+    layer_idx = module.layer_idx
+    if kwargs.get("sliding_window") is not None:
+        raise UnsupportedError(
+            f"layer {layer_idx} is a sliding-window layer: sparse_topk serves full causal "
+            "attention only; use attn_implementation='sdpa' for this model")
+    if kwargs.get("is_causal") is False:
+        raise UnsupportedError(
+            f"layer {layer_idx} is not causal (an encoder or bidirectional layer): sparse_topk "
+            "is a causal decoder backend; use attn_implementation='sdpa'")
+    for name in ("softcap", "s_aux", "sinks", "position_bias"):
+        if kwargs.get(name) is not None:
+            raise UnsupportedError(f"sparse_topk does not implement {name} (layer {layer_idx}): "
+                                   "use attn_implementation='eager' or 'sdpa' for this model")
+    if kwargs.get("output_attentions"):
+        raise UnsupportedError("sparse_topk does not return attention weights: use "
+                               "attn_implementation='eager' with output_attentions=True")

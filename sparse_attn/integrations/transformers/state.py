@@ -1,0 +1,397 @@
+"""What the backend keeps of a sequence between calls, per layer: on a SparseKVCache's layer, or on transformers' own cache object."""
+import time
+import warnings
+import weakref
+
+import numpy as np
+import torch
+
+import sparse_attn as sa
+from sparse_attn import _checks as ck, metadata as _metadata
+from sparse_attn import _ffi
+from sparse_attn._ffi import ffi
+from sparse_attn._operands import kv_operand, kv_pair, query, scale_value
+from sparse_attn.attention import dense_call, metadata_structs, sparse_call
+from sparse_attn.cache import Decoder, append_pending
+from sparse_attn.errors import UnsupportedError
+
+from .tensors import OUTPUT_BATCH, KVPlaceholder
+
+
+class _ImportanceRecord:
+    """Per-layer importance of the sequence in a transformers-owned cache:
+    float32 ``[length]``, growing by doubling."""
+
+    def __init__(self):
+        self._buf = np.zeros(1024, np.float32)
+        self.length = 0
+
+    def _reserve(self, n):
+        if n > self._buf.shape[0]:
+            buf = np.zeros(max(n, 2 * self._buf.shape[0]), np.float32)
+            buf[:self.length] = self._buf[:self.length]
+            self._buf = buf
+
+    def prepare(self, layer_idx, past, seq):
+        """Check the record covers the ``past`` tokens the cache holds
+        before this call (``past == 0``: a new sequence; fewer than it
+        covers: a cropped cache, whose kept tokens keep the importance they
+        received), then make it ``seq`` tokens, the new ones at zero."""
+        if past > self.length:
+            raise UnsupportedError(
+                f"layer {layer_idx}: the cache holds {past} tokens before this call, of which "
+                f"sparse_topk attended {self.length}: it holds another sequence, filled by "
+                "another attention implementation, or copied from a cache before the backend "
+                "could tell caches apart (a model not passed to sat.enable() learns that at "
+                "its first forward). Fill each cache with attn_implementation='sparse_topk' "
+                "from its first token, or use "
+                "sparse_attn.integrations.transformers.SparseKVCache")
+        self._reserve(seq)
+        self._buf[past:seq] = 0
+        self.length = seq
+
+    def add(self, importance):
+        self._buf[:importance.shape[0]] += importance
+
+    @property
+    def importance(self):
+        return self._buf[:self.length]
+
+
+def _float32_kv(name, t):
+    """``[Hkv, S, D]`` float32 numpy of a ``[1, Hkv, S, D]`` K/V tensor:
+    a zero-copy view when it is float32 with contiguous rows (the head
+    stride may be larger than S rows), else a float32 copy."""
+    t = t.detach()[0]
+    if isinstance(t, KVPlaceholder):
+        raise UnsupportedError(f"{name} is a q8 placeholder separated from its SparseKVCache")
+    if t.dtype != torch.float32 or t.stride(2) != 1 or (t.shape[1] > 1
+                                                        and t.stride(1) != t.shape[2]):
+        t = t.to(torch.float32).contiguous()
+    return t.numpy()
+
+
+class CacheState:
+    """What the backend reads and records for one layer of a
+    :class:`SparseKVCache`: its :class:`sparse_attn.KVCache` (which keeps the
+    importance, the key bounds and the probe-row copies), and the decode
+    calls prepared on it for each settings the model ran with."""
+
+    def __init__(self, layer):
+        self.layer, self.kv = layer, layer._kv
+        # the decode call made last: (settings, scale, threads, dense, decoder)
+        self._last = (None, None, None, None, None)
+        # decode outputs made OUTPUT_BATCH at a time (see _new_outputs), each
+        # handed out once
+        self._outs, self._outs_heads = [], 0
+
+    def bind(self, layer_idx, key, value, T):
+        slot = self.layer._pending
+        if slot[0] is not None:
+            append_pending(self.kv, slot)
+        return self.kv.seq_len
+
+    def step(self, settings, scale, threads, dense, query, qdt, n_heads):
+        """A decode step on a prepared decoder, reading the query tensor's
+        data and writing a new output tensor's (no numpy views), the token
+        the layer's update left pending appended in the same hold of the
+        lock.  Returns (out ``[1, 1, H, D]`` float32, the blocks or None,
+        seconds inside the C calls), or None where the general path runs:
+        a decoder that makes its metadata per call (or not this module's:
+        the scoring bench swaps in its own), query heads not a multiple of
+        the KV heads, or a cache of one token (that step is a prefill)."""
+        decoder = self.decoder(settings, scale, threads, dense)
+        kv, slot = self.kv, self.layer._pending
+        if (type(decoder) is not Decoder or decoder.slow or n_heads % kv.n_kv_heads
+                or kv.seq_len + (slot[0] is not None) < 2):
+            return None
+        q = query if qdt is torch.float32 and query.is_contiguous() else \
+            query.to(torch.float32).contiguous()
+        outs = self._outs
+        if not outs or self._outs_heads != n_heads:
+            outs = self._new_outputs(n_heads)
+        out = outs.pop()
+        qp, outp = ffi.cast("float *", q.data_ptr()), ffi.cast("float *", out.data_ptr())
+        t1 = time.perf_counter()
+        if slot[0] is None:
+            blocks = decoder.call_at(qp, n_heads, outp)
+        else:       # takes the token under the lock (another thread may have appended it)
+            blocks = decoder.append_call_at(slot, qp, n_heads, outp)
+        return out, blocks, time.perf_counter() - t1
+
+    def _new_outputs(self, n_heads):
+        """OUTPUT_BATCH new ``[1, 1, n_heads, head_dim]`` float32 tensors,
+        made back to back: one made per step between torch's matmuls cost
+        ~4 us (see SparseKVLayer._step_placeholder)."""
+        D = self.kv.head_dim
+        self._outs = [torch.empty((1, 1, n_heads, D), dtype=torch.float32)
+                      for _ in range(OUTPUT_BATCH)]
+        self._outs_heads = n_heads
+        return self._outs
+
+    def prefill(self, q, scale, threads, sparse):
+        return self.kv.prefill(q, scale=scale, threads=threads, **sparse)
+
+    def prompt_kv(self, T):
+        """The K/V tensors of this call's T tokens when they are the whole
+        layer (a prompt that filled it in one update) and unchanged since
+        (torch's version counters: an in-place op or ``set_`` on them after
+        the update leaves the cache holding other values), else None."""
+        held, self.layer._prompt = self.layer._prompt, None
+        if held is None:
+            return None
+        k, v, k_version, v_version = held
+        if k.shape[2] == T == self.kv.seq_len and (k._version, v._version) == (k_version,
+                                                                               v_version):
+            return k, v
+        return None
+
+    def decoder(self, settings, scale, threads, dense):
+        """The layer's prepared decode call for these settings: the one made
+        last when they are the same (settings objects are immutable; a layer
+        runs one model's settings, scale, threads and dense flag), else a
+        new one."""
+        last = self._last
+        if not (last[0] is settings and last[1] == scale and last[2] == threads
+                and last[3] == dense):
+            last = self._last = (settings, scale, threads, dense, self.kv.decoder(
+                scale=scale, threads=threads, dense=dense,
+                return_blocks=not dense and settings.record_blocks, **settings.decode_kwargs()))
+        return last[4]
+
+    def exact(self, q, scale, threads):
+        return self.kv.dense_decode(q, scale=scale, threads=threads)
+
+
+class _ViewState:
+    """What the backend reads and records for one layer of one of
+    transformers' own caches (a DynamicCache): float32 views of the K and V
+    it hands over at each call, and what it keeps of the sequence in it
+    between calls, the importance record and the channel copy
+    (:func:`_view_state` keeps one per cache and layer)."""
+
+    def __init__(self):
+        self.record = _ImportanceRecord()
+        self.key = self.value = self.k = self.v = None
+        self.start = 0
+        # The channel copy of K that scoring="channels" reads: (arrays,
+        # struct) for up to arrays[0].shape[2] blocks, covering the rows
+        # the struct's k_rows says; None until a decode needs it.
+        self._copy = None
+
+    def __getstate__(self):
+        """What a copy keeps (a ``deepcopy`` of the cache that holds this
+        state): the record and the channel copy; the next call binds its own
+        tensors."""
+        copy = None
+        if self._copy is not None:
+            arrays, st = self._copy
+            copy = (arrays, st.block_size, st.k_rows)
+        return {"record": self.record, "copy": copy}
+
+    def __setstate__(self, state):
+        self.__init__()
+        self.record = state["record"]
+        if state["copy"] is not None:
+            arrays, block_size, k_rows = state["copy"]
+            self._copy = (arrays, _metadata.channels_struct(arrays, block_size, k_rows))
+
+    def bind(self, layer_idx, key, value, T):
+        """Take this call's K and V (``[1, Hkv, S, D]``, the ``T`` queries'
+        rows last), which hold the sequence this state recorded (the caller
+        has made sure): ``S - T`` rows, or fewer after a crop, or none for a
+        new sequence.  Returns S."""
+        self.key, self.value = key, value
+        self.k, self.v = _float32_kv("key", key), _float32_kv("value", value)
+        S = self.k.shape[1]
+        if self.v.shape[1] != S or S < T:
+            raise UnsupportedError(f"layer {layer_idx}: key/value hold {S}/{self.v.shape[1]} "
+                                   f"tokens for {T} queries; expected equal lengths >= {T}")
+        past = S - T
+        if past == 0 or past < self.record.length:
+            self._copy = None       # made from rows this sequence no longer holds
+        self.record.prepare(layer_idx, past, S)
+        self.start = past
+        return S
+
+    def continues(self, key, value, past):
+        """Whether this call's K and V (``[1, Hkv, S, D]``) start with the
+        first ``past`` rows of those this state was last bound to: their
+        values compared (O(past), for the calls that cannot tell which cache
+        they read)."""
+        k, v = self.key, self.value
+        if k is None or not 0 < past <= min(self.record.length, k.shape[2]):
+            return False
+        if (k.dtype, v.dtype) != (key.dtype, value.dtype) or \
+                (k.shape[:2], k.shape[3]) != (key.shape[:2], key.shape[3]) or \
+                (v.shape[:2], v.shape[3]) != (value.shape[:2], value.shape[3]):
+            return False
+        return bool(torch.equal(k[:, :, :past], key[:, :, :past])
+                    and torch.equal(v[:, :, :past], value[:, :, :past]))
+
+    def _channels_struct(self, kop, block_size):
+        """The sa_channels of the channel copy (spec §6) of this call's K
+        for ``scoring="channels"``, kept between calls: the rows before this
+        call's are the ones the copy was made from (:meth:`bind` drops it
+        when they are not), so only the blocks holding new rows are made
+        again, as a :class:`sparse_attn.KVCache` does on append.  Another
+        head layout or block size starts the copy again; the room for blocks
+        grows by a quarter as it fills."""
+        hkv, S, D = self.k.shape
+        copy = self._copy
+        if copy is not None:
+            arrays, st = copy
+            if arrays[0].shape[:2] != (hkv, D) or st.block_size != block_size:
+                copy = None
+        nb = -(-S // block_size)
+        if copy is None or nb > arrays[0].shape[2]:
+            room = max(64, nb + nb // 4)     # a quarter more: O(1) copying per row
+            fresh = _metadata.empty_channels(hkv, room, D, block_size)
+            done = 0
+            if copy is not None:
+                done = st.k_rows
+                have = -(-done // block_size)
+                for src, dst in zip(arrays, fresh):
+                    dst[:, :, :have] = src[:, :, :have]
+            arrays, st = fresh, _metadata.channels_struct(fresh, block_size, done)
+            self._copy = (arrays, st)
+        _ffi.check(_ffi.lib.sa_channels_update(kop.struct, st.k_rows, S, st),
+                   "sparse_topk channel copy")
+        return st
+
+    def channels(self, block_size):
+        """The kept channel copy of this call's K, brought up to date
+        (:class:`sparse_attn.ChannelCopy`, views)."""
+        S = self.k.shape[1]
+        self._channels_struct(kv_operand("k", self.k), block_size)
+        arrays, nb = self._copy[0], -(-S // block_size)
+        return _metadata.owned_channel_copy(arrays[0][:, :, :nb], arrays[1][:, :, :nb], block_size, S)
+
+    def prefill(self, q, scale, threads, sparse):
+        if sparse:
+            prior = self.record.importance
+            sparse = dict(sparse, importance=prior if prior[:self.start].any() else None)
+        out, importance = sa.prefill(q, self.k, self.v, start=self.start, scale=scale,
+                                     threads=threads, **sparse)
+        self.record.add(importance)
+        return out
+
+    def prompt_kv(self, T):
+        return (self.key, self.value) if self.start == 0 else None
+
+    def decoder(self, settings, scale, threads, dense):
+        """This step's decode call: sparse_decode's (or dense_decode's)
+        C call on operands made once for the step, with no argument
+        checks beyond the query's: K and V are the float32 views bind
+        made, the importance is the layer's record and the channel copy
+        the one kept here."""
+        kop, vop, S = kv_pair(self.k, self.v, None)
+        scale, threads = scale_value(scale, kop.head_dim), ck.check_threads(threads)
+        if dense:
+            def call(q):
+                q, n_heads = query(q, kop, 2)
+                return dense_call(q, n_heads, kop, vop, S, scale, threads)
+            return call
+        sel = settings._selection
+        if sel.scoring == "channels":
+            bst, pst, keep = self._channels_struct(kop, sel.block_size), None, self._copy
+        else:       # the bounds made for the call (minmax), or K probed
+            bst, pst, keep = metadata_structs(sel, self.k, kop, S, None, None)
+        importance = self.record.importance
+
+        def call(q, _keep=keep):
+            q, n_heads = query(q, kop, 2)
+            return sparse_call(q, n_heads, kop, vop, S, sel, importance, bst, pst, scale,
+                               threads, True)
+        return call
+
+    def exact(self, q, scale, threads):
+        return sa.dense_decode(q, self.k, self.v, scale=scale, threads=threads)
+
+
+def layer_state(module, settings, key, value, T, named):
+    """The layer state of this call: the SparseKVCache layer's, or the
+    view of the sequence in transformers' cache."""
+    layer = getattr(key, "_sparse_attn_layer", None)
+    if layer is not None and getattr(value, "_sparse_attn_layer", None) is layer:
+        return layer.state
+    return _view_state(module, settings, key, value, T, named)
+
+
+def _view_state(module, settings, key, value, T, named):
+    """The :class:`_ViewState` of the sequence in the transformers cache
+    this call reads (K and V ``[1, Hkv, S, D]``, ``T`` new rows): the one
+    kept on the cache object for this layer, which the module's pre-hook
+    names (``named``: a weak reference, or None; :func:`_note_cache`).  A
+    call it does not name (before the hook, or without a cache) gets the
+    module's own state ("loose"), continued only when K and V start with
+    the rows it recorded; the first cache named in a call that continues
+    it takes it over.  ``module._sparse_attn_view`` is the state of the
+    module's last call."""
+    md = module.__dict__
+    cache = named() if named is not None else None
+    if "_sparse_attn_watched" not in md:
+        if settings.kv_dtype is not None:
+            warnings.warn(f"sparse_topk: kv_dtype={settings.kv_dtype!r} is set but this forward "
+                          "got a transformers cache; it runs on that cache's float K/V. Pass "
+                          "cache=SparseKVCache(model) to use the setting", stacklevel=5)
+        watch_caches(module)
+    past = key.shape[2] - T
+    loose = md.get("_sparse_attn_loose")
+    states = _states_on(cache)
+    if states is not None:
+        state = states.get(module.layer_idx)
+        if state is None:
+            if loose is not None and loose.continues(key, value, past):
+                state = md.pop("_sparse_attn_loose")
+            else:
+                state = _ViewState()
+            states[module.layer_idx] = state
+    elif loose is not None and (past == 0 or loose.continues(key, value, past)):
+        state = loose
+    else:
+        state = md["_sparse_attn_loose"] = _ViewState()
+    md["_sparse_attn_view"] = state
+    return state
+
+
+def _states_on(cache):
+    """The view states kept on a transformers cache (a dict by layer index,
+    made empty when there is none), or None for no cache, or one that takes
+    no attributes."""
+    if cache is None:
+        return None
+    states = getattr(cache, "_sparse_attn_views", None)
+    if states is None:
+        states = {}
+        try:
+            cache._sparse_attn_views = states
+        except AttributeError:
+            return None
+    return states
+
+
+def watch_caches(module):
+    """Give an attention module the pre-hook that names the cache of each
+    call (once; a copy of the module has it too).  Never taken away: a call
+    on a transformers cache without it cannot find the cache's state.  Not
+    given before it is needed: it costs every call of the module ~1.5 us,
+    which a model on a SparseKVCache (whose layers name themselves) saves."""
+    md = module.__dict__
+    if "_sparse_attn_watched" not in md and hasattr(module, "register_forward_pre_hook"):
+        module.register_forward_pre_hook(_note_cache, with_kwargs=True)
+        md["_sparse_attn_watched"] = True
+
+
+def _note_cache(module, args, kwargs):
+    """The forward pre-hook of an attention module served on transformers'
+    caches: transformers hands the attention function the cache's tensors
+    but not the cache, so this notes (weakly: the attention call takes it)
+    the cache the module's forward was given."""
+    cache = kwargs.get("cache")
+    if cache is None:
+        cache = kwargs.get("past_key_values")
+    try:
+        module.__dict__["_sparse_attn_cache"] = None if cache is None else weakref.ref(cache)
+    except TypeError:       # not weakly referenceable: treated as unnamed
+        module.__dict__["_sparse_attn_cache"] = None

@@ -1,0 +1,50 @@
+"""The placeholder tensor a q8 SparseKVCache layer returns for K and V, and the batch sizes in which the step's tensors are made."""
+
+import torch
+
+from sparse_attn.errors import UnsupportedError
+
+
+class KVPlaceholder(torch.Tensor):
+    """What a q8 :class:`SparseKVLayer` returns as K and V: the shape and
+    dtype transformers expects, no data, and a reference to the layer.  Only
+    the sparse_topk attention function knows to read the layer's q8 buffers;
+    any torch operation on it raises instead of computing on garbage.
+
+    Each layer makes its own subclass (:meth:`for_layer`) holding the layer
+    as a class attribute, so a decode step's placeholder is one
+    ``_make_wrapper_subclass`` call with no attributes to set."""
+
+    _sparse_attn_layer = None
+
+    @classmethod
+    def for_layer(cls, layer):
+        return type(cls.__name__, (cls,), {"_sparse_attn_layer": layer})
+
+    @classmethod
+    def make(cls, shape, dtype):
+        return make_wrapper(cls, shape, dtype=dtype, device="cpu")
+
+    __torch_function__ = torch._C._disabled_torch_function_impl
+
+    @classmethod
+    def __torch_dispatch__(cls, func, types, args=(), kwargs=None):
+        raise UnsupportedError(
+            f"{func} on the q8 K/V of a SparseKVCache: its K/V are q8 buffers only the "
+            "'sparse_topk' attention can read. Use attn_implementation='sparse_topk' with this "
+            "cache, or a DynamicCache with other implementations")
+
+    def __repr__(self):
+        return f"<q8 K/V placeholder {tuple(self.shape)} of {self._sparse_attn_layer!r}>"
+
+
+make_wrapper = torch.Tensor._make_wrapper_subclass
+
+
+# How many decode steps' placeholders (SparseKVLayer) and output tensors
+# (CacheState) are made at a time: objects of no data, and outputs of
+# n_heads * head_dim floats each (16 KB at 32 heads of 128).
+PLACEHOLDER_BATCH = 32
+
+
+OUTPUT_BATCH = 16
