@@ -72,7 +72,25 @@ def _rows_layout(name, a, dtype):
 
 # --------------------------------------------------------------------------- key bounds
 
-class BlockBounds:
+class _Immutable:
+    """What the metadata classes share: they are immutable once made, and
+    ``_wrap`` makes one over arrays this package computed and no one else
+    holds (the builders, a KVCache's snapshots) without copying or checking
+    them again; the public constructor copies and checks the caller's."""
+
+    __slots__ = ()
+
+    @classmethod
+    def _wrap(cls, *args, **kwargs):
+        self = cls.__new__(cls)
+        self._init(*args, **kwargs)
+        return self
+
+    def __setattr__(self, name, value):
+        raise AttributeError(f"{type(self).__name__} is immutable (cannot set {name!r})")
+
+
+class BlockBounds(_Immutable):
     """Per-block, per-channel key bounds for ``scoring="minmax"`` (spec §6).
 
     Made from the caller's arrays, it keeps copies of them (checked once:
@@ -127,17 +145,6 @@ class BlockBounds:
                             ("_scale_group", scale_group), ("_k_rows", k_rows),
                             ("_stride", stride), ("_struct", None)):
             object.__setattr__(self, name, value)
-
-    @classmethod
-    def _wrap(cls, mn, mx, scales, block_size, scale_group, k_rows, stride):
-        """Bounds over arrays this package computed and no one else holds
-        (block_bounds, KVCache snapshots)."""
-        self = cls.__new__(cls)
-        self._init(mn, mx, scales, block_size, scale_group, k_rows, stride)
-        return self
-
-    def __setattr__(self, name, value):
-        raise AttributeError(f"BlockBounds is immutable (cannot set {name!r})")
 
     mn = property(lambda self: self._mn)
     mx = property(lambda self: self._mx)
@@ -235,7 +242,7 @@ def block_bounds(k, *, block_size=32, seq_len=None, scale_group=None):
 
 # --------------------------------------------------------------------------- probe rows
 
-class ProbeRows:
+class ProbeRows(_Immutable):
     """Copies of the rows the probe samples (spec §2.2), for ``scoring="probe"``.
 
     With ``step = max(1, block_size // n_probe)``, each full block ``b`` of K
@@ -281,17 +288,6 @@ class ProbeRows:
         for name, value in (("_rows", rows), ("_op", op), ("_block_size", block_size),
                             ("_n_probe", n_probe), ("_k_rows", k_rows), ("_struct", None)):
             object.__setattr__(self, name, value)
-
-    @classmethod
-    def _wrap(cls, rows, block_size, n_probe, k_rows):
-        """Copies this package made and no one else holds (probe_rows,
-        KVCache snapshots): a float32 array or a Q8."""
-        self = cls.__new__(cls)
-        self._init(rows, block_size, n_probe, k_rows)
-        return self
-
-    def __setattr__(self, name, value):
-        raise AttributeError(f"ProbeRows is immutable (cannot set {name!r})")
 
     rows = property(lambda self: self._rows)
     block_size = property(lambda self: self._block_size)
@@ -432,7 +428,7 @@ def channels_struct(arrays, block_size, k_rows):
         "q8": _ffi.out_ptr(q, "int8_t"), "scales": _ffi.out_ptr(sc, "float")})
 
 
-class ChannelCopy:
+class ChannelCopy(_Immutable):
     """The channel-major copy of K that ``scoring="channels"`` (the
     ``balanced`` policy, spec §6) reads.
 
@@ -479,17 +475,6 @@ class ChannelCopy:
         for name, value in (("_data", _read_only(data)), ("_scales", _read_only(scales)),
                             ("_block_size", block_size), ("_k_rows", k_rows), ("_struct", None)):
             object.__setattr__(self, name, value)
-
-    @classmethod
-    def _wrap(cls, data, scales, block_size, k_rows):
-        """A copy this package made and no one else holds (channel_copy,
-        KVCache snapshots)."""
-        self = cls.__new__(cls)
-        self._init(data, scales, block_size, k_rows)
-        return self
-
-    def __setattr__(self, name, value):
-        raise AttributeError(f"ChannelCopy is immutable (cannot set {name!r})")
 
     data = property(lambda self: self._data)
     scales = property(lambda self: self._scales)
