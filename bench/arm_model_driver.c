@@ -33,6 +33,7 @@
 #include <string.h>
 #include <time.h>
 
+#include "bench_clock.h"
 #include "kernels.h"
 #include "sparse_attn.h"
 
@@ -44,13 +45,6 @@ enum { GS = 32, CALL = 32, MAX_G = 16 };
 volatile int sa_model_sink;
 __attribute__((noinline)) void sa_model_begin(void) { sa_model_sink = 1; }
 __attribute__((noinline)) void sa_model_end(void) { sa_model_sink = 2; }
-
-static double drv_now(void)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
-}
 
 typedef struct {
     const sa_kernels *kern;
@@ -218,9 +212,9 @@ static double drv_best_of(shape *sh, void (*pass)(shape *), int reps)
 {
     double best = 1e30;
     for (int r = 0; r < reps; r++) {
-        const double t0 = drv_now();
+        const double t0 = bench_now();
         pass(sh);
-        const double t = drv_now() - t0;
+        const double t = bench_now() - t0;
         best = t < best ? t : best;
     }
     return best;
@@ -246,9 +240,9 @@ static int drv_time(shape *sh, int reps)
     double tx = 1e30;
     for (int r = 0; r < reps; r++) {
         drv_scores_pass(sh);
-        const double t0 = drv_now();
+        const double t0 = bench_now();
         drv_softmax_pass(sh);
-        const double t = drv_now() - t0;
+        const double t = bench_now() - t0;
         tx = t < tx ? t : tx;
     }
     const double tv = drv_best_of(sh, drv_v_pass, reps);
@@ -273,21 +267,21 @@ static int drv_clock(void)
     const long iters = 8000; /* 128k adds, ~45 us at 3 GHz */
     for (int r = 0; r < 400; r++) {
         uint64_t x = 0, one = 1, m = 3;
-        double t0 = drv_now();
+        double t0 = bench_now();
         for (long i = 0; i < iters; i++)
             __asm__ volatile("add %1, %0\n\tadd %1, %0\n\tadd %1, %0\n\tadd %1, %0\n\t"
                              "add %1, %0\n\tadd %1, %0\n\tadd %1, %0\n\tadd %1, %0\n\t"
                              "add %1, %0\n\tadd %1, %0\n\tadd %1, %0\n\tadd %1, %0\n\t"
                              "add %1, %0\n\tadd %1, %0\n\tadd %1, %0\n\tadd %1, %0\n\t"
                              : "+r"(x) : "r"(one));
-        double ghz = 16.0 * (double)iters / (drv_now() - t0) / 1e9;
+        double ghz = 16.0 * (double)iters / (bench_now() - t0) / 1e9;
         best_add = ghz > best_add ? ghz : best_add;
-        t0 = drv_now();
+        t0 = bench_now();
         for (long i = 0; i < iters; i++)
             __asm__ volatile("imul %1, %0\n\timul %1, %0\n\timul %1, %0\n\timul %1, %0\n\t"
                              "imul %1, %0\n\timul %1, %0\n\timul %1, %0\n\timul %1, %0\n\t"
                              : "+r"(x) : "r"(m));
-        ghz = 3.0 * 8.0 * (double)iters / (drv_now() - t0) / 1e9;
+        ghz = 3.0 * 8.0 * (double)iters / (bench_now() - t0) / 1e9;
         best_mul = ghz > best_mul ? ghz : best_mul;
     }
     printf("{\"ghz_add\": %.4f, \"ghz_imul\": %.4f}\n", best_add, best_mul);

@@ -32,17 +32,11 @@
 #include <string.h>
 #include <time.h>
 
+#include "bench_clock.h"
 #include "kernels.h"
 #include "sparse_attn.h"
 
 enum { D = 128, GS = 32, NG = D / GS, CALL = 32, MAX_G = 8 };
-
-static double now(void)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
-}
 
 typedef struct {
     const sa_kernels *kern;
@@ -71,7 +65,7 @@ static const sa_prefetch *hint(sa_prefetch *pf, const int8_t *x, const float *xd
 static double time_scores(step *st)
 {
     sa_prefetch pf;
-    const double t0 = now();
+    const double t0 = bench_now();
     for (int c = 0; c < st->n; c += CALL) {
         float *s[MAX_G];
         for (int g = 0; g < st->G; g++)
@@ -80,21 +74,21 @@ static double time_scores(step *st)
                             st->kd + (size_t)c * NG, D, NG, CALL, s,
                             hint(&pf, st->k, st->kd, c, st->n));
     }
-    return now() - t0;
+    return bench_now() - t0;
 }
 
 static double time_softmax(step *st)
 {
-    const double t0 = now();
+    const double t0 = bench_now();
     for (int g = 0; g < st->G; g++)
         st->kern->softmax_exp(st->s[g], st->n, 0.088f);
-    return now() - t0;
+    return bench_now() - t0;
 }
 
 static double time_v(step *st)
 {
     sa_prefetch pf;
-    const double t0 = now();
+    const double t0 = bench_now();
     for (int c = 0; c < st->n; c += CALL) {
         const float *p[MAX_G];
         for (int g = 0; g < st->G; g++)
@@ -103,7 +97,7 @@ static double time_v(step *st)
                                   st->vd + (size_t)c * NG, D, NG, CALL,
                                   hint(&pf, st->v, st->vd, c, st->n));
     }
-    return now() - t0;
+    return bench_now() - t0;
 }
 
 /* Best of `reps` per kernel over rows [0, n) of one head, in ns per token;
@@ -174,10 +168,10 @@ int main(int argc, char **argv)
     double best = 1e30;
     uint64_t sink = 0;
     for (int r = 0; r < 3; r++) {
-        const double t0 = now();
+        const double t0 = bench_now();
         sink += st.kern->stream_sum((const uint64_t *)k, words);
         sink += st.kern->stream_sum((const uint64_t *)v, words);
-        const double t = now() - t0;
+        const double t = bench_now() - t0;
         best = t < best ? t : best;
     }
     /* The scales are 1/8 more bytes, read at the same rate. */
