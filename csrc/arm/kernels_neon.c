@@ -14,20 +14,18 @@
 #include "../kernels.h"
 #define SA_ISA_ID neon
 
-/* One group of gs int8 values (gs a multiple of 8): 16 per step, then an
- * 8-wide step when gs % 16 == 8. */
-static inline int32x4_t q8_group_dot(const int8_t *a, const int8_t *b, int gs)
+/* acc + the 16 products a[i] * b[i], spread over acc's four lanes (which
+ * lane gets which product is free: the sums are exact). */
+static inline int32x4_t q8_dot16(int32x4_t acc, int8x16_t a, int8x16_t b)
 {
-    int32x4_t acc = vdupq_n_s32(0);
-    int i = 0;
-    for (; i + 16 <= gs; i += 16) {
-        const int8x16_t x = vld1q_s8(a + i), y = vld1q_s8(b + i);
-        acc = vpadalq_s16(acc, vmull_s8(vget_low_s8(x), vget_low_s8(y)));
-        acc = vpadalq_s16(acc, vmull_high_s8(x, y));
-    }
-    if (i < gs)
-        acc = vpadalq_s16(acc, vmull_s8(vld1_s8(a + i), vld1_s8(b + i)));
-    return acc;
+    acc = vpadalq_s16(acc, vmull_s8(vget_low_s8(a), vget_low_s8(b)));
+    return vpadalq_s16(acc, vmull_high_s8(a, b));
+}
+
+/* The same for 8 products. */
+static inline int32x4_t q8_dot8(int32x4_t acc, int8x8_t a, int8x8_t b)
+{
+    return vpadalq_s16(acc, vmull_s8(a, b));
 }
 
 #include "neon_common.h"

@@ -20,18 +20,16 @@
 #include "../kernels.h"
 #define SA_ISA_ID neon_dotprod
 
-/* One group of gs int8 values (gs a multiple of 8): 16 per vdotq, then a
- * 64-bit vdot for the last 8 when gs % 16 == 8. */
-static inline int32x4_t q8_group_dot(const int8_t *a, const int8_t *b, int gs)
+/* acc + the 16 products a[i] * b[i], four per lane. */
+static inline int32x4_t q8_dot16(int32x4_t acc, int8x16_t a, int8x16_t b)
 {
-    int32x4_t acc = vdupq_n_s32(0);
-    int i = 0;
-    for (; i + 16 <= gs; i += 16)
-        acc = vdotq_s32(acc, vld1q_s8(a + i), vld1q_s8(b + i));
-    if (i < gs)
-        acc = vcombine_s32(vdot_s32(vget_low_s32(acc), vld1_s8(a + i), vld1_s8(b + i)),
-                           vget_high_s32(acc));
-    return acc;
+    return vdotq_s32(acc, a, b);
+}
+
+/* The same for 8 products, into lanes 0 and 1. */
+static inline int32x4_t q8_dot8(int32x4_t acc, int8x8_t a, int8x8_t b)
+{
+    return vcombine_s32(vdot_s32(vget_low_s32(acc), a, b), vget_high_s32(acc));
 }
 
 #include "neon_common.h"

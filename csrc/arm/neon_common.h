@@ -2,18 +2,18 @@
  * NEON kernel bodies shared by kernels_neon.c and kernels_neon_dotprod.c.
  *
  * Everything here uses base ARMv8-A Advanced SIMD only.  The one step that
- * differs between the two files, the int8 dot of one q8 group, is the
- * including file's inline function
+ * differs between the two files, the int8 dot, is the including file's pair
+ * of inline functions
  *
- *   int32x4_t q8_group_dot(const int8_t *a, const int8_t *b, int gs)
+ *   int32x4_t q8_dot16(int32x4_t acc, int8x16_t a, int8x16_t b)
+ *   int32x4_t q8_dot8(int32x4_t acc, int8x8_t a, int8x8_t b)
  *
- * an int32x4 whose four lanes add up to sum_i a[i] * b[i] over one group of
- * gs int8 values (gs a multiple of 8; integer sums are exact, so how the
- * lanes split the work is free).  Each file defines it and SA_ISA_ID, then
- * includes this header, so it compiles its own copy of every body for its
- * own target (the dotprod file after its `#pragma GCC target`).  All
- * functions are static and named <kernel>_<SA_ISA_ID> (SA_FN), and the
- * table is defined at the end.
+ * acc plus the 16 (or 8) products a[i] * b[i], spread over its four int32
+ * lanes (integer sums are exact, so how the lanes split the work is free).
+ * Each file defines them and SA_ISA_ID, then includes this header, so it
+ * compiles its own copy of every body for its own target (the dotprod file
+ * after its `#pragma GCC target`).  All functions are static and named
+ * <kernel>_<SA_ISA_ID> (SA_FN), and the table is defined at the end.
  *
  * The rules every body follows (kernels.h):
  *  - The operations that produce one (query head, token) result never depend
@@ -45,6 +45,19 @@
 #define SA_MULADD(a, b, c) fmaf((a), (b), (c))
 #define SA_SCALAR_FN(kernel) kernel##_scalar
 #include "../scalar_kernels.h"
+
+/* An int32x4 whose lanes add up to sum_i a[i] * b[i] over one group of gs
+ * int8 values (gs a multiple of 8). */
+SA_INLINE int32x4_t q8_group_dot(const int8_t *a, const int8_t *b, int gs)
+{
+    int32x4_t acc = vdupq_n_s32(0);
+    int i = 0;
+    for (; i + 16 <= gs; i += 16)
+        acc = q8_dot16(acc, vld1q_s8(a + i), vld1q_s8(b + i));
+    if (i < gs)
+        acc = q8_dot8(acc, vld1_s8(a + i), vld1_s8(b + i));
+    return acc;
+}
 
 /* ------------------------------------------------------------------ */
 /* scores_f32                                                           */
@@ -162,12 +175,112 @@ SA_INLINE void q8_rows4(const int8_t *x, const float *xd, ptrdiff_t row_stride,
     }
 }
 
-/* gs a multiple of 8: four tokens at a time for each head (the rows of the
- * block stay in L1 for the next head).  Per group, the four tokens' int32
- * partial sums are reduced together by one pairwise-add tree, so token j's
- * group sum lands in lane j and the score of token j accumulates in lane j
- * of one float register: no horizontal sum per token.  A token outside a
- * block of four gets the same operations on scalars. */
+/* The scales of groups grp .. grp+nc-1 (nc <= 4) of four rows, into
+ * dk[4*k + j] for row j and group grp+k: whole scale rows loaded and
+ * transposed rather than gathered one lane at a time. */
+SA_INLINE void key_scales4(const float *const rd[4], int grp, int nc, float dk[16])
+{
+    if (nc == 4) {
+        const float32x4_t a0 = vld1q_f32(rd[0] + grp), a1 = vld1q_f32(rd[1] + grp);
+        const float32x4_t a2 = vld1q_f32(rd[2] + grp), a3 = vld1q_f32(rd[3] + grp);
+        const float64x2_t t0 = vreinterpretq_f64_f32(vtrn1q_f32(a0, a1));
+        const float64x2_t t1 = vreinterpretq_f64_f32(vtrn2q_f32(a0, a1));
+        const float64x2_t t2 = vreinterpretq_f64_f32(vtrn1q_f32(a2, a3));
+        const float64x2_t t3 = vreinterpretq_f64_f32(vtrn2q_f32(a2, a3));
+        vst1q_f32(dk, vreinterpretq_f32_f64(vzip1q_f64(t0, t2)));
+        vst1q_f32(dk + 4, vreinterpretq_f32_f64(vzip1q_f64(t1, t3)));
+        vst1q_f32(dk + 8, vreinterpretq_f32_f64(vzip2q_f64(t0, t2)));
+        vst1q_f32(dk + 12, vreinterpretq_f32_f64(vzip2q_f64(t1, t3)));
+        return;
+    }
+    int k = 0;
+    if (nc >= 2) {
+        const float32x4_t a = vcombine_f32(vld1_f32(rd[0] + grp), vld1_f32(rd[2] + grp));
+        const float32x4_t b = vcombine_f32(vld1_f32(rd[1] + grp), vld1_f32(rd[3] + grp));
+        vst1q_f32(dk, vtrn1q_f32(a, b));
+        vst1q_f32(dk + 4, vtrn2q_f32(a, b));
+        k = 2;
+    }
+    for (; k < nc; k++)
+        for (int j = 0; j < 4; j++)
+            dk[4 * k + j] = rd[j][grp + k];
+}
+
+/* Scores of HB (1 to 4, constant) heads g0 .. g0+HB-1 against the four rows
+ * r, groups grp0 .. grp0+nc-1 (dk: their key scales), into s[g][t .. t+3]
+ * (which holds the earlier groups' sum unless grp0 is 0).  Each 16-byte
+ * chunk of the four rows is loaded once for the HB heads; per (head, row)
+ * the group's int32 lanes are exact, and one pairwise-add tree per head
+ * puts row j's group sum in lane j, so the score of token j is lane j of
+ * one float chain: fma(sum, kscale * qscale) per group, in group order,
+ * whichever heads and rows share the tile. */
+SA_INLINE void q8_scores_tile(const int8_t *qq, const float *qd, int D, int gs, int ng,
+                              const int8_t *const r[4], const float *dk, int grp0, int nc,
+                              int g0, const int HB, float *const *s, int t)
+{
+    float32x4_t acc[4];
+    for (int h = 0; h < HB; h++)
+        acc[h] = grp0 ? vld1q_f32(s[g0 + h] + t) : vdupq_n_f32(0.0f);
+    const int8_t *q = qq + (ptrdiff_t)g0 * D;
+    const float *qs = qd + (ptrdiff_t)g0 * ng + grp0;
+    for (int k = 0, i0 = grp0 * gs; k < nc; k++, i0 += gs) {
+        int32x4_t is[4][4];
+        for (int h = 0; h < HB; h++)
+            for (int j = 0; j < 4; j++)
+                is[h][j] = vdupq_n_s32(0);
+        int i = i0;
+        for (int c = 0; c < gs / 16; c++, i += 16) {
+            int8x16_t kv[4];
+            for (int j = 0; j < 4; j++)
+                kv[j] = vld1q_s8(r[j] + i);
+            for (int h = 0; h < HB; h++) {
+                const int8x16_t qv = vld1q_s8(q + (ptrdiff_t)h * D + i);
+                for (int j = 0; j < 4; j++)
+                    is[h][j] = q8_dot16(is[h][j], qv, kv[j]);
+            }
+        }
+        if (gs % 16) {
+            int8x8_t kv[4];
+            for (int j = 0; j < 4; j++)
+                kv[j] = vld1_s8(r[j] + i);
+            for (int h = 0; h < HB; h++) {
+                const int8x8_t qv = vld1_s8(q + (ptrdiff_t)h * D + i);
+                for (int j = 0; j < 4; j++)
+                    is[h][j] = q8_dot8(is[h][j], qv, kv[j]);
+            }
+        }
+        const float32x4_t dkv = vld1q_f32(dk + 4 * k);
+        for (int h = 0; h < HB; h++) {
+            const int32x4_t isum = vpaddq_s32(vpaddq_s32(is[h][0], is[h][1]),
+                                              vpaddq_s32(is[h][2], is[h][3]));
+            acc[h] = vfmaq_f32(acc[h], vcvtq_f32_s32(isum),
+                               vmulq_n_f32(dkv, qs[(ptrdiff_t)h * ng + k]));
+        }
+    }
+    for (int h = 0; h < HB; h++)
+        vst1q_f32(s[g0 + h] + t, acc[h]);
+}
+
+/* Every head, in tiles of up to four (a constant per q8_scores_tile). */
+SA_INLINE void q8_scores_heads(const int8_t *qq, const float *qd, int G, int D, int gs, int ng,
+                               const int8_t *const r[4], const float *dk, int grp0, int nc,
+                               float *const *s, int t)
+{
+    int g0 = 0;
+    for (; g0 + 4 <= G; g0 += 4)
+        q8_scores_tile(qq, qd, D, gs, ng, r, dk, grp0, nc, g0, 4, s, t);
+    switch (G - g0) {
+    case 3: q8_scores_tile(qq, qd, D, gs, ng, r, dk, grp0, nc, g0, 3, s, t); break;
+    case 2: q8_scores_tile(qq, qd, D, gs, ng, r, dk, grp0, nc, g0, 2, s, t); break;
+    case 1: q8_scores_tile(qq, qd, D, gs, ng, r, dk, grp0, nc, g0, 1, s, t); break;
+    default: break;
+    }
+}
+
+/* gs a multiple of 8: four tokens at a time, groups in runs of up to four
+ * (their key scales transposed once), heads in tiles of up to four sharing
+ * each load of the rows.  A token outside a block of four gets the same
+ * operations on scalars. */
 SA_INLINE void q8_scores_body(const int8_t *qq, const float *qd, int G, int D, int gs,
                               const int8_t *k, const float *kd, ptrdiff_t row_stride,
                               ptrdiff_t scale_stride, int n, float *const *s,
@@ -184,20 +297,14 @@ SA_INLINE void q8_scores_body(const int8_t *qq, const float *qd, int G, int D, i
         const int8_t *r[4];
         const float *rd[4];
         q8_rows4(k, kd, row_stride, scale_stride, t, r, rd);
-        for (int g = 0; g < G; g++) {
-            const int8_t *a = qq + (ptrdiff_t)g * D;
-            const float *ad = qd + (ptrdiff_t)g * ng;
-            float32x4_t acc = vdupq_n_f32(0.0f);
-            for (int grp = 0, i0 = 0; grp < ng; grp++, i0 += gs) {
-                const int32x4_t p01 = vpaddq_s32(q8_group_dot(a + i0, r[0] + i0, gs),
-                                                 q8_group_dot(a + i0, r[1] + i0, gs));
-                const int32x4_t p23 = vpaddq_s32(q8_group_dot(a + i0, r[2] + i0, gs),
-                                                 q8_group_dot(a + i0, r[3] + i0, gs));
-                const int32x4_t isum = vpaddq_s32(p01, p23);
-                const float32x4_t dk = {rd[0][grp], rd[1][grp], rd[2][grp], rd[3][grp]};
-                acc = vfmaq_f32(acc, vcvtq_f32_s32(isum), vmulq_n_f32(dk, ad[grp]));
-            }
-            vst1q_f32(s[g] + t, acc);
+        for (int grp0 = 0; grp0 < ng; grp0 += 4) {
+            const int nc = ng - grp0 < 4 ? ng - grp0 : 4;
+            float dk[16];
+            key_scales4(rd, grp0, nc, dk);
+            if (nc == 4)
+                q8_scores_heads(qq, qd, G, D, gs, ng, r, dk, grp0, 4, s, t);
+            else
+                q8_scores_heads(qq, qd, G, D, gs, ng, r, dk, grp0, nc, s, t);
         }
     }
     if (t < n)
@@ -218,10 +325,11 @@ SA_INLINE void q8_scores_body(const int8_t *qq, const float *qd, int G, int D, i
     }
 }
 
-static void SA_FN(scores_q8)(const int8_t *qq, const float *qd, int G, int D, int gs,
-                             const int8_t *k, const float *kd, ptrdiff_t row_stride,
-                             ptrdiff_t scale_stride, int n, float *const *s,
-                             const sa_prefetch *pf)
+static void __attribute__((optimize("no-schedule-insns")))
+SA_FN(scores_q8)(const int8_t *qq, const float *qd, int G, int D, int gs,
+                 const int8_t *k, const float *kd, ptrdiff_t row_stride,
+                 ptrdiff_t scale_stride, int n, float *const *s,
+                 const sa_prefetch *pf)
 {
     /* The default group size gets a copy of its own, with the group's dot
      * unrolled and the query loads shared by the four tokens; same results. */
@@ -411,22 +519,29 @@ static void SA_FN(accumulate_v_f32)(float *const *out, const float *const *p, in
     }
 }
 
+/* Byte i of a q8 chunk as the top byte of int32 lane i % 4 of vector i / 4
+ * (index 255 selects 0): one table lookup per vector widens four values to
+ * v << 24, instead of two widening steps. */
+static const uint8_t sa_q8_spread[16 * 4] = {
+    255, 255, 255, 0,  255, 255, 255, 1,  255, 255, 255, 2,  255, 255, 255, 3,
+    255, 255, 255, 4,  255, 255, 255, 5,  255, 255, 255, 6,  255, 255, 255, 7,
+    255, 255, 255, 8,  255, 255, 255, 9,  255, 255, 255, 10, 255, 255, 255, 11,
+    255, 255, 255, 12, 255, 255, 255, 13, 255, 255, 255, 14, 255, 255, 255, 15,
+};
+
 /* NV (2 or 4, constant) vectors of floats from 4*NV int8 of a q8 row, each
- * times the row's group scale sc (one rounding, as dequantize_rows). */
+ * times the row's group scale sc (one rounding, as dequantize_rows).  The
+ * conversion of v << 24 with 24 fraction bits is exactly (float)v. */
 SA_INLINE void q8_load(const int8_t *x, float sc, int NV, float32x4_t f[4])
 {
-    if (NV == 4) {
-        const int8x16_t b = vld1q_s8(x);
-        const int16x8_t lo = vmovl_s8(vget_low_s8(b)), hi = vmovl_high_s8(b);
-        f[0] = vcvtq_f32_s32(vmovl_s16(vget_low_s16(lo)));
-        f[1] = vcvtq_f32_s32(vmovl_high_s16(lo));
-        f[2] = vcvtq_f32_s32(vmovl_s16(vget_low_s16(hi)));
-        f[3] = vcvtq_f32_s32(vmovl_high_s16(hi));
-    } else {
-        const int16x8_t w = vmovl_s8(vld1_s8(x));
-        f[0] = vcvtq_f32_s32(vmovl_s16(vget_low_s16(w)));
-        f[1] = vcvtq_f32_s32(vmovl_high_s16(w));
-    }
+    const int8x16_t b = NV == 4 ? vld1q_s8(x) : vcombine_s8(vld1_s8(x), vdup_n_s8(0));
+    int8x16_t top[4];
+    /* Step by step over the vectors, so that where the source order is the
+     * issue order an in-order core has work between dependent steps. */
+    for (int i = 0; i < NV; i++)
+        top[i] = vqtbl1q_s8(b, vld1q_u8(sa_q8_spread + 16 * i));
+    for (int i = 0; i < NV; i++)
+        f[i] = vcvtq_n_f32_s32(vreinterpretq_s32_s8(top[i]), 24);
     for (int i = 0; i < NV; i++)
         f[i] = vmulq_n_f32(f[i], sc);
 }
@@ -462,58 +577,133 @@ static void SA_FN(dequantize_rows)(const int8_t *q, const float *scales, int dim
     }
 }
 
+/* o + f * w[j], j a constant. */
+SA_INLINE float32x4_t fma_lane(float32x4_t o, float32x4_t f, float32x4_t w, const int j)
+{
+    switch (j) {
+    case 0: return vfmaq_laneq_f32(o, f, w, 0);
+    case 1: return vfmaq_laneq_f32(o, f, w, 1);
+    case 2: return vfmaq_laneq_f32(o, f, w, 2);
+    default: return vfmaq_laneq_f32(o, f, w, 3);
+    }
+}
+
+/* Token j (a constant) of a block of four: its chunk x widened and scaled
+ * once, then added to the HB heads' accumulators with their weights w[h]. */
+SA_INLINE void q8_v_token(float32x4_t acc[8][4], const float32x4_t w[8], const int HB,
+                          const int NV, const int8_t *x, float sc, const int j)
+{
+    float32x4_t f[4];
+    q8_load(x, sc, NV, f);
+    for (int h = 0; h < HB; h++)
+        for (int i = 0; i < NV; i++)
+            acc[h][i] = fma_lane(acc[h][i], f[i], w[h], j);
+}
+
+/* One chunk of NV (2 or 4, constant) vectors, columns d .. d+4*NV of group
+ * grp, for the HB (constant, HB*NV <= 16) heads g0 .. g0+HB-1, over all n
+ * tokens: the chunk of out stays in HB*NV registers from the first token to
+ * the last (loaded and stored once per call), each token's chunk of V is
+ * widened and scaled once for the HB heads, and the HB*NV accumulators are
+ * independent chains an in-order core can interleave.  Per element the
+ * operations are those of dequantize_rows and accumulate_v_f32: v = scale *
+ * (float)q, then one fused multiply-add per token in token order. */
+SA_INLINE void q8_v_chunk(float *const *out, const float *const *p, int g0, const int HB,
+                          const int NV, int d, int grp, const int8_t *v, const float *vd,
+                          ptrdiff_t row_stride, ptrdiff_t scale_stride, int n)
+{
+    float32x4_t acc[8][4];
+    for (int h = 0; h < HB; h++)
+        for (int i = 0; i < NV; i++)
+            acc[h][i] = vld1q_f32(out[g0 + h] + d + 4 * i);
+    const int8_t *x = v + d;
+    const float *xd = vd + grp;
+    int t = 0;
+    for (; t + 4 <= n; t += 4, x += 4 * row_stride, xd += 4 * scale_stride) {
+        float32x4_t w[8];
+        for (int h = 0; h < HB; h++)
+            w[h] = vld1q_f32(p[g0 + h] + t);
+        q8_v_token(acc, w, HB, NV, x, xd[0], 0);
+        q8_v_token(acc, w, HB, NV, x + row_stride, xd[scale_stride], 1);
+        q8_v_token(acc, w, HB, NV, x + 2 * row_stride, xd[2 * scale_stride], 2);
+        q8_v_token(acc, w, HB, NV, x + 3 * row_stride, xd[3 * scale_stride], 3);
+    }
+    for (; t < n; t++, x += row_stride, xd += scale_stride) {
+        float32x4_t f[4];
+        q8_load(x, *xd, NV, f);
+        for (int h = 0; h < HB; h++)
+            for (int i = 0; i < NV; i++)
+                acc[h][i] = vfmaq_n_f32(acc[h][i], f[i], p[g0 + h][t]);
+    }
+    for (int h = 0; h < HB; h++)
+        for (int i = 0; i < NV; i++)
+            vst1q_f32(out[g0 + h] + d + 4 * i, acc[h][i]);
+}
+
+/* Heads g0 .. G-1 in tiles of up to 3 (NV 4) or 8 (NV 2), a constant per
+ * call of q8_v_chunk. */
+SA_INLINE void q8_v_heads(float *const *out, const float *const *p, int G, const int NV, int d,
+                          int grp, const int8_t *v, const float *vd, ptrdiff_t row_stride,
+                          ptrdiff_t scale_stride, int n)
+{
+#define SA_V_CHUNK(HB) \
+    q8_v_chunk(out, p, g0, HB, NV, d, grp, v, vd, row_stride, scale_stride, n)
+    int g0 = 0;
+    if (NV == 4) {
+        for (; g0 + 3 <= G; g0 += 3)
+            SA_V_CHUNK(3);
+        switch (G - g0) {
+        case 2: SA_V_CHUNK(2); break;
+        case 1: SA_V_CHUNK(1); break;
+        default: break;
+        }
+    } else {
+        for (; g0 + 8 <= G; g0 += 8)
+            SA_V_CHUNK(8);
+        switch (G - g0) {
+        case 7: SA_V_CHUNK(7); break;
+        case 6: SA_V_CHUNK(6); break;
+        case 5: SA_V_CHUNK(5); break;
+        case 4: SA_V_CHUNK(4); break;
+        case 3: SA_V_CHUNK(3); break;
+        case 2: SA_V_CHUNK(2); break;
+        case 1: SA_V_CHUNK(1); break;
+        default: break;
+        }
+    }
+#undef SA_V_CHUNK
+}
+
 /* gs a multiple of 8 (so 16- and 8-wide chunks never straddle a group):
- * four tokens at a time, each chunk widened to float and times its token's
- * scale once for all heads, then added as accumulate_v_f32 adds float rows.
- * The last n % 4 tokens, and every token for other group sizes, get the
- * same per-element operations one token at a time. */
-static void SA_FN(accumulate_v_q8)(float *const *out, const float *const *p, int G, int D,
-                                   int gs, const int8_t *v, const float *vd,
-                                   ptrdiff_t row_stride, ptrdiff_t scale_stride, int n,
-                                   const sa_prefetch *pf)
+ * columns outer, tokens inner, so out is read and written once per call
+ * and every token's V chunk serves all the heads of a tile.  Up to three
+ * heads take 16-column chunks (12 accumulators); more heads take 8-column
+ * chunks, so up to eight heads share each widened chunk (16 accumulators).
+ * Other group sizes take the scalar loop, with the same per-element
+ * operations.  Pre-RA scheduling is off here and in scores_q8: with it GCC
+ * stretches the accumulators' live ranges until they spill to the stack
+ * (bench/arm_model.py shows the cost on both core models). */
+static void __attribute__((optimize("no-schedule-insns")))
+SA_FN(accumulate_v_q8)(float *const *out, const float *const *p, int G, int D,
+                       int gs, const int8_t *v, const float *vd,
+                       ptrdiff_t row_stride, ptrdiff_t scale_stride, int n,
+                       const sa_prefetch *pf)
 {
     if (gs % 8) {
         accumulate_v_q8_scalar(out, p, G, D, gs, v, vd, row_stride, scale_stride, n, pf);
         return;
     }
-    const int parts = (n + 3) / 4;
-    int t = 0;
-    for (; t + 4 <= n; t += 4) {
-        sa_prefetch_part(pf, t / 4, parts);
-        const int8_t *r[4];
-        const float *rd[4];
-        q8_rows4(v, vd, row_stride, scale_stride, t, r, rd);
-        float32x4_t f[4][4];
-        for (int grp = 0, d0 = 0; d0 < D; grp++, d0 += gs) {
-            int d = d0;
-            for (; d + 16 <= d0 + gs; d += 16) {
-                for (int j = 0; j < 4; j++)
-                    q8_load(r[j] + d, rd[j][grp], 4, f[j]);
-                add_4tokens(out, p, G, t, d, 4, f);
-            }
-            if (d < d0 + gs) { /* gs % 16 == 8 */
-                for (int j = 0; j < 4; j++)
-                    q8_load(r[j] + d, rd[j][grp], 2, f[j]);
-                add_4tokens(out, p, G, t, d, 2, f);
-            }
+    const int wide = G <= 3, parts = D / 8;
+    for (int grp = 0, d0 = 0; d0 < D; grp++, d0 += gs) {
+        int d = d0;
+        for (; wide && d + 16 <= d0 + gs; d += 16) {
+            sa_prefetch_part(pf, d / 8, parts);
+            sa_prefetch_part(pf, d / 8 + 1, parts);
+            q8_v_heads(out, p, G, 4, d, grp, v, vd, row_stride, scale_stride, n);
         }
-    }
-    if (t < n)
-        sa_prefetch_part(pf, t / 4, parts);
-    for (; t < n; t++) {
-        const int8_t *row = v + t * row_stride;
-        const float *rd = vd + t * scale_stride;
-        float32x4_t f[4];
-        for (int grp = 0, d0 = 0; d0 < D; grp++, d0 += gs) {
-            int d = d0;
-            for (; d + 16 <= d0 + gs; d += 16) {
-                q8_load(row + d, rd[grp], 4, f);
-                add_1token(out, p, G, t, d, 4, f);
-            }
-            if (d < d0 + gs) {
-                q8_load(row + d, rd[grp], 2, f);
-                add_1token(out, p, G, t, d, 2, f);
-            }
+        for (; d < d0 + gs; d += 8) {
+            sa_prefetch_part(pf, d / 8, parts);
+            q8_v_heads(out, p, G, 2, d, grp, v, vd, row_stride, scale_stride, n);
         }
     }
 }
