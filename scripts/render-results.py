@@ -1,0 +1,225 @@
+#!/usr/bin/env python3
+"""Render the measured tables of the docs from the JSON the benches wrote.
+
+    python scripts/render-results.py           # rewrite the tables in place
+    python scripts/render-results.py --check   # exit 1 if any table differs from its JSON
+
+A table in README.md or docs/results.md sits between two markers:
+
+    <!-- render KIND FILE [FIELD=V1,V2 ...] -->
+    ...generated, never edited by hand...
+    <!-- end render -->
+
+FILE is a JSON file under docs/results/, written by `--json PATH` of
+`sparse-attn bench` (KIND `decode` or `prefill`), `sparse-attn bench model`
+(`model`) or `sparse-attn eval` (`eval`); KIND `machine` is the line that
+says where and how a file was measured.  FIELD=V1,V2 keeps the rows whose
+FIELD (a key of the JSON rows: length, config, policy, impl, dtype, ...)
+prints as one of the values (`-` for none).  The command that produced a file
+is the `command` the bench stored in it.  Needs only the standard library,
+so it runs without the package built.
+"""
+import json
+import re
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+RESULTS = ROOT / "docs" / "results"
+DOCS = [ROOT / "README.md", ROOT / "docs" / "results.md"]
+BLOCK = re.compile(r"(<!-- render (\w+) ([\w./-]+)((?: \w+=\S+)*) -->\n)(.*?)(<!-- end render -->)",
+                   re.S)
+
+
+def _x(v, digits=2):
+    return "-" if v is None else f"{v:.{digits}f}x"
+
+
+def _needle(v):
+    return "-" if v is None else ("YES" if v >= 1.0 else "NO")
+
+
+def render_machine(d):
+    m = d["machine"]
+    llc = next((c["bytes"] for c in m.get("caches", []) if c.get("level") == 3), None)
+    cpu = m.get("cpu", "?") + (f" ({m['cpu_id']})" if m.get("cpu_id") else "")
+    parts = [cpu, f"{m.get('usable_cores', '?')} cores"]
+    if llc:
+        parts.append(f"L3 {llc // 2**20} MiB")
+    parts.append(f"kernels `{m['isa']}`" + (" (forced with SPARSE_ATTN_ISA)" if m.get("isa_env")
+                                              else ""))
+    parts.append(f"{m.get('threads', '?')} threads")
+    floor = m.get("floor")
+    if floor:
+        parts.append(f"memory floor {floor['bandwidth_gbs']:.1f} GB/s (measured in the run)")
+    v = m.get("versions", {})
+    parts.append(", ".join(f"{k} {v[k]}" for k in ("numpy", "torch", "transformers") if v.get(k)))
+    return (f"Measured on: {'; '.join(p for p in parts if p)}.\n\n"
+            f"```\n{d['command']}\n```\n")
+
+
+def _keep(rows, filters):
+    return [r for r in rows
+            if all(("-" if r.get(k) is None else str(r.get(k))) in vals
+                   for k, vals in filters.items())]
+
+
+def _config(c):
+    return c if not str(c).isdigit() else f"k={c}"
+
+
+def _table(head, rows):
+    """A markdown table: `head` the column names, `rows` lists of cells."""
+    out = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+    out += ["| " + " | ".join(str(c) for c in row) + " |" for row in rows]
+    return "\n".join(out) + "\n"
+
+
+def _row_key(r, needle):
+    """The columns that say which row of the kernel bench this is."""
+    return [r["length"], r["impl"], r["dtype"], _config(r["config"]), r.get("policy") or "-",
+            _needle(r.get(needle))]
+
+
+KEY = ["tokens", "impl", "KV", "config", "policy", "needle"]
+
+
+def render_decode(d):
+    return _table(KEY + ["ms/token [min–max]", "vs dense", "MB read", "x floor"],
+                  [_row_key(r, "recall") + [
+                      f"{r['ms']:.2f} [{r['ms_min']:.2f}–{r['ms_max']:.2f}]",
+                      _x(r.get("speedup_vs_dense")), f"{r['bytes'] / 1e6:.1f}",
+                      f"{r['x_floor']:.2f}"] for r in d["rows"]])
+
+
+def render_prefill(d):
+    return _table(KEY + ["prefill s", "vs exact", "vs torch f32"],
+                  [_row_key(r, "needle") + [f"{r['s']:.2f}", _x(r.get("speedup_vs_exact")),
+                                            _x(r.get("vs_torch_f32"))] for r in d["prefill"]])
+
+
+def render_model(d):
+    out = ["| tokens | config | TTFT s (vs sdpa) | decode ms/token | per round vs sdpa: median "
+           "[min–max] | attention ms | KV MB | needle |",
+           "|---|---|---|---|---|---|---|---|"]
+    sdpa = {r["tokens"]: r for r in d["rows"] if r["kind"] == "sdpa"}
+    for r in d["rows"]:
+        ref = sdpa.get(r["tokens"])
+        ttft = f"{r['ttft_s']:.2f}"
+        if ref is not None and ref is not r:
+            ttft += f" ({r['ttft_s'] / ref['ttft_s']:.2f}x)"
+        paired = ""
+        if r.get("vs_sdpa_paired") is not None:
+            lo, hi = r["vs_sdpa_paired_range"]
+            paired = f"{r['vs_sdpa_paired']:.2f}x [{lo:.2f}–{hi:.2f}]"
+        out.append(f"| {r['tokens']} | {r['config']} | {ttft} | {r['decode_ms']:.1f} | "
+                   f"{paired} | {r['attn_ms']:.1f} | {r['kv_mb']:.1f} | "
+                   f"{'YES' if r['found'] else 'NO'} |")
+    return "\n".join(out) + "\n"
+
+
+def render_eval(d):
+    rows = d["results"]
+    exact = {}
+    for r in rows:
+        if r["policy"] == "exact":
+            exact[(r["length"], r["depth"], r["needle"], r.get("filler"))] = r["found"]
+    cells = {}
+    for r in rows:
+        if r["policy"] == "exact":
+            continue
+        key = (r["length"], r["depth"], r["needle"], r.get("filler"))
+        c = cells.setdefault((r["length"], r["policy"]), {}).setdefault(r["k"], [0, 0, 0])
+        c[0] += bool(r["found"])
+        c[1] += bool(exact[key])
+        c[2] += bool(r["found"] and exact[key])
+    ks = sorted({k for v in cells.values() for k in v})
+    out = ["| tokens | policy | " + " | ".join(f"k = {k}" for k in ks) + " |",
+           "|---|---|" + "---|" * len(ks)]
+    # lengths ascending, the policies in the order the run took them
+    for (length, policy), by_k in sorted(cells.items(), key=lambda kv: kv[0][0]):
+        line = [f"{length}", f"`{policy}`"]
+        for k in ks:
+            c = by_k.get(k)
+            line.append("-" if c is None else f"{c[2]} / {c[1]}")
+        out.append("| " + " | ".join(line) + " |")
+    n = len(exact)
+    lengths = sorted({key[0] for key in exact})
+    out.append(f"\n{n} prompts ({', '.join(str(x) for x in lengths)} tokens); a cell is the "
+               "answers a policy kept of those exact attention gave.")
+    return "\n".join(out) + "\n"
+
+
+def render_arm(d):
+    """The static model's table (bench/arm_model.py): per core model, the
+    cycles per token and KV head of each kernel, bytes per cycle, and the
+    instructions per KV byte counted under qemu."""
+    models = (d["machine"]["a76_model"], d["machine"]["a55_model"])
+    out = ["| core (model) | ISA | G | D | cycles per token and KV head: scores / V / softmax "
+           "| KV bytes per cycle | instructions per KV byte |", "|---|---|---|---|---|---|---|"]
+    rows = [r for r in d["llvm_mca"] if r["model"] in models]
+    rows.sort(key=lambda r: (models.index(r["model"]), r["isa"], r["G"], r["D"]))
+    for r in rows:
+        c = r["cycles_per_token_kv_head"]
+        core = "A76" if r["model"] == models[0] else "A55"
+        out.append(f"| {core} ({r['model']}) | {r['isa']} | {r['G']} | {r['D']} | "
+                   f"{c['scores']:.0f} / {c['v']:.0f} / {c['softmax']:.0f} | "
+                   f"{r['bytes_per_cycle']['total']:.2f} | "
+                   f"{r['qemu_instructions_per_kv_byte']['total']:.2f} |")
+    step = d["predicted_step"]
+    cal = d["calibration_x86"]
+    a76, a55 = step["a76_x4"], step["a55_x1"]
+    lo, hi = step["floor_ms"]["at_GBps"]
+    out.append("")
+    out.append(f"The article's step ({step['case']['tokens']} tokens, {step['case']['layers']} "
+               f"layers, {step['case']['isa']}): four A76 cores at {a76['ghz']} GHz "
+               f"{min(a76['calibrated_ms']):.1f}-{max(a76['calibrated_ms']):.1f} ms, calibrated"
+               + (f"; one A55 at {a55['ghz']} GHz {min(a55['calibrated_ms']):.0f}-"
+                  f"{max(a55['calibrated_ms']):.0f} ms" if a55 else "")
+               + f"; the memory floor {max(step['floor_ms']['ms']):.1f}-"
+               f"{min(step['floor_ms']['ms']):.1f} ms at an assumed {lo:g}-{hi:g} GB/s.")
+    f = cal["factor"]
+    out.append(f"\nThe method, run over the {cal['isa']} build on the host ({d['machine']['host']}; "
+               f"{d['machine']['host_model']}) against its measured in-cache time: measured / "
+               f"predicted {f['min']:.2f}-{f['max']:.2f} over the six shapes (below 1: the model is "
+               f"optimistic).\n\n```\n{d['command']}\n```")
+    return "\n".join(out) + "\n"
+
+
+RENDER = {"machine": render_machine, "arm": render_arm, "decode": render_decode, "prefill": render_prefill,
+          "model": render_model, "eval": render_eval}
+
+
+def render_text(text):
+    def one(m):
+        kind, name = m.group(2), m.group(3)
+        if kind not in RENDER:
+            raise SystemExit(f"unknown table kind {kind!r} (one of {sorted(RENDER)})")
+        d = json.loads((RESULTS / name).read_text())
+        filters = dict(f.split("=", 1) for f in m.group(4).split())
+        filters = {k: v.split(",") for k, v in filters.items()}
+        for key in ("rows", "prefill", "results"):
+            if key in d:
+                d[key] = _keep(d[key], filters)
+        return m.group(1) + RENDER[kind](d) + m.group(6)
+    return BLOCK.sub(one, text)
+
+
+def main(argv):
+    check = "--check" in argv
+    stale = []
+    for doc in DOCS:
+        text = doc.read_text()
+        new = render_text(text)
+        if new != text:
+            stale.append(doc)
+            if not check:
+                doc.write_text(new)
+    for doc in stale:
+        print(f"{doc.relative_to(ROOT)}: {'differs from' if check else 'rendered from'} "
+              "its JSON", file=sys.stderr if check else sys.stdout)
+    return 1 if check and stale else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))
