@@ -10,8 +10,8 @@
  *
  * If "compute" is well below "stream", a step can run at the memory floor;
  * if it is close to it, the step is bound by the sum of the two unless they
- * overlap perfectly, and only cheaper arithmetic helps (docs/results.md has
- * what this printed on the machines the project has seen).
+ * overlap perfectly, and only cheaper arithmetic helps (docs/design.md,
+ * "Where a selection's time goes", says what it showed).
  *
  * Build from the repository root with the core and the kernel files of the
  * target (csrc/isa_list.h lists them), e.g. on x86-64:

@@ -51,7 +51,7 @@
  * Qwen2.5-0.5B layer (7 query heads per KV head, head_dim 64) at 16384
  * tokens kept 14.7 MB of rows per worker and ran 1.45x slower than with
  * 2 MiB (and 0.65x torch SDPA's speed); a smaller tile only reads K/V more
- * often (docs/results.md, "Prefill tiles"). */
+ * often (sparse-attn bench model; CHANGELOG.md, 0.2.0). */
 #define TILE_ROWS 32                    /* query rows per tile, at most */
 #define MIN_TILE_ROWS 4                 /* ... and at least, when the cap shrinks it */
 #define SCORE_BYTES ((size_t)2 << 20)   /* one worker's score rows, at most */

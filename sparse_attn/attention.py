@@ -302,7 +302,7 @@ def prefill(q, k, v, *, start=0, scale=None, k_blocks=None, block_size=32, n_pro
     holding the call's last ``n`` rows exact too: a prompt that ends with its
     question lets those rows, which the next token is made from, read every
     key (``n=64`` kept every needle answer on SmolLM2 where the plain rule
-    lost 4 of 18; docs/results.md).  With ``k_blocks >= NB`` the output is
+    lost 4 of 18; sparse-attn eval, CHANGELOG.md).  With ``k_blocks >= NB`` the output is
     bitwise exact prefill's.  ``importance`` is what was recorded before
     this call (a cache's, from earlier chunks): the reserve ranks the block
     sums of ``importance[:start]``.

@@ -35,7 +35,7 @@ SCORINGS = {"probe": lib.SA_SCORING_PROBE, "minmax": lib.SA_SCORING_MINMAX,
 # channels where the KV head's queries are largest (SparQ's idea), read
 # from a channel-major copy of K that the cache keeps: a quarter of K's
 # bytes at head_dim 64, kept all of recall's answers on SmolLM2 and
-# Qwen2.5-0.5B (sparse-attn eval, docs/results.md), with one choice per GQA
+# Qwen2.5-0.5B (sparse-attn eval; CHANGELOG.md), with one choice per GQA
 # group (share="group": every query head of a KV head reads the same k
 # blocks, not the union of up to G sets), which kept every answer of the
 # per-head choice on both models at 2K-8K.  The knobs a policy does not read (n_probe

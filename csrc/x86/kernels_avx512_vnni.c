@@ -364,7 +364,7 @@ SA_INLINE void scores_q8_tokens(const int8_t *qq, const float *qd, int HB, int D
  * so the scores are bitwise those of scores_q8_tokens (and of the portable
  * kernel).  Decode's few heads per KV head (4 and 8, K streamed from
  * memory) did not measurably gain from preparing K once on a Zen 4
- * (results.md), so this starts at 16 vectors, which a full prefill tile
+ * (bench/decode_builds_ab.py), so this starts at 16 vectors, which a full prefill tile
  * (8 rows or more) has from 2 heads per KV head on. */
 #define SA_Q8_MANY_HEADS 16
 #define SA_Q8_MANY_MAX_D 512

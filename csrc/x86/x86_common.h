@@ -628,7 +628,7 @@ static void SA_FN(dequantize_rows)(const int8_t *q, const float *scales, int dim
  * head) at G = 2 (callgrind), select_blocks(policy="balanced") 0.78-0.95
  * -> 0.68-1.05 ms at 32K tokens, 8 KV heads, one thread, medians 0.84 ->
  * 0.75 (AMD EPYC Zen3, AVX2, eight pairs alternated in one session;
- * docs/results.md).
+ * CHANGELOG.md).
  * ---------------------------------------------------------------------- */
 
 #define SA_C_VECS (32 / SA_VT)
@@ -678,7 +678,7 @@ SA_INLINE void channel_block_simd(int G, int r, const int8_t *db, ptrdiff_t cs,
  * and twice the independent fused multiply-add chains to hide their
  * latency and the loads'.  61 -> 42 ns per (block, KV head) at G = 2 on a
  * Zen 4 (one core, 8 KV heads x 1024 blocks, old and new builds alternated
- * 4 times: results.md).  With AVX2's 16 registers the pair's 16
+ * 4 times: CHANGELOG.md).  With AVX2's 16 registers the pair's 16
  * accumulators spill, so AVX2 scores one block at a time. */
 #if SA_VT == 16
 #define SA_C_PAIR 1

@@ -221,7 +221,7 @@ class SparseKVLayer(CacheLayerMixin):
         those of S to S + PLACEHOLDER_BATCH - 1 in one go: between two
         layers, torch's matmuls leave the code that makes a tensor out of the
         CPU's caches, so one made per step cost ~10 us (docs/design.md,
-        "The Python layer"; docs/results.md, "The glue"), where a batch
+        "The Python layer"; sparse-attn bench model's glue column), where a batch
         made back to back costs ~1 us each."""
         shape, dtype = self._token_shape, self.model_dtype
         self._phs = [make_wrapper(self._placeholder, (1, shape[1], S + i, shape[3]),

@@ -39,8 +39,8 @@ class SparseAttnSettings:
         (layers in ``dense_layers`` prefill exactly either way), or torch's
         ``scaled_dot_product_attention`` on the prompt's own K/V in the
         model's dtype, exact too (for a bfloat16 model on a CPU with AMX it
-        is several times faster than the float32 prefill; measured in
-        docs/results.md).  ``"sdpa"`` records no importance, so it refuses a
+        is several times faster than the float32 prefill; CHANGELOG.md,
+        0.2.0).  ``"sdpa"`` records no importance, so it refuses a
         policy with an importance reserve (``seed``: use ``balanced``,
         ``recall`` or ``fast``, or ``importance_fraction=0``), and serves only a
         prompt that fills an empty cache in one call; a later chunk of a
@@ -50,7 +50,7 @@ class SparseAttnSettings:
         ``exact_tail`` query rows run exact (docs/spec.md §7.6), so the rows the
         next token is made from (a prompt's question) read every key.  On
         SmolLM2 the sparse prefill kept 14 of 18 needle answers without it
-        and 18 of 18 with 64 (docs/results.md); 0 is the plain rule.  The
+        and 18 of 18 with 64 (sparse-attn eval; CHANGELOG.md); 0 is the plain rule.  The
         backend cannot tell which call ends a prompt, so a prompt fed in
         chunks gets a tail at the end of each chunk (each costs up to
         ``exact_tail + block_size - 1`` exact rows).
