@@ -101,7 +101,7 @@ static void drv_scores_pass(shape *sh)
 static void drv_softmax_pass(shape *sh)
 {
     for (int g = 0; g < sh->G; g++)
-        sh->kern->softmax_exp(sh->s[g], sh->n, 0.088f);
+        sh->kern->softmax_exp(sh->s[g], sh->n, 0.088f, NULL);
 }
 
 static void drv_v_pass(shape *sh)
@@ -201,7 +201,7 @@ static int drv_trace(shape *sh)
     for (int t = 0; t < sh->n; t++) /* scores again, not weights */
         sh->s[0][t] = 0.001f * (float)((t * 7) % 101);
     sa_model_begin();
-    kern->softmax_exp(sh->s[0], sh->n, 0.088f);
+    kern->softmax_exp(sh->s[0], sh->n, 0.088f, NULL);
     sa_model_end();
     printf("{\"isa\": \"%s\", \"G\": %d, \"D\": %d, \"n\": %d}\n", sa_isa_name(), G, D,
            sh->n);

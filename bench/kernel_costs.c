@@ -81,7 +81,7 @@ static double time_softmax(step *st)
 {
     const double t0 = bench_now();
     for (int g = 0; g < st->G; g++)
-        st->kern->softmax_exp(st->s[g], st->n, 0.088f);
+        st->kern->softmax_exp(st->s[g], st->n, 0.088f, NULL);
     return bench_now() - t0;
 }
 

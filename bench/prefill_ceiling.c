@@ -276,7 +276,7 @@ static void run_kernel(tile *t, int which)
     }
     if (which == SOFTMAX)
         for (int g = 0; g < t->G; g++)
-            k->softmax_exp(t->s[g], t->n, 0.01f);
+            k->softmax_exp(t->s[g], t->n, 0.01f, NULL);
 }
 
 int main(int argc, char **argv)

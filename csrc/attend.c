@@ -7,7 +7,13 @@
  * then the weighted sum of V) hands rows.c one run at a time with the run
  * that follows it (after the last run of K, the first run of V), so the
  * stream of reads can be prefetched across the jumps between chosen blocks.
+ *
+ * A pass may be limited to a window of the group's attended rows (the
+ * union of its heads' chosen blocks, ascending, counted once each): split-KV
+ * decode (decode.c) cuts that union into chunks and attends each apart.
+ * A run is then clipped to the window; the whole union is one window.
  */
+#include <math.h>
 #include <string.h>
 
 #include "attend.h"
@@ -67,35 +73,73 @@ int sa_next_run(const sa_scratch *s, int *b, int *e, int *heads)
     return 0;
 }
 
-/* One pass over the chosen runs: scores of K (pass 0) into s->scores, or
- * the weighted sum of V (pass 1) into out.  s->off[g] counts the tokens of
- * head g done so far.  `then`: the tensor read after this pass (V after K),
- * whose first run follows the last one, or NULL. */
+int64_t sa_union_rows(const sa_scratch *s, int seq_len, int bs)
+{
+    int b = 0, e = 0;
+    int64_t rows = 0;
+    while (sa_next_run(s, &b, &e, s->heads) > 0) {
+        rows += sa_block_end(e - 1, bs, seq_len) - sa_block_start(b, bs);
+        b = e;
+    }
+    return rows;
+}
+
+/* Where a walk over the runs of a window stands: the next block to look at
+ * and how many union rows lie before it. */
+typedef struct {
+    int b;
+    int64_t u;
+} cursor;
+
+/* The next run inside the window [w0, w1) of union rows, clipped to it:
+ * rows [*r0, *r0 + *n), its heads; their count, or 0 past the window. */
+static int window_run(const sa_scratch *s, int seq_len, int bs, int64_t w0, int64_t w1,
+                      cursor *at, int *r0, int *n, int *heads)
+{
+    for (;;) {
+        int b = at->b, e = 0;
+        const int cnt = sa_next_run(s, &b, &e, heads);
+        if (!cnt || at->u >= w1)
+            return 0;
+        const int rs = sa_block_start(b, bs), len = sa_block_end(e - 1, bs, seq_len) - rs;
+        const int64_t u = at->u;
+        at->b = e;
+        at->u += len;
+        if (u + len <= w0)
+            continue;
+        const int lo = (int)(w0 > u ? w0 - u : 0);
+        const int hi = (int)(w1 - u < len ? w1 - u : len);
+        *r0 = rs + lo;
+        *n = hi - lo;
+        return cnt;
+    }
+}
+
+/* One pass over the chosen runs inside [w0, w1): scores of K (pass 0) into
+ * s->scores, or the weighted sum of V (pass 1) into out.  s->off[g] counts
+ * the tokens of head g done so far.  `then`: the tensor read after this pass
+ * (V after K), whose first run follows the last one, or NULL. */
 static void attend_pass(const sa_kernels *kern, sa_scratch *s, const sa_kv *kv, int kh,
-                        const float *qf, int seq_len, int bs, int pass, float *out,
-                        ptrdiff_t out_head_stride, const sa_kv *then)
+                        const float *qf, int seq_len, int bs, int64_t w0, int64_t w1,
+                        int pass, float *out, ptrdiff_t out_head_stride, const sa_kv *then)
 {
     int *heads = s->heads, *next_heads = s->heads2;
-    int b = 0, e = 0;
-    int cnt = sa_next_run(s, &b, &e, heads);
+    cursor at = {0, 0};
+    int r0 = 0, n = 0;
+    int cnt = window_run(s, seq_len, bs, w0, w1, &at, &r0, &n, heads);
     while (cnt > 0) {
-        int nb = e, ne = e;
-        const int next_cnt = sa_next_run(s, &nb, &ne, next_heads);
         sa_span next = {.kv = kv, .kh = kh}, *after = NULL;
+        const int next_cnt = window_run(s, seq_len, bs, w0, w1, &at, &next.row, &next.n,
+                                        next_heads);
         if (next_cnt) {
             after = &next;
         } else if (then) {
-            nb = 0;
-            if (sa_next_run(s, &nb, &ne, next_heads)) {
+            cursor first = {0, 0};
+            if (window_run(s, seq_len, bs, w0, w1, &first, &next.row, &next.n, next_heads)) {
                 next.kv = then;
                 after = &next;
             }
         }
-        if (after) {
-            next.row = sa_block_start(nb, bs);
-            next.n = sa_block_end(ne - 1, bs, seq_len) - next.row;
-        }
-        const int r0 = sa_block_start(b, bs), n = sa_block_end(e - 1, bs, seq_len) - r0;
         for (int j = 0; j < cnt; j++) {
             const int g = heads[j];
             float *sc = s->scores + (ptrdiff_t)g * s->score_stride + s->off[g];
@@ -116,8 +160,29 @@ static void attend_pass(const sa_kernels *kern, sa_scratch *s, const sa_kv *kv, 
         int *t = heads;
         heads = next_heads;
         next_heads = t;
-        b = nb, e = ne, cnt = next_cnt;
+        r0 = next.row, n = next.n, cnt = next_cnt;
     }
+}
+
+static void attend_window(const sa_kernels *kern, sa_scratch *s, const sa_kv *k,
+                          const sa_kv *v, int kh, const float *qf, int seq_len, int bs,
+                          float scale, int64_t w0, int64_t w1, float *out,
+                          ptrdiff_t out_head_stride, float *max_out)
+{
+    const int G = s->G, D = s->D;
+    for (int g = 0; g < G; g++)
+        s->off[g] = 0;
+    attend_pass(kern, s, k, kh, qf, seq_len, bs, w0, w1, 0, out, out_head_stride, v);
+    for (int g = 0; g < G; g++) {
+        float *sc = s->scores + (ptrdiff_t)g * s->score_stride;
+        if (max_out)
+            max_out[g] = -INFINITY; /* no rows of head g here */
+        s->z[g] = s->off[g] ? kern->softmax_exp(sc, s->off[g], scale, max_out ? &max_out[g] : NULL)
+                            : 0.0f;
+        memset(out + g * out_head_stride, 0, (size_t)D * sizeof(float));
+        s->off[g] = 0;
+    }
+    attend_pass(kern, s, v, kh, qf, seq_len, bs, w0, w1, 1, out, out_head_stride, NULL);
 }
 
 void sa_attend_group(const sa_kernels *kern, sa_scratch *s, const sa_kv *k,
@@ -125,16 +190,53 @@ void sa_attend_group(const sa_kernels *kern, sa_scratch *s, const sa_kv *k,
                      float scale, float *out, ptrdiff_t out_head_stride)
 {
     const int G = s->G, D = s->D;
-    for (int g = 0; g < G; g++)
-        s->off[g] = 0;
-    attend_pass(kern, s, k, kh, qf, seq_len, bs, 0, out, out_head_stride, v);
-    for (int g = 0; g < G; g++) {
-        s->z[g] = kern->softmax_exp(s->scores + (ptrdiff_t)g * s->score_stride, s->off[g], scale);
-        memset(out + g * out_head_stride, 0, (size_t)D * sizeof(float));
-        s->off[g] = 0;
-    }
-    attend_pass(kern, s, v, kh, qf, seq_len, bs, 1, out, out_head_stride, NULL);
+    attend_window(kern, s, k, v, kh, qf, seq_len, bs, scale, 0, INT64_MAX, out,
+                  out_head_stride, NULL);
     for (int g = 0; g < G; g++)
         for (int d = 0; d < D; d++)
             out[g * out_head_stride + d] /= s->z[g];
+}
+
+void sa_attend_chunk(const sa_kernels *kern, sa_scratch *s, const sa_kv *k, const sa_kv *v,
+                     int kh, const float *qf, int seq_len, int bs, float scale, int64_t w0,
+                     int64_t w1, float *part)
+{
+    const int G = s->G, D = s->D;
+    float *acc = part + 2 * (ptrdiff_t)G;
+    attend_window(kern, s, k, v, kh, qf, seq_len, bs, scale, w0, w1, acc, D, part);
+    memcpy(part + G, s->z, (size_t)G * sizeof(float));
+}
+
+void sa_merge_chunks(const float *parts, int n_chunks, int G, int D, float scale, float *out)
+{
+    const ptrdiff_t part_floats = sa_chunk_part_floats(G, D);
+    for (int g = 0; g < G; g++) {
+        /* the largest chunk maximum, NaN if one is NaN */
+        float m = -INFINITY;
+        int nan = 0;
+        for (int c = 0; c < n_chunks; c++) {
+            const float mc = parts[c * part_floats + g];
+            m = mc > m ? mc : m;
+            nan |= mc != mc;
+        }
+        if (nan)
+            m = NAN;
+        float *o = out + (ptrdiff_t)g * D;
+        memset(o, 0, (size_t)D * sizeof(float));
+        float z = 0.0f;
+        for (int c = 0; c < n_chunks; c++) {
+            const float *p = parts + c * part_floats;
+            const float mc = p[g];
+            if (mc == -INFINITY)
+                continue; /* no rows of this head here, or weights that are all 0 */
+            /* exp(scale * (s - m)) = exp(scale * (s - mc)) * exp(scale * (mc - m)) */
+            const float w = mc == m ? 1.0f : expf(scale * (mc - m));
+            const float *acc = p + 2 * G + (ptrdiff_t)g * D;
+            z += w * p[G + g];
+            for (int d = 0; d < D; d++)
+                o[d] += w * acc[d];
+        }
+        for (int d = 0; d < D; d++)
+            o[d] /= z;
+    }
 }

@@ -20,4 +20,25 @@ void sa_attend_group(const sa_kernels *kern, sa_scratch *s, const sa_kv *k,
                      const sa_kv *v, int kh, const float *qf, int seq_len, int bs,
                      float scale, float *out, ptrdiff_t out_head_stride);
 
+/* The rows the group attends to: every valid row of a block some head of
+ * the group chose, once (the union split-KV decode cuts into chunks). */
+int64_t sa_union_rows(const sa_scratch *s, int seq_len, int bs);
+
+/* One chunk's partial result: per head its largest score (-Inf when it has
+ * no rows in the chunk), its softmax sum, then its unnormalised output row. */
+static inline ptrdiff_t sa_chunk_part_floats(int G, int D)
+{
+    return (ptrdiff_t)G * (2 + (ptrdiff_t)D);
+}
+
+/* sa_attend_group over the union rows [w0, w1) only, into part (G maxima,
+ * G sums, G x D sums of weighted V rows, not divided). */
+void sa_attend_chunk(const sa_kernels *kern, sa_scratch *s, const sa_kv *k, const sa_kv *v,
+                     int kh, const float *qf, int seq_len, int bs, float scale, int64_t w0,
+                     int64_t w1, float *part);
+
+/* out (G x D) from n_chunks parts in chunk order: every chunk's weights
+ * rescaled to the largest maximum, summed in chunk order, divided once. */
+void sa_merge_chunks(const float *parts, int n_chunks, int G, int D, float scale, float *out);
+
 #endif

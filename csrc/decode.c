@@ -1,10 +1,28 @@
 /*
  * One decode step of one layer: probe, block selection and exact attention
- * over the chosen blocks, for every query head, split over KV heads.
- * probe_scores, select_blocks and dense decode are the same walk stopped
- * earlier or with every block chosen.
+ * over the chosen blocks, for every query head.  probe_scores,
+ * select_blocks and dense decode are the same walk stopped earlier or with
+ * every block chosen.
+ *
+ * The work is split over KV heads and, when a group attends to more than
+ * CHUNK_ROWS rows, over chunks of those rows too (split-KV, or
+ * "flash-decoding"): models with one or two KV heads would otherwise keep
+ * one or two cores busy.  A group's attended rows (the union of its heads'
+ * chosen blocks, ascending) are cut into equal chunks of at most CHUNK_ROWS
+ * rows (a multiple of 32); each chunk gives per head its largest score, its
+ * softmax sum and its unnormalised output, and the chunks are merged in
+ * chunk order (attend.c, spec §2.6).  The cut depends on the union's length
+ * alone, never on the thread count, so the bits do not either; sparse decode
+ * with every block chosen has dense decode's union, so it stays dense
+ * decode's bits.  A group of at most CHUNK_ROWS rows is one chunk and
+ * computes exactly what it did before chunks existed.
+ *
+ * With chunks the call runs in two parallel steps: per KV head, quantise
+ * the query and choose the blocks (a "plan"); then per chunk, attend, the
+ * last chunk of a group to finish merging the group's chunks.
  */
 #include <math.h>
+#include <stdatomic.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -17,6 +35,33 @@
 #include "rows.h"
 
 enum mode { PROBE_ONLY, SELECT_ONLY, ATTEND };
+
+/* The longest chunk (sparse_attn.h; picked by measurement, docs/design.md,
+ * Split-KV decode). */
+#define CHUNK_ROWS SA_DECODE_CHUNK_ROWS
+
+/* The length of a group's chunks when it attends to `rows` rows: the rows
+ * cut into ceil(rows / CHUNK_ROWS) near-equal chunks, rounded up to a
+ * multiple of 32 (so at most CHUNK_ROWS); all of them when that is one. */
+static int64_t chunk_len(int64_t rows)
+{
+    if (rows <= CHUNK_ROWS)
+        return rows > 0 ? rows : 1;
+    const int64_t n = (rows + CHUNK_ROWS - 1) / CHUNK_ROWS;
+    return ((rows + n - 1) / n + 31) / 32 * 32;
+}
+
+/* One KV head's choice, kept between the two steps of a chunked call. */
+typedef struct {
+    uint8_t *chosen;   /* G*NB */
+    int32_t *uni;      /* NB */
+    int8_t *qq;        /* G*D (q8 K) */
+    float *qd;         /* G*D/gs */
+    int n_uni;
+    int64_t rows, len; /* union rows and chunk length */
+    int n_chunks, first;
+    atomic_int left;   /* chunks not yet attended */
+} plan;
 
 typedef struct {
     enum mode mode;
@@ -32,7 +77,54 @@ typedef struct {
     int32_t *blocks;                /* [H, n_sel] or NULL */
     float *out;                     /* [H, D] */
     sa_scratch **scratch;
+    plan *plans;                    /* chunked: [Hkv], else NULL */
+    int *item_kh;                   /* chunked: the KV head of each chunk */
+    float *parts;                   /* chunked: sa_chunk_part_floats per chunk */
 } decode_ctx;
+
+/* Keep what s chose for KV head kh (and its quantised query, q8 K of group
+ * size gs; 0 for float32) in p, with its chunks. */
+static void save_plan(const sa_scratch *s, plan *p, int seq_len, int bs, int gs)
+{
+    const int G = s->G, D = s->D;
+    memcpy(p->chosen, s->chosen, (size_t)G * s->NB);
+    p->n_uni = s->n_uni;
+    if (s->n_uni > 0)
+        memcpy(p->uni, s->uni, (size_t)s->n_uni * sizeof(int32_t));
+    if (gs) {
+        memcpy(p->qq, s->qq, (size_t)G * D);
+        memcpy(p->qd, s->qd, (size_t)G * (D / gs) * sizeof(float));
+    }
+    p->rows = sa_union_rows(s, seq_len, bs);
+    p->len = chunk_len(p->rows);
+    p->n_chunks = (int)((p->rows + p->len - 1) / p->len);
+    atomic_init(&p->left, p->n_chunks);
+}
+
+/* The second step of a chunked call: chunk `item` of all the groups'
+ * chunks, attended with its group's plan; the group's last chunk to finish
+ * merges them (in chunk order, whoever runs it). */
+static int chunk_item(void *arg, int item, int worker)
+{
+    decode_ctx *c = arg;
+    sa_scratch *s = c->scratch[worker];
+    const int kh = c->item_kh[item], G = c->G, D = s->D;
+    plan *p = &c->plans[kh];
+    const int chunk = item - p->first;
+    s->chosen = p->chosen;
+    s->uni = p->uni;
+    s->n_uni = p->n_uni;
+    s->qq = p->qq;
+    s->qd = p->qd;
+    const ptrdiff_t pf = sa_chunk_part_floats(G, D);
+    const int64_t w0 = chunk * p->len;
+    sa_attend_chunk(c->kern, s, c->k, c->v, kh, c->q + (ptrdiff_t)kh * G * D, c->seq_len,
+                    c->block_size, c->scale, w0, w0 + p->len, c->parts + item * pf);
+    if (atomic_fetch_sub(&p->left, 1) == 1)
+        sa_merge_chunks(c->parts + p->first * pf, p->n_chunks, G, D, c->scale,
+                        c->out + (ptrdiff_t)kh * G * D);
+    return SA_OK;
+}
 
 static int decode_item(void *arg, int kh, int worker)
 {
@@ -72,9 +164,109 @@ static int decode_item(void *arg, int kh, int worker)
     }
     if (c->mode == SELECT_ONLY)
         return SA_OK;
+    if (c->plans) {
+        save_plan(s, &c->plans[kh], c->seq_len, c->block_size,
+                  c->k->dtype == SA_DTYPE_Q8 ? c->k->group_size : 0);
+        return SA_OK;
+    }
     sa_attend_group(c->kern, s, c->k, c->v, kh, qf, c->seq_len, c->block_size, c->scale,
                     c->out + (ptrdiff_t)kh * G * D, D);
     return SA_OK;
+}
+
+/* One item per KV head: each group chosen and attended by one thread. */
+static int run_groups(decode_ctx *c, const sa_scratch_sizes *sizes, int Hkv, int threads)
+{
+    const int workers = sa_workers_for(Hkv, threads);
+    int rc = sa_scratch_array(workers, sizes, &c->scratch);
+    if (rc)
+        return rc;
+    rc = sa_parallel_for(Hkv, workers, decode_item, c);
+    sa_scratch_array_free(c->scratch, workers);
+    return rc;
+}
+
+/* Bytes of one plan's arrays, 64-byte aligned pieces at offs; 0 if that
+ * does not fit a size_t. */
+static size_t plan_bytes(const sa_scratch_sizes *z, size_t offs[4])
+{
+    const size_t g = (size_t)z->G, d = (size_t)z->D, nb = (size_t)z->NB;
+    const size_t ng = d / (size_t)z->group_size;
+    size_t sizes[4];
+    if (__builtin_mul_overflow(g, nb, &sizes[0]) ||
+        __builtin_mul_overflow(nb, sizeof(int32_t), &sizes[1]) ||
+        __builtin_mul_overflow(g, d, &sizes[2]) ||
+        __builtin_mul_overflow(g * ng, sizeof(float), &sizes[3]))
+        return 0;
+    size_t at = 0;
+    for (int i = 0; i < 4; i++) {
+        offs[i] = at;
+        if (sizes[i] > SIZE_MAX - 63 || __builtin_add_overflow(at, (sizes[i] + 63) & ~(size_t)63, &at))
+            return 0;
+    }
+    return at;
+}
+
+/* Chunked: plans per KV head, then one item per chunk of every group. */
+static int run_chunked(decode_ctx *c, sa_scratch_sizes *sizes, int Hkv, int threads)
+{
+    size_t offs[4];
+    const size_t each = plan_bytes(sizes, offs);
+    if (!each || each > SIZE_MAX / (size_t)Hkv)
+        return SA_ERR_SIZE;
+    plan *plans = calloc((size_t)Hkv, sizeof *plans);
+    char *mem = aligned_alloc(64, each * (size_t)Hkv);
+    int rc = plans && mem ? SA_OK : SA_ERR_NOMEM;
+    for (int kh = 0; kh < Hkv && !rc; kh++) {
+        char *at = mem + each * (size_t)kh;
+        plans[kh].chosen = (uint8_t *)(at + offs[0]);
+        plans[kh].uni = (int32_t *)(at + offs[1]);
+        plans[kh].qq = (int8_t *)(at + offs[2]);
+        plans[kh].qd = (float *)(at + offs[3]);
+    }
+    /* Step 1: choose (the scratch needs no scores). */
+    const int max_tok = sizes->max_tok;
+    sizes->max_tok = 1;
+    c->plans = plans;
+    if (!rc)
+        rc = run_groups(c, sizes, Hkv, threads);
+    /* Step 2: the chunks of every group, in KV head order. */
+    int total = 0;
+    for (int kh = 0; kh < Hkv && !rc; kh++) {
+        plans[kh].first = total;
+        if (plans[kh].n_chunks > INT32_MAX - total)
+            rc = SA_ERR_SIZE;
+        else
+            total += plans[kh].n_chunks;
+    }
+    const ptrdiff_t pf = sa_chunk_part_floats(sizes->G, sizes->D);
+    if (!rc) {
+        c->item_kh = malloc((size_t)total * sizeof(int));
+        c->parts = (size_t)total <= SIZE_MAX / sizeof(float) / (size_t)pf
+                       ? malloc((size_t)total * (size_t)pf * sizeof(float))
+                       : NULL;
+        rc = c->item_kh && c->parts ? SA_OK : SA_ERR_NOMEM;
+    }
+    if (!rc) {
+        for (int kh = 0; kh < Hkv; kh++)
+            for (int i = 0; i < plans[kh].n_chunks; i++)
+                c->item_kh[plans[kh].first + i] = kh;
+        sizes->max_tok = max_tok < CHUNK_ROWS ? max_tok : CHUNK_ROWS;
+        sizes->probe_tmp_per_head = 0;
+        sizes->channel_rows = 0;
+        const int workers = sa_workers_for(total, threads);
+        rc = sa_scratch_array(workers, sizes, &c->scratch);
+        if (!rc) {
+            rc = sa_parallel_for(total, workers, chunk_item, c);
+            sa_scratch_array_free(c->scratch, workers);
+        }
+    }
+    free(c->item_kh);
+    free(c->parts);
+    free(mem);
+    free(plans);
+    c->plans = NULL;
+    return rc;
 }
 
 static int run(decode_ctx *c, int n_heads, int threads, const float *importance,
@@ -129,10 +321,9 @@ static int run(decode_ctx *c, int n_heads, int threads, const float *importance,
             return rc;
         c->reserve = &reserve;
     }
-    const int workers = sa_workers_for(Hkv, threads);
     const int probes = c->mode == PROBE_ONLY ||
                        (c->params && n_sel < NB && c->params->scoring == SA_SCORING_PROBE);
-    const sa_scratch_sizes sizes = {
+    sa_scratch_sizes sizes = {
         .G = G, .D = D, .group_size = gs, .NB = NB, .n_sel = n_sel,
         .max_tok = c->mode == ATTEND ? max_tok : 1,
         .probe_tmp_per_head =
@@ -141,12 +332,18 @@ static int run(decode_ctx *c, int n_heads, int threads, const float *importance,
                                 c->params->scoring == SA_SCORING_CHANNELS
                             ? sa_min(c->block_size, c->seq_len)
                             : 0};
-    if ((rc = sa_scratch_array(workers, &sizes, &c->scratch))) {
-        free(reserve.blocks);
-        return rc;
+    /* The most rows a group can attend to: beyond one chunk the call is
+     * chunked (the chunks then follow from the rows it does attend to). */
+    int64_t union_max = c->seq_len;
+    if (c->params && n_sel < NB) {
+        const int64_t heads = c->params->share == SA_SHARE_GROUP ? 1 : G;
+        const int64_t most = (int64_t)n_sel * c->block_size * heads;
+        union_max = most < union_max ? most : union_max;
     }
-    rc = sa_parallel_for(Hkv, workers, decode_item, c);
-    sa_scratch_array_free(c->scratch, workers);
+    if (c->mode == ATTEND && union_max > CHUNK_ROWS)
+        rc = run_chunked(c, &sizes, Hkv, threads);
+    else
+        rc = run_groups(c, &sizes, Hkv, threads);
     free(reserve.blocks);
     return rc;
 }

@@ -91,8 +91,10 @@ typedef struct sa_kernels {
     /* s[t] <- exp(scale * (s[t] - max(s))) for t < n; returns the sum (taken
      * in double).  Subtracting before scaling cannot overflow for finite
      * scores and any finite scale, and the maximum maps to exactly 1.  A
-     * NaN score makes the sum NaN (never a dropped token), on every ISA. */
-    float (*softmax_exp)(float *s, int n, float scale);
+     * NaN score makes the sum NaN (never a dropped token), on every ISA.
+     * max_out (may be NULL): the maximum subtracted, or NaN if a score is
+     * NaN (split-KV decode merges chunks with it). */
+    float (*softmax_exp)(float *s, int n, float scale, float *max_out);
 
     /* out[g][d] += p[g][t] * v[t][d], t ascending. */
     void (*accumulate_v_f32)(float *const *out, const float *const *p, int G, int D,

@@ -302,7 +302,7 @@ static void tile_run(const prefill_ctx *c, worker *w, int kh, const tile *tl, do
         const int r = i / G, g = i % G;
         const int n = s->off[g] + (tl->p0 + r - tl->c0 + 1);
         float *p = s->scores + (ptrdiff_t)i * s->score_stride;
-        s->z[i] = c->kern->softmax_exp(p, n, c->scale);
+        s->z[i] = c->kern->softmax_exp(p, n, c->scale, NULL);
         /* zero weight for the keys beyond the row (the importance sums
          * every row over the tile's keys) */
         memset(p + n, 0, (size_t)(s->off[g] + causal - n) * sizeof(float));

@@ -34,6 +34,12 @@
 #include <stdint.h>
 
 /* cdef-begin */
+/* Decode attends to a group's rows in chunks of at most this many rows,
+ * merged in a fixed order (spec §2.6): a group attending to more rows is
+ * split over threads too, and its output is dense decode's within float
+ * rounding of one pass, bitwise the same for every thread count. */
+#define SA_DECODE_CHUNK_ROWS 2048
+
 enum sa_status {
     SA_OK = 0,
     SA_ERR_NULL = 1,          /* a required pointer is NULL */
@@ -187,6 +193,15 @@ const char *sa_build_info(void);
  * sa_isa_available() says whether this CPU can run it (1) or not (0). */
 const char *sa_isa_name(void);
 int sa_set_isa(const char *name);
+
+/* The worker pool's placement: workers 1 .. n_cpus - 1 (with the calling
+ * thread, the first n_cpus threads of a call) run on the CPUs listed; any
+ * later worker on any CPU the process may use.  n_cpus = 0 lifts it.  The
+ * Python layer sets the fast cores of a big.LITTLE CPU (sparse_attn/cores.py).
+ * SA_ERR_PARAM for a CPU number below 0 or beyond the system's CPU set, or
+ * n_cpus beyond 64; does nothing where threads cannot be placed (not
+ * Linux).  Never changes a result, only where it is computed. */
+int sa_set_worker_cpus(const int *cpus, int n_cpus);
 int sa_isa_available(const char *name);
 int sa_isa_count(void);
 const char *sa_isa_name_at(int index);

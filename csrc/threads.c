@@ -1,5 +1,6 @@
 /*
- * Work split over KV heads, on a small pool of persistent worker threads.
+ * Work split into items (KV heads, chunks of a group's rows, prefill
+ * tiles), run on a small pool of persistent worker threads.
  *
  * Starting threads per call cost ~65 us per thread on the development VM,
  * which is a fifth of a 4K-token decode step at the memory floor; the pool
@@ -22,7 +23,11 @@
  * layer apart (~1 ms) find them asleep and pay the wake-up, ~28 us of the
  * caller's time on the development VM (docs/design.md, Threads).
  */
+#if defined(__linux__) && !defined(_GNU_SOURCE)
+#define _GNU_SOURCE /* pthread_setaffinity_np, cpu_set_t */
+#endif
 #include <pthread.h>
+#include <sched.h>
 #include <stdatomic.h>
 #include <stdlib.h>
 #include <time.h>
@@ -60,8 +65,59 @@ static struct {
     int max_worker;            /* workers 1..max_worker may join it */
     atomic_int busy;           /* workers inside the open job (changed under lock) */
     unsigned long born[SA_MAX_WORKERS]; /* the generation each worker started at */
+    pthread_t tid[SA_MAX_WORKERS];
 } pool = {PTHREAD_MUTEX_INITIALIZER, PTHREAD_MUTEX_INITIALIZER, PTHREAD_COND_INITIALIZER,
-          PTHREAD_COND_INITIALIZER, 0, 0, NULL, 0, 0, {0}};
+          PTHREAD_COND_INITIALIZER, 0, 0, NULL, 0, 0, {0}, {0}};
+
+/* Workers 1 .. pinned - 1 run on pin_set (sa_set_worker_cpus); guarded by
+ * pool.owner. */
+#ifdef __linux__
+static cpu_set_t pin_set;
+#endif
+static int pinned;
+
+/* Keep worker w on pin_set if it is one of the pinned ones, else let it run
+ * on any CPU the process may use. */
+static void place_worker(int w)
+{
+#ifdef __linux__
+    if (w < pinned) {
+        pthread_setaffinity_np(pool.tid[w], sizeof pin_set, &pin_set);
+    } else {
+        cpu_set_t any;
+        if (sched_getaffinity(0, sizeof any, &any) == 0)
+            pthread_setaffinity_np(pool.tid[w], sizeof any, &any);
+    }
+#else
+    (void)w;
+#endif
+}
+
+int sa_set_worker_cpus(const int *cpus, int n_cpus)
+{
+    if (n_cpus < 0 || n_cpus > SA_MAX_WORKERS || (n_cpus && !cpus))
+        return SA_ERR_PARAM;
+#ifdef __linux__
+    cpu_set_t set;
+    CPU_ZERO(&set);
+    for (int i = 0; i < n_cpus; i++) {
+        if (cpus[i] < 0 || cpus[i] >= CPU_SETSIZE)
+            return SA_ERR_PARAM;
+        CPU_SET(cpus[i], &set);
+    }
+    pthread_mutex_lock(&pool.owner);
+    pin_set = set;
+    const int before = pinned;
+    pinned = n_cpus;
+    for (int w = 1; w <= pool.started; w++)
+        if (w < pinned || w < before)
+            place_worker(w);
+    pthread_mutex_unlock(&pool.owner);
+#else
+    (void)cpus;
+#endif
+    return SA_OK;
+}
 
 /* How long a thread polls before it sleeps on a condition variable.  On the
  * development VM (2 threads, 4096 tokens, seed k=32, in cache) polling took
@@ -170,8 +226,12 @@ static int ensure_workers(int want)
         pool.born[pool.started + 1] = pool.generation;
         const int ok = pthread_create(&tid, &attr, worker_main,
                                       (void *)(intptr_t)(pool.started + 1)) == 0;
-        if (ok)
+        if (ok) {
             pool.started++;
+            pool.tid[pool.started] = tid;
+            if (pool.started < pinned)
+                place_worker(pool.started);
+        }
         pthread_mutex_unlock(&pool.lock);
         pthread_attr_destroy(&attr);
         if (!ok)

@@ -12,7 +12,8 @@ A table in README.md or docs/results.md sits between two markers:
 
 FILE is a JSON file under docs/results/, written by `--json PATH` of
 `sparse-attn bench` (KIND `decode` or `prefill`), `sparse-attn bench model`
-(`model`) or `sparse-attn eval` (`eval`); KIND `machine` is the line that
+(`model`), `sparse-attn eval` (`eval`), `bench/arm_model.py` (`arm`) or
+`bench/split_kv.py` (`threads`); KIND `machine` is the line that
 says where and how a file was measured.  FIELD=V1,V2 keeps the rows whose
 FIELD (a key of the JSON rows: length, config, policy, impl, dtype, ...)
 prints as one of the values (`-` for none).  The command that produced a file
@@ -48,7 +49,12 @@ def render_machine(d):
         parts.append(f"L3 {llc // 2**20} MiB")
     parts.append(f"kernels `{m['isa']}`" + (" (forced with SPARSE_ATTN_ISA)" if m.get("isa_env")
                                               else ""))
-    parts.append(f"{m.get('threads', '?')} threads")
+    ran = f"{m.get('threads', '?')} threads"
+    if m.get("cpus"):  # which cores ran it (older files do not say)
+        ran += f" on CPUs {m['cpus']}"
+        if m.get("heterogeneous"):
+            ran += f" ({'; '.join(m['core_classes'])})"
+    parts.append(ran)
     floor = m.get("floor")
     if floor:
         parts.append(f"memory floor {floor['bandwidth_gbs']:.1f} GB/s (measured in the run)")
@@ -186,7 +192,32 @@ def render_arm(d):
     return "\n".join(out) + "\n"
 
 
-RENDER = {"machine": render_machine, "arm": render_arm, "decode": render_decode, "prefill": render_prefill,
+def _spread(xs, fmt, unit=""):
+    xs = sorted(xs)
+    mid = xs[len(xs) // 2] if len(xs) % 2 else (xs[len(xs) // 2 - 1] + xs[len(xs) // 2]) / 2
+    return f"{mid:{fmt}}{unit} [{xs[0]:{fmt}}–{xs[-1]:{fmt}}]"
+
+
+def render_threads(d):
+    """bench/split_kv.py: decode time per thread count, and the speed-up."""
+    counts = sorted({int(t) for r in d["rows"] for t in r["us"]})
+    one, more = str(counts[0]), [str(t) for t in counts[1:]]
+    head = (["shape (q/KV heads, D)", "tokens", "decode"]
+            + [f"{t} thread{'s' if t != 1 else ''} µs" for t in counts]
+            + [f"{t} vs {one} thread{'s' if one != '1' else ''}" for t in more])
+    rows = []
+    for r in d["rows"]:
+        rows.append([f"{r['shape']} ({r['H']}/{r['Hkv']}, {r['D']})", r["tokens"], r["mode"]]
+                    + [_spread(r["us"][str(t)], ".0f") for t in counts]
+                    + [_spread(r["speedup"][t], ".2f", "x") for t in more])
+    note = ""
+    if d.get("slow_core"):
+        note = ("\nOne core made slow: a busy process shares the last CPU; the calling "
+                "thread stays on the first.\n")
+    return _table(head, rows) + note
+
+
+RENDER = {"machine": render_machine, "threads": render_threads, "arm": render_arm, "decode": render_decode, "prefill": render_prefill,
           "model": render_model, "eval": render_eval}
 
 

@@ -150,11 +150,15 @@ def default_threads():
 
 @functools.lru_cache(maxsize=None)
 def _usable_cores():
-    """The cores this process may run on, read once (it sits on every call's path)."""
-    try:
-        return len(os.sched_getaffinity(0))
-    except AttributeError:  # not Linux
-        return os.cpu_count() or 1
+    """The cores the default thread count covers, read once (it sits on every
+    call's path): those this process may run on, only the fast ones of a
+    big.LITTLE CPU, whose worker threads are then kept on them (cores.py)."""
+    from . import cores
+    fast = cores.default_cores()
+    if cores.heterogeneous():
+        from ._ffi import ffi, lib
+        lib.sa_set_worker_cpus(ffi.new("int[]", list(fast)), len(fast))
+    return max(1, len(fast))
 
 
 def check_threads(threads):

@@ -37,7 +37,10 @@ def _info(argv):
     print(f"CPU runs:    {', '.join(facts['available_isas'])}")
     tenv = f"SPARSE_ATTN_NUM_THREADS={facts['threads_env']}" if facts["threads_env"] else \
         "SPARSE_ATTN_NUM_THREADS unset"
-    print(f"threads:     {facts['threads']} ({tenv}; {facts['usable_cores']} usable cores)")
+    fast = "" if not facts["heterogeneous"] else \
+        f", default covers the {len(facts['default_cores'])} fast ones"
+    print(f"threads:     {facts['threads']} ({tenv}; {facts['usable_cores']} usable cores{fast})")
+    print(f"cores:       {'; '.join(facts['core_classes'])}")
     cpu_id = f", {facts['cpu_id']}" if facts["cpu_id"] else ""
     print(f"CPU:         {facts['cpu']} ({facts['machine']}{cpu_id})")
     caches = ", ".join(f"L{c['level']}{'d' if c['type'] == 'Data' else 'i' if c['type'] == 'Instruction' else ''}"

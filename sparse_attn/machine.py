@@ -7,6 +7,7 @@ import platform
 import shlex
 import sys
 
+from . import cores
 from ._ffi import ffi, lib
 from .isa import available_isas, built_isas, default_threads, isa
 
@@ -120,9 +121,19 @@ def command_line(command, argv):
     return shlex.join(env + command.split() + [str(a) for a in argv])
 
 
+def where_it_runs(threads):
+    """'2 threads on CPUs 0-1', with the core classes on a big.LITTLE CPU:
+    the line each benchmark logs before it starts."""
+    line = f"{threads} thread(s) on CPUs {cores.cpu_list(cores.allowed_cpus())}"
+    if cores.heterogeneous():
+        line += f" ({'; '.join(cores.describe())})"
+    return line
+
+
 def info():
     """Everything `sparse-attn info` prints, as a dict."""
     from . import __file__ as package_file
+    classes = cores.core_classes()
     return dict(
         package=os.path.dirname(package_file), versions=versions(), isa=isa(),
         isa_env=os.environ.get("SPARSE_ATTN_ISA"), built_isas=built_isas(),
@@ -130,6 +141,9 @@ def info():
         threads_env=os.environ.get("SPARSE_ATTN_NUM_THREADS"),
         usable_cores=len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity")
         else os.cpu_count(),
+        cpus=cores.cpu_list(cores.allowed_cpus()),
+        core_classes=cores.describe(classes), heterogeneous=cores.heterogeneous(classes),
+        default_cores=list(cores.default_cores()),
         machine=platform.machine(), cpu=cpu_model(), cpu_id=cpu_id(), caches=cpu_caches(),
         build=build_info(),
         platform=platform.platform())

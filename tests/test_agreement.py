@@ -103,8 +103,9 @@ def test_prefill_row_is_dense_decode(isa, rng, dtype, D, T):
 def test_prefill_with_capped_tiles(isa, rng, dtype):
     """64 query heads on one KV head at 2100 tokens: a tile's score rows
     would pass prefill.c's cap (2 MiB per worker) at 32, 16 and 8 rows, so
-    its tiles are 4 rows; still dense decode bit for bit per row, and the
-    reference's output and importance."""
+    its tiles are 4 rows; still the reference's output and importance, and
+    dense decode per row (within tolerance: these rows have more keys than
+    decode's one chunk, spec §2.6)."""
     H, Hkv, D, start, T = 64, 1, 16, 2088, 12
     k, v = make_kv(rng, Hkv, start + T, D, dtype, 16)
     q = rng.standard_normal((H, T, D), dtype=np.float32)
@@ -114,7 +115,7 @@ def test_prefill_with_capped_tiles(isa, rng, dtype):
     assert rel_err(imp, want_imp) < rtol_for(k)
     for t in range(T):
         row = sa.dense_decode(np.ascontiguousarray(q[:, t]), k, v, seq_len=start + t + 1)
-        assert row.tobytes() == np.ascontiguousarray(out[:, t]).tobytes()
+        assert rel_err(row, out[:, t]) < rtol_for(k)
 
 
 def test_chunked_prefill_adds_up(isa, rng):

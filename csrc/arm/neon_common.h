@@ -379,7 +379,7 @@ SA_INLINE float32x4_t softmax_exp4(float32x4_t sv, float32x4_t vscale, float32x4
  * (four lanes), as the portable kernel does, so a long context loses
  * nothing to it.  The last n % 4 scores are padded to a vector with the
  * maximum, so every element goes through the same exp. */
-static float SA_FN(softmax_exp)(float *s, int n, float scale)
+static float SA_FN(softmax_exp)(float *s, int n, float scale, float *max_out)
 {
     int t = 0;
     float m = s[0];
@@ -389,8 +389,13 @@ static float SA_FN(softmax_exp)(float *s, int n, float scale)
             vm = vmaxq_f32(vm, vld1q_f32(s + t));
         m = vmaxvq_f32(vm);
     }
-    for (; t < n; t++)
+    int nan = m != m;
+    for (; t < n; t++) {
         m = s[t] > m ? s[t] : m;
+        nan |= s[t] != s[t];
+    }
+    if (max_out)
+        *max_out = nan ? __builtin_nanf("") : m;
 
     const float32x4_t vscale = vdupq_n_f32(scale), vmax = vdupq_n_f32(m);
     float64x2_t sum_lo = vdupq_n_f64(0.0), sum_hi = vdupq_n_f64(0.0);

@@ -45,12 +45,17 @@ static void scores_f32_portable(const float *q, int G, int D, const float *k,
 }
 
 /* The maximum ignores NaN (a NaN score then gives a NaN weight, and the
- * sum is NaN: every ISA propagates it the same way). */
-static float softmax_exp_portable(float *s, int n, float scale)
+ * sum is NaN: every ISA propagates it the same way); max_out does not. */
+static float softmax_exp_portable(float *s, int n, float scale, float *max_out)
 {
     float m = s[0];
-    for (int t = 1; t < n; t++)
+    int nan = s[0] != s[0];
+    for (int t = 1; t < n; t++) {
         m = s[t] > m ? s[t] : m;
+        nan |= s[t] != s[t];
+    }
+    if (max_out)
+        *max_out = nan ? NAN : m;
     double sum = 0.0;
     for (int t = 0; t < n; t++) {
         s[t] = expf(scale * (s[t] - m));

@@ -52,6 +52,12 @@ SA_INLINE __m256 vf_max_tail(__m256 mv, const float *p, __m256i m)
     return _mm256_max_ps(mv, x);
 }
 
+/* Which lanes have seen a NaN: an OR of unordered compares. */
+typedef __m256 sa_vnan;
+#define vnan_none() _mm256_setzero_ps()
+#define vnan_add(a, x) _mm256_or_ps((a), _mm256_cmp_ps((x), (x), _CMP_UNORD_Q))
+#define vnan_any(a) (_mm256_movemask_ps(a) != 0)
+
 #define vf_load_s8 load8_s8_ps
 #define hmax_ps hmax8_ps
 #define hsum_pd hsum4_pd

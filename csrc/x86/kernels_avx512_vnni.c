@@ -48,6 +48,12 @@ SA_INLINE __mmask16 vf_tail(int r)
 #define vf_keep_tail(x, m) _mm512_maskz_mov_ps((m), (x))
 #define vf_max_tail(mv, p, m) _mm512_mask_max_ps((mv), (m), (mv), _mm512_maskz_loadu_ps((m), (p)))
 
+/* Which lanes have seen a NaN: an OR of unordered-compare masks. */
+typedef __mmask16 sa_vnan;
+#define vnan_none() ((__mmask16)0)
+#define vnan_add(a, x) ((__mmask16)((a) | _mm512_cmp_ps_mask((x), (x), _CMP_UNORD_Q)))
+#define vnan_any(a) ((a) != 0)
+
 /* 16 int8 -> 16 floats (exact). */
 SA_INLINE __m512 vf_load_s8(const int8_t *x)
 {

@@ -15,6 +15,8 @@
  *                             read nor written (a load gives them 0)
  *   vf_keep_tail(x, m)        x with the lanes outside m set to 0
  *   vf_max_tail(mv, p, m)     mv, and the max with p[i] in the lanes of m
+ *   sa_vnan, vnan_none(), vnan_add(a, x), vnan_any(a)  whether any lane of
+ *                             the vectors added was NaN
  *   vf_load_s8(p)             SA_VT int8 -> floats (exact)
  *   hmax_ps(x), hsum_pd(x)    horizontal max of sa_vf / sum of sa_vd, each
  *                             in a fixed order
@@ -270,18 +272,26 @@ SA_INLINE sa_vf exp_ps(sa_vf x)
 /* Two passes: the max, then exp(scale * (s - max)) written back while the
  * sum runs in double lanes (as accurate as the portable double sum), reduced
  * in a fixed order. */
-static float SA_FN(softmax_exp)(float *s, int n, float scale)
+static float SA_FN(softmax_exp)(float *s, int n, float scale, float *max_out)
 {
     if (n <= 0)
         return 0.0f;
     const int nv = n & ~(SA_VT - 1), rem = n & (SA_VT - 1);
     const sa_vmask tm = vf_tail(rem);
     sa_vf mv = SA_MM(set1_ps)(-__builtin_inff());
-    for (int t = 0; t < nv; t += SA_VT)
-        mv = SA_MM(max_ps)(mv, SA_MM(loadu_ps)(s + t));
-    if (rem)
+    sa_vnan nan = vnan_none();
+    for (int t = 0; t < nv; t += SA_VT) {
+        const sa_vf x = SA_MM(loadu_ps)(s + t);
+        mv = SA_MM(max_ps)(mv, x);
+        nan = vnan_add(nan, x);
+    }
+    if (rem) {
         mv = vf_max_tail(mv, s + nv, tm);
+        nan = vnan_add(nan, vf_load_tail(s + nv, tm)); /* unused lanes load 0 */
+    }
     const float m = hmax_ps(mv);
+    if (max_out)
+        *max_out = vnan_any(nan) ? __builtin_nanf("") : m;
 
     const sa_vf vs = SA_MM(set1_ps)(scale), vm = SA_MM(set1_ps)(m);
     sa_vd sum0 = SA_MM(setzero_pd)(), sum1 = SA_MM(setzero_pd)();

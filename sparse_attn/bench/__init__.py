@@ -199,7 +199,7 @@ def main(argv=None, prog="python -m sparse_attn.bench"):
             plot_model(rows, args.plot)
         return 0
     torch = torch_or_none() if args.baselines else None
-    log(f"sparse_attn {sa.__version__}, ISA {sa.isa()}, {args.threads} thread(s)")
+    log(f"sparse_attn {sa.__version__}, ISA {sa.isa()}, {machine.where_it_runs(args.threads)}")
     floor = Floor(args.threads)
     log(f"floor: {floor.describe()}")
     info = dict(machine.info(), floor=floor.as_dict())

@@ -45,7 +45,8 @@ import time
 import numpy as np
 
 from sparse_attn.needles import NEEDLES, answer_found, build_prompt, load_model
-from sparse_attn import ArgumentError
+from sparse_attn import ArgumentError, machine
+from sparse_attn._checks import default_threads as sa_threads
 from sparse_attn import _flag_types as flag
 from sparse_attn.selection import CACHE_POLICY, POLICIES, parse_policy
 
@@ -410,7 +411,8 @@ def run_model(args):
         torch.set_num_threads(args.torch_threads)
     t0 = time.perf_counter()
     tokenizer, model = load_model(args.model, args.gguf, dtype=args.dtype)
-    log(f"model loaded in {time.perf_counter() - t0:.1f} s")
+    log(f"model loaded in {time.perf_counter() - t0:.1f} s; attention on "
+        f"{machine.where_it_runs(args.threads or sa_threads())}, torch on {torch.get_num_threads()} thread(s)")
     needle = NEEDLES[args.needle]
     _warm_up(model, tokenizer, needle, args)
     rows = []

@@ -1,0 +1,111 @@
+"""Core classes (sparse_attn/cores.py): which cores are fast, the default
+thread count, and the worker threads kept on the fast cores."""
+import json
+import os
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+
+from sparse_attn import _core, cores
+
+RK3588_CPUINFO = "".join(
+    f"processor\t: {c}\nCPU implementer\t: 0x41\nCPU architecture: 8\n"
+    f"CPU variant\t: {'0x2' if c < 4 else '0x4'}\nCPU part\t: {'0xd05' if c < 4 else '0xd0b'}\n\n"
+    for c in range(8))
+
+
+def fake_sysfs(tmp_path, capacity=None, khz=None):
+    """A sysfs cpu tree with the given per-CPU cpu_capacity / max freq."""
+    root = tmp_path / "cpu"
+    n = len(capacity or khz)
+    for c in range(n):
+        d = root / f"cpu{c}"
+        (d / "cpufreq").mkdir(parents=True)
+        if capacity:
+            (d / "cpu_capacity").write_text(f"{capacity[c]}\n")
+        if khz:
+            (d / "cpufreq" / "cpuinfo_max_freq").write_text(f"{khz[c]}\n")
+    info = tmp_path / "cpuinfo"
+    info.write_text(RK3588_CPUINFO if n == 8 else "")
+    return str(root), str(info)
+
+
+def test_rk3588_fast_cores_are_the_a76s(tmp_path):
+    sysfs, info = fake_sysfs(tmp_path, capacity=[414] * 4 + [1024] * 4,
+                             khz=[1800000] * 4 + [2352000] * 2 + [2304000] * 2)
+    classes = cores.core_classes(range(8), sysfs=sysfs, cpuinfo=info)
+    assert cores.heterogeneous(classes)
+    assert cores.fast_cpus(classes) == [4, 5, 6, 7]
+    assert classes[0]["name"] == "Cortex-A76" and classes[-1]["name"] == "Cortex-A55"
+    assert not classes[-1]["fast"] and classes[-1]["cpus"] == [0, 1, 2, 3]
+    lines = cores.describe(classes)
+    assert lines[0].startswith("4-5: Cortex-A76, capacity 1024, 2352 MHz (fast)")
+    assert lines[-1] == "0-3: Cortex-A55, capacity 414, 1800 MHz (slow)"
+    # A process allowed only some cores sees only those.
+    sub = cores.core_classes([0, 1, 6], sysfs=sysfs, cpuinfo=info)
+    assert cores.fast_cpus(sub) == [6]
+
+
+def test_clock_decides_without_capacity(tmp_path):
+    sysfs, info = fake_sysfs(tmp_path, khz=[1800000, 1800000, 2400000, 2400000])
+    classes = cores.core_classes(range(4), sysfs=sysfs, cpuinfo=info)
+    assert cores.fast_cpus(classes) == [2, 3] and cores.heterogeneous(classes)
+
+
+@pytest.mark.parametrize("khz", [None, [3000000, 3100000, 3000000, 2900000]])
+def test_alike_or_favoured_cores_are_one_class(tmp_path, khz):
+    """No sysfs speed (a VM), or a few cores boosting a few percent higher:
+    every core is fast."""
+    sysfs, info = fake_sysfs(tmp_path, khz=khz or [0] * 4)
+    if khz is None:
+        for c in range(4):
+            os.remove(f"{sysfs}/cpu{c}/cpufreq/cpuinfo_max_freq")
+    classes = cores.core_classes(range(4), sysfs=sysfs, cpuinfo=info)
+    assert not cores.heterogeneous(classes)
+    assert cores.fast_cpus(classes) == [0, 1, 2, 3]
+
+
+def test_set_worker_cpus_checks_its_arguments():
+    ffi, lib = _core.ffi, _core.lib
+    assert lib.sa_set_worker_cpus(ffi.NULL, 0) == lib.SA_OK
+    assert lib.sa_set_worker_cpus(ffi.NULL, 2) == lib.SA_ERR_PARAM
+    assert lib.sa_set_worker_cpus(ffi.new("int[]", [0]), -1) == lib.SA_ERR_PARAM
+    assert lib.sa_set_worker_cpus(ffi.new("int[]", [0]), 65) == lib.SA_ERR_PARAM
+    assert lib.sa_set_worker_cpus(ffi.new("int[]", [-1]), 1) == lib.SA_ERR_PARAM
+    assert lib.sa_set_worker_cpus(ffi.new("int[]", [1 << 20]), 1) == lib.SA_ERR_PARAM
+    assert lib.sa_set_worker_cpus(ffi.NULL, 0) == lib.SA_OK
+
+
+CHILD = r"""
+import json, sys
+import numpy as np
+import sparse_attn as sa
+from sparse_attn import _core, cores
+pin = json.loads(sys.argv[1])
+ffi, lib = _core.ffi, _core.lib
+rng = np.random.default_rng(0)
+k = rng.standard_normal((1, 9000, 32), dtype=np.float32)  # 5 chunks
+q = rng.standard_normal((2, 32), dtype=np.float32)
+want = sa.dense_decode(q, k, k, threads=1)
+before = set(cores.tasks_cpus())
+assert lib.sa_set_worker_cpus(ffi.new("int[]", pin), len(pin)) == 0
+out = sa.dense_decode(q, k, k, threads=4)
+assert out.tobytes() == want.tobytes()
+print(json.dumps({str(t): c for t, c in cores.tasks_cpus().items() if t not in before}))
+"""
+
+
+@pytest.mark.skipif(not hasattr(os, "sched_getaffinity") or len(os.sched_getaffinity(0)) < 2,
+                    reason="needs Linux and two usable CPUs")
+def test_pinned_workers_run_on_the_cpus_given():
+    """With workers 1 .. n-1 placed on one CPU, a 4-thread call starts three
+    workers: the first (n = 2) on that CPU, the rest anywhere; same bits."""
+    cpu = min(os.sched_getaffinity(0))
+    run = subprocess.run([sys.executable, "-c", CHILD, json.dumps([cpu, cpu])],
+                         capture_output=True, text=True, check=True)
+    workers = sorted((int(t), c) for t, c in json.loads(run.stdout).items())
+    assert len(workers) == 3
+    assert workers[0][1] == str(cpu)
+    assert all(c != str(cpu) for _, c in workers[1:])
