@@ -709,17 +709,63 @@ def test_refuses_training(eager, prompt):
         model(prompt)                                    # autograd on: no backward here
 
 
-def test_refuses_sliding_window_layers(prompt):
-    cfg = tiny_config(use_sliding_window=True, sliding_window=64, max_window_layers=1)
-    assert "sliding_attention" in cfg.layer_types
-    with pytest.raises(sat.UnsupportedError, match="sliding"):
-        sat.enable(Qwen3ForCausalLM(copy.deepcopy(cfg)).eval())
+def sliding_model():
+    """Three layers: 0 full attention, 1 and 2 sliding windows of 48 tokens
+    (the 300-token prompt is six windows long)."""
+    cfg = tiny_config(use_sliding_window=True, sliding_window=48, max_window_layers=1,
+                      num_hidden_layers=3, attn_implementation="sdpa")
+    assert cfg.layer_types == ["full_attention", "sliding_attention", "sliding_attention"]
+    torch.manual_seed(0)
+    return Qwen3ForCausalLM(cfg).eval()
+
+
+@pytest.mark.parametrize("kv_dtype", [None, "float32", "q8"])
+def test_sliding_window_layers_beside_sparse_full_layers(prompt, kv_dtype):
+    """Sliding-window layers attend their window exactly (sdpa, over the
+    float window transformers' own layer keeps, in a DynamicCache or a
+    SparseKVCache); full layers stay sparse_topk.  With every block chosen
+    the whole model is sdpa's, token for token (q8: within q8's error)."""
+    ref = sliding_model()
+    want_seq, want_logits = greedy(ref, prompt)
+    model = sparse_copy(ref, k_blocks=ALL_BLOCKS, kv_dtype=kv_dtype)
+    seq, logits = greedy(model, prompt)
+    if kv_dtype == "q8":
+        assert (logits - want_logits).abs().max() < Q8_LOGITS_ATOL
+    else:
+        assert torch.equal(seq, want_seq)
+        assert (logits - want_logits).abs().max() < LOGITS_ATOL
+    cache = sat.SparseKVCache(model)
+    assert [type(layer).__name__ for layer in cache.layers] == \
+        ["SparseKVLayer", "DynamicSlidingWindowLayer", "DynamicSlidingWindowLayer"]
+    assert len(cache.sparse_layers) == 1
+    with torch.no_grad():
+        model(prompt, cache=cache, use_cache=True)
+    assert cache.layers[0].get_seq_length() == PROMPT_TOKENS
+    assert cache.layers[1].keys.shape[2] <= 48       # transformers' own window, not the prompt
+
+
+def test_sliding_window_model_with_few_blocks_runs_and_differs(prompt):
+    ref = sliding_model()
+    _, want = greedy(ref, prompt)
+    model = sparse_copy(ref, k_blocks=2)
+    _, got = greedy(model, prompt)
+    assert torch.isfinite(got).all()
+    assert (got - want).abs().max() > DROPPED_BLOCKS_MIN_DIFF
+
+
+def test_refuses_layers_it_does_not_serve(prompt):
+    """A chunked-attention mask and an unknown layer type are still refused,
+    with the alternative named."""
+    cfg = tiny_config()
     sat.register()
-    cfg._attn_implementation = "sparse_topk"
-    model = Qwen3ForCausalLM(cfg).eval()
-    with torch.no_grad(), pytest.raises(sat.UnsupportedError, match="sdpa"):
-        model(prompt)
-    with pytest.raises(sat.UnsupportedError, match="full-attention"):
+    with pytest.raises(sat.UnsupportedError, match="sdpa"):
+        sat.sparse_topk_mask(1, 4, 4, mask_function=lambda b, h, q, k: q >= k,
+                             local_size=8, config=cfg)
+    model = Qwen3ForCausalLM(copy.deepcopy(cfg)).eval()
+    model.config.layer_types = ["full_attention", "chunked_attention"]
+    with pytest.raises(sat.UnsupportedError, match="chunked_attention"):
+        sat.enable(model)
+    with pytest.raises(sat.UnsupportedError, match="chunked_attention"):
         sat.SparseKVCache(model)
 
 

@@ -72,8 +72,13 @@ KV caches
   kv_dtype=...)`` makes ``model.generate`` create one; for your own forward
   calls pass ``cache=SparseKVCache(model)``.
 
+Sliding-window layers (``layer_types`` "sliding_attention") are attended
+exactly over their window by torch's sdpa, their cache layer keeping the
+window as transformers' ``DynamicSlidingWindowLayer`` does (also inside a
+``SparseKVCache``); the full-attention layers stay sparse.
+
 Refused, with an :class:`UnsupportedError` naming the alternative: batch > 1
-(and any padding), sliding-window / chunked / bidirectional layers, custom or
+(and any padding), chunked / bidirectional layers, custom or
 packed-sequence masks, pre-allocated (static) caches, tensors not on the CPU,
 autograd (``sparse_topk`` has no backward: run under ``torch.no_grad()``),
 attention dropout, ``output_attentions``, softcapping and attention sinks.

@@ -4,11 +4,13 @@ import time
 
 import numpy as np
 import torch
-from transformers.masking_utils import causal_mask_function
+from transformers.integrations.sdpa_attention import sdpa_attention_forward
+from transformers.masking_utils import causal_mask_function, sdpa_mask
 
 from sparse_attn.errors import UnsupportedError
 
-from .refusals import CHECKED_KWARGS, QUERY_DTYPES, refuse_kwargs, refuse_unsupported
+from .refusals import (CHECKED_KWARGS, QUERY_DTYPES, SLIDING_CHECKED_KWARGS, layer_kind,
+                       refuse_kwargs, refuse_sliding, refuse_unsupported)
 from .settings import settings_of
 from .state import CacheState, layer_state
 from .tensors import KVPlaceholder
@@ -19,26 +21,34 @@ def sparse_topk_mask(batch_size, q_length, kv_length, q_offset=0, kv_offset=0,
     """The ``AttentionMaskInterface`` entry of ``sparse_topk``.
 
     The kernels apply the causal mask themselves (queries at ``[S - T, S)``),
-    so the only mask this returns is None, and only for what they compute:
-    one unpadded sequence, plain causal attention, keys ``[0, S)``.  Anything
-    else (padding, sliding/chunked/bidirectional patterns, packed sequences,
-    extra mask overlays, a pre-allocated cache) raises
-    :class:`UnsupportedError`.
+    so the mask of the full-attention layers is None, and only for what they
+    compute: one unpadded sequence, plain causal attention, keys ``[0, S)``.
+    The sliding-window layers' mask (the config's ``sliding_window`` as
+    ``local_size``) is sdpa's, which their attention is.  Anything else
+    (padding, chunked/bidirectional patterns, packed sequences, extra mask
+    overlays, a pre-allocated cache) raises :class:`UnsupportedError`.
     """
     if batch_size != 1:
         raise UnsupportedError(
             f"sparse_topk runs one sequence at a time (batch 1), got batch {batch_size}: loop "
             "over the prompts, or use attn_implementation='sdpa' for batched/padded inputs")
+    config = kwargs.get("config")
+    window = kwargs.get("local_size")
+    if (mask_function is not causal_mask_function and window is not None
+            and window == getattr(config, "sliding_window", None)
+            and getattr(config, "attention_chunk_size", None) != window):
+        # the sliding-window layers' mask, which sdpa applies
+        _refuse_padding(attention_mask)
+        return sdpa_mask(batch_size, q_length, kv_length, q_offset=q_offset,
+                         kv_offset=kv_offset, mask_function=mask_function,
+                         attention_mask=attention_mask, **kwargs)
     if mask_function is not causal_mask_function:
         name = getattr(mask_function, "__qualname__", repr(mask_function))
         raise UnsupportedError(
             f"sparse_topk computes plain causal attention; this model asked for another mask "
             f"pattern ({name}: sliding-window, chunked, bidirectional, packed sequences or an "
             "overlay): use attn_implementation='sdpa' for it")
-    if attention_mask is not None and not bool(attention_mask.all()):
-        raise UnsupportedError(
-            "sparse_topk does not support padding (the attention_mask has zeros): pass the "
-            "sequence without padding, or use attn_implementation='sdpa' for padded inputs")
+    _refuse_padding(attention_mask)
     q_offset = int(q_offset)
     if int(kv_offset) != 0 or q_offset + q_length != kv_length:
         raise UnsupportedError(
@@ -47,6 +57,24 @@ def sparse_topk_mask(batch_size, q_length, kv_length, q_offset=0, kv_offset=0,
             "windowed cache, which sparse_topk does not read. Use the default DynamicCache "
             "or sparse_attn.integrations.transformers.SparseKVCache")
     return None
+
+
+def _refuse_padding(attention_mask):
+    if attention_mask is not None and not bool(attention_mask.all()):
+        raise UnsupportedError(
+            "sparse_topk does not support padding (the attention_mask has zeros): pass the "
+            "sequence without padding, or use attn_implementation='sdpa' for padded inputs")
+
+
+def _sliding_attention(module, query, key, value, attention_mask, scaling, dropout, kwargs):
+    """A sliding-window layer: exact attention over its window, by torch's
+    sdpa with the mask sparse_topk_mask made (what attn_implementation="sdpa"
+    computes for it); its cache layer keeps the window as float tensors."""
+    if kwargs and not SLIDING_CHECKED_KWARGS.isdisjoint(kwargs):
+        refuse_kwargs(module, {k: v for k, v in kwargs.items() if k != "sliding_window"})
+    refuse_sliding(module, query, key, dropout)
+    return sdpa_attention_forward(module, query, key, value, attention_mask, dropout=0.0,
+                                  scaling=scaling, **kwargs)
 
 
 def sparse_topk_attention(module, query, key, value, attention_mask, scaling=None,
@@ -78,6 +106,12 @@ def sparse_topk_attention(module, query, key, value, attention_mask, scaling=Non
     # the cache this module's forward was given, if its pre-hook noted it:
     # taken here, whatever the cache, so no later call finds it
     named = md.pop("_sparse_attn_cache", None)
+    sliding = md.get("_sparse_attn_sliding")
+    if sliding is None:
+        sliding = md["_sparse_attn_sliding"] = layer_kind(module) == "sliding_attention"
+    if sliding:
+        return _sliding_attention(module, query, key, value, attention_mask, scaling, dropout,
+                                  kwargs)
     settings = md.get("sparse_attn") or settings_of(module)
     # One cheap test of everything refuse_unsupported checks; it runs (and
     # raises with the reason) only when the test fails.

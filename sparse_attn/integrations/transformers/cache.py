@@ -3,7 +3,7 @@ import time
 from ctypes import memmove as _memmove
 
 import torch
-from transformers.cache_utils import Cache, CacheLayerMixin
+from transformers.cache_utils import Cache, CacheLayerMixin, DynamicSlidingWindowLayer
 
 import sparse_attn as sa
 from sparse_attn import _checks as ck
@@ -323,9 +323,24 @@ def _rows_at(states, copy=False):
     return ffi.cast("float *", t.data_ptr()), t
 
 
+def layer_kinds(text):
+    """[(kind, sliding_window)] per layer of a text config: "full_attention"
+    or "sliding_attention" (with its window); other kinds as they are."""
+    try:
+        from transformers.cache_utils import get_layer_types_and_kwargs
+        kinds, kwargs = get_layer_types_and_kwargs(text)
+        return [(k, kw.get("sliding_window")) for k, kw in zip(kinds, kwargs)]
+    except (ImportError, AttributeError):   # older transformers
+        n = text.num_hidden_layers
+        kinds = getattr(text, "layer_types", None) or ["full_attention"] * n
+        return [(k, getattr(text, "sliding_window", None)) for k in kinds]
+
+
 class SparseKVCache(Cache):
     """A transformers ``Cache`` of :class:`SparseKVLayer` s: the KV in the
-    layout the sparse_attn kernels read, q8 (default) or float32.
+    layout the sparse_attn kernels read, q8 (default) or float32; a
+    sliding-window layer keeps its window as transformers does (a
+    ``DynamicSlidingWindowLayer`` of float tensors, which sdpa reads).
 
     q8 stores int8 values and one float32 scale per ``group_size`` values:
     ``(group_size + 4) / (4 * group_size)`` of float32 (0.28, i.e. 3.6x less,
@@ -338,8 +353,9 @@ class SparseKVCache(Cache):
     Parameters
     ----------
     model_or_config : a transformers model or its config
-        Gives the number of layers (all must be full attention) and, from a
-        model enabled with ``kv_dtype``/``group_size``, the defaults below.
+        Gives the number of layers (full attention, or sliding-window) and,
+        from a model enabled with ``kv_dtype``/``group_size``, the defaults
+        below.
     dtype : ``"q8"`` or ``"float32"``, default: the model's ``kv_dtype`` or ``"q8"``
     group_size : int, default: the model's ``group_size`` (32)
     capacity : int, default 1024; rows allocated per layer up front (grows
@@ -371,10 +387,11 @@ class SparseKVCache(Cache):
             group_size = getattr(settings, "group_size", 32)
         text = text_config(config)
         n_layers = ck.check_int("num_hidden_layers", text.num_hidden_layers, minimum=1)
-        kinds = set(getattr(text, "layer_types", None) or ["full_attention"])
-        if kinds != {"full_attention"} or getattr(text, "use_sliding_window", False):
-            raise UnsupportedError(f"SparseKVCache serves full-attention layers only; this model "
-                                   f"has layer types {sorted(kinds)}: use a DynamicCache")
+        kinds = layer_kinds(text)
+        other = sorted({k for k, _ in kinds} - {"full_attention", "sliding_attention"})
+        if other:
+            raise UnsupportedError(f"SparseKVCache serves full-attention and sliding-window "
+                                   f"layers; this model also has {other}: use a DynamicCache")
         block_size = getattr(settings, "block_size", 32)
         # A model never passed to enable() runs with the default settings.
         sel = getattr(settings, "_selection", None) or DEFAULT_SELECTION
@@ -386,24 +403,32 @@ class SparseKVCache(Cache):
             else ck.check_bool("copy_channels", copy_channels)
         # a layer that decodes densely (dense_layers) reads no metadata
         dense = set(getattr(settings, "dense_layers", ()))
-        super().__init__(layers=[SparseKVLayer(dtype, group_size, capacity, block_size, n_probe,
-                                               copies and i not in dense,
-                                               channels and (i not in dense
-                                                             or copy_channels is not None))
-                                 for i in range(n_layers)])
+        super().__init__(layers=[
+            SparseKVLayer(dtype, group_size, capacity, block_size, n_probe,
+                          copies and i not in dense,
+                          channels and (i not in dense or copy_channels is not None))
+            if kinds[i][0] == "full_attention" else DynamicSlidingWindowLayer(kinds[i][1])
+            for i in range(n_layers)])
         self.dtype = dtype
         shape = kv_shape(text)
         if shape is not None:
-            for layer in self.layers:
+            for layer in self.sparse_layers:
                 layer.allocate(*shape)
 
     @property
+    def sparse_layers(self):
+        """The :class:`SparseKVLayer` s (every full-attention layer)."""
+        return [layer for layer in self.layers if isinstance(layer, SparseKVLayer)]
+
+    @property
     def nbytes(self):
-        """Bytes held by every layer's K and V (at their current capacity)."""
-        return sum(layer.nbytes for layer in self.layers)
+        """Bytes held by every full-attention layer's K and V (at their
+        current capacity; a sliding window's float tensors are not counted)."""
+        return sum(layer.nbytes for layer in self.sparse_layers)
 
     @property
     def metadata_nbytes(self):
         """Bytes of what every layer keeps beside K and V for selection (key
         bounds, channel copy, probe-row copies; :attr:`sparse_attn.KVCache.metadata_nbytes`)."""
-        return sum(layer.kv.metadata_nbytes for layer in self.layers if layer.kv is not None)
+        return sum(layer.kv.metadata_nbytes for layer in self.sparse_layers
+                   if layer.kv is not None)

@@ -23,14 +23,28 @@ def check_group_size(group_size, model, module):
             f"{math.gcd(head_dim, 32)}")
 
 
-def check_layer_type(module):
+# Layer kinds sparse_topk serves: full attention sparsely, sliding-window
+# layers exactly through torch's sdpa over their window.
+LAYER_KINDS = ("full_attention", "sliding_attention")
+
+
+def layer_kind(module):
+    """The module's layer type (config.layer_types), "sliding_attention"
+    for a module with a sliding_window of its own."""
     layer_types = getattr(module.config, "layer_types", None)
     kind = layer_types[module.layer_idx] if layer_types else "full_attention"
-    if kind != "full_attention" or getattr(module, "sliding_window", None) is not None:
+    if kind == "full_attention" and getattr(module, "sliding_window", None):
+        kind = "sliding_attention"
+    return kind
+
+
+def check_layer_type(module):
+    kind = layer_kind(module)
+    if kind not in LAYER_KINDS:
         raise UnsupportedError(
-            f"layer {module.layer_idx} is a {kind!r} layer (sliding_window="
-            f"{getattr(module, 'sliding_window', None)}); sparse_topk serves full causal "
-            "attention layers only: use attn_implementation='sdpa' for this model")
+            f"layer {module.layer_idx} is a {kind!r} layer; sparse_topk serves full causal "
+            "attention layers (and sliding-window layers, through sdpa) only: use "
+            "attn_implementation='sdpa' for this model")
 
 
 def check_cpu(name, t):
@@ -39,6 +53,33 @@ def check_cpu(name, t):
             f"sparse_topk runs on CPU tensors; {name} is on {t.device}: keep "
             "attn_implementation='sdpa' (or a flash kernel) on an accelerator, or move the "
             "model to the CPU")
+
+
+def refuse_sliding(module, query, key, dropout):
+    """What a sliding-window layer (attended by sdpa) refuses: what the
+    backend refuses everywhere (accelerator tensors, autograd, dropout) and a
+    q8 placeholder, which only a SparseKVCache's full-attention layers hand out."""
+    check_layer_type(module)
+    if isinstance(key, KVPlaceholder):
+        raise UnsupportedError(
+            f"layer {module.layer_idx} is a sliding-window layer but its cache layer holds q8 "
+            "K/V: a SparseKVCache keeps sliding layers as float windows; make the cache with "
+            "SparseKVCache(model) from this model's config")
+    for name, t in (("query", query), ("key", key)):
+        if t.device.type != "cpu":
+            check_cpu(name, t)
+    if dropout:
+        raise UnsupportedError(
+            f"attention dropout ({dropout}) in training: sparse_topk is for inference; call "
+            "model.eval(), or train with attn_implementation='sdpa'")
+    if torch.is_grad_enabled() and (query.requires_grad or key.requires_grad):
+        raise UnsupportedError(
+            "sparse_topk has no backward pass: run inference under torch.no_grad() (generate "
+            "does), or use attn_implementation='sdpa' for training")
+    if query.shape[0] != 1:
+        raise UnsupportedError(
+            f"sparse_topk runs one sequence at a time (batch 1), got batch {query.shape[0]}: loop "
+            "over the prompts, or use attn_implementation='sdpa' for batches")
 
 
 def refuse_unsupported(module, query, key, value, attention_mask, dropout):
@@ -83,14 +124,15 @@ QUERY_DTYPES = (torch.float32, torch.bfloat16, torch.float16)
 # the keyword arguments refuse_kwargs looks at (others are ignored)
 CHECKED_KWARGS = frozenset(("sliding_window", "is_causal", "softcap", "s_aux", "sinks",
                              "position_bias", "output_attentions"))
+# what a sliding-window layer's sdpa call refuses besides (sdpa itself takes
+# masks, dropout and any batch)
+SLIDING_CHECKED_KWARGS = frozenset(("softcap", "s_aux", "sinks", "position_bias",
+                                    "output_attentions"))
 
 
 def _refuse_module(module):
     layer_idx = module.layer_idx
-    if getattr(module, "sliding_window", None):
-        raise UnsupportedError(
-            f"layer {layer_idx} is a sliding-window layer: sparse_topk serves full causal "
-            "attention only; use attn_implementation='sdpa' for this model")
+    check_layer_type(module)
     if not getattr(module, "is_causal", True):
         raise UnsupportedError(
             f"layer {layer_idx} is not causal (an encoder or bidirectional layer): sparse_topk "
@@ -101,8 +143,9 @@ def refuse_kwargs(module, kwargs):
     layer_idx = module.layer_idx
     if kwargs.get("sliding_window") is not None:
         raise UnsupportedError(
-            f"layer {layer_idx} is a sliding-window layer: sparse_topk serves full causal "
-            "attention only; use attn_implementation='sdpa' for this model")
+            f"layer {layer_idx} was called with sliding_window={kwargs['sliding_window']} but "
+            "is not a sliding-window layer of its config (layer_types): sparse_topk serves "
+            "the windows the config declares; use attn_implementation='sdpa'")
     if kwargs.get("is_causal") is False:
         raise UnsupportedError(
             f"layer {layer_idx} is not causal (an encoder or bidirectional layer): sparse_topk "
