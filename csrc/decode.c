@@ -17,11 +17,13 @@
  * decode's bits.  A group of at most CHUNK_ROWS rows is one chunk and
  * computes exactly what it did before chunks existed.
  *
- * With chunks the call runs in two parallel steps: per KV head, quantise
- * the query and choose the blocks (a "plan"); then per chunk, attend, the
- * last chunk of a group to finish merging the group's chunks.
+ * With chunks a call is one parallel job of two kinds of items: per KV
+ * head a plan (quantise the query, choose the blocks), then per KV head as
+ * many chunk items as its longest possible union could need, which wait
+ * for their plan; the group's last chunk to finish merges its chunks.
  */
 #include <math.h>
+#include <sched.h>
 #include <stdatomic.h>
 #include <stdlib.h>
 #include <string.h>
@@ -59,8 +61,9 @@ typedef struct {
     float *qd;         /* G*D/gs */
     int n_uni;
     int64_t rows, len; /* union rows and chunk length */
-    int n_chunks, first;
+    int n_chunks;
     atomic_int left;   /* chunks not yet attended */
+    atomic_int ready;  /* 1 once the fields above are written */
 } plan;
 
 typedef struct {
@@ -78,8 +81,8 @@ typedef struct {
     float *out;                     /* [H, D] */
     sa_scratch **scratch;
     plan *plans;                    /* chunked: [Hkv], else NULL */
-    int *item_kh;                   /* chunked: the KV head of each chunk */
-    float *parts;                   /* chunked: sa_chunk_part_floats per chunk */
+    int Hkv, max_chunks;            /* chunked: chunk items per KV head */
+    float *parts;                   /* chunked: sa_chunk_part_floats per chunk item */
 } decode_ctx;
 
 /* Keep what s chose for KV head kh (and its quantised query, q8 K of group
@@ -98,38 +101,60 @@ static void save_plan(const sa_scratch *s, plan *p, int seq_len, int bs, int gs)
     p->rows = sa_union_rows(s, seq_len, bs);
     p->len = chunk_len(p->rows);
     p->n_chunks = (int)((p->rows + p->len - 1) / p->len);
-    atomic_init(&p->left, p->n_chunks);
+    atomic_store_explicit(&p->left, p->n_chunks, memory_order_relaxed);
+    atomic_store_explicit(&p->ready, 1, memory_order_release);
 }
 
-/* The second step of a chunked call: chunk `item` of all the groups'
- * chunks, attended with its group's plan; the group's last chunk to finish
- * merges them (in chunk order, whoever runs it). */
-static int chunk_item(void *arg, int item, int worker)
+static void cpu_pause(void)
 {
-    decode_ctx *c = arg;
-    sa_scratch *s = c->scratch[worker];
-    const int kh = c->item_kh[item], G = c->G, D = s->D;
+#if defined(__x86_64__) || defined(__i386__)
+    __builtin_ia32_pause();
+#elif defined(__aarch64__)
+    __asm__ __volatile__("yield");
+#endif
+}
+
+/* Chunk `chunk` of KV head kh: attended with the group's plan, once the
+ * item that makes it is done (it was claimed before this one, by a thread
+ * that is running it, so the wait ends); the group's last chunk to finish
+ * merges them (in chunk order, whoever runs it).  A chunk beyond the
+ * group's count does nothing. */
+static void chunk_item(decode_ctx *c, int kh, int chunk, sa_scratch *s)
+{
     plan *p = &c->plans[kh];
-    const int chunk = item - p->first;
-    s->chosen = p->chosen;
-    s->uni = p->uni;
-    s->n_uni = p->n_uni;
-    s->qq = p->qq;
-    s->qd = p->qd;
+    for (unsigned spins = 0; !atomic_load_explicit(&p->ready, memory_order_acquire); spins++)
+        if (spins < 4096)
+            cpu_pause();
+        else
+            sched_yield();
+    if (chunk >= p->n_chunks)
+        return;
+    const int G = c->G, D = s->D;
+    uint8_t *chosen = s->chosen;
+    int32_t *uni = s->uni;
+    int8_t *qq = s->qq;
+    float *qd = s->qd;
+    const int n_uni = s->n_uni;
+    s->chosen = p->chosen, s->uni = p->uni, s->n_uni = p->n_uni, s->qq = p->qq, s->qd = p->qd;
     const ptrdiff_t pf = sa_chunk_part_floats(G, D);
+    float *parts = c->parts + (ptrdiff_t)kh * c->max_chunks * pf;
     const int64_t w0 = chunk * p->len;
     sa_attend_chunk(c->kern, s, c->k, c->v, kh, c->q + (ptrdiff_t)kh * G * D, c->seq_len,
-                    c->block_size, c->scale, w0, w0 + p->len, c->parts + item * pf);
+                    c->block_size, c->scale, w0, w0 + p->len, parts + chunk * pf);
+    s->chosen = chosen, s->uni = uni, s->n_uni = n_uni, s->qq = qq, s->qd = qd;
     if (atomic_fetch_sub(&p->left, 1) == 1)
-        sa_merge_chunks(c->parts + p->first * pf, p->n_chunks, G, D, c->scale,
-                        c->out + (ptrdiff_t)kh * G * D);
-    return SA_OK;
+        sa_merge_chunks(parts, p->n_chunks, G, D, c->scale, c->out + (ptrdiff_t)kh * G * D);
 }
 
 static int decode_item(void *arg, int kh, int worker)
 {
     decode_ctx *c = arg;
     sa_scratch *s = c->scratch[worker];
+    if (c->plans && kh >= c->Hkv) {
+        const int i = kh - c->Hkv;
+        chunk_item(c, i / c->max_chunks, i % c->max_chunks, s);
+        return SA_OK;
+    }
     const int G = c->G, D = s->D, NB = s->NB;
     const float *qf = c->q + (ptrdiff_t)kh * G * D; /* a group's heads are adjacent */
 
@@ -207,61 +232,46 @@ static size_t plan_bytes(const sa_scratch_sizes *z, size_t offs[4])
     return at;
 }
 
-/* Chunked: plans per KV head, then one item per chunk of every group. */
-static int run_chunked(decode_ctx *c, sa_scratch_sizes *sizes, int Hkv, int threads)
+/* Chunked: one job of Hkv plan items (choose, quantise), then max_chunks
+ * chunk items per KV head, in KV head order.  Claims go in item order, so
+ * every plan is taken before any chunk that waits for it. */
+static int run_chunked(decode_ctx *c, sa_scratch_sizes *sizes, int Hkv, int threads,
+                       int64_t union_max)
 {
     size_t offs[4];
     const size_t each = plan_bytes(sizes, offs);
-    if (!each || each > SIZE_MAX / (size_t)Hkv)
+    const int64_t max_chunks = (union_max + CHUNK_ROWS - 1) / CHUNK_ROWS;
+    const ptrdiff_t pf = sa_chunk_part_floats(sizes->G, sizes->D);
+    if (!each || each > SIZE_MAX / (size_t)Hkv || max_chunks > (INT32_MAX - Hkv) / Hkv ||
+        (size_t)(Hkv * max_chunks) > SIZE_MAX / sizeof(float) / (size_t)pf)
         return SA_ERR_SIZE;
+    const int items = (int)(Hkv + Hkv * max_chunks);
     plan *plans = calloc((size_t)Hkv, sizeof *plans);
     char *mem = aligned_alloc(64, each * (size_t)Hkv);
-    int rc = plans && mem ? SA_OK : SA_ERR_NOMEM;
+    c->parts = malloc((size_t)(Hkv * max_chunks) * (size_t)pf * sizeof(float));
+    int rc = plans && mem && c->parts ? SA_OK : SA_ERR_NOMEM;
     for (int kh = 0; kh < Hkv && !rc; kh++) {
         char *at = mem + each * (size_t)kh;
         plans[kh].chosen = (uint8_t *)(at + offs[0]);
         plans[kh].uni = (int32_t *)(at + offs[1]);
         plans[kh].qq = (int8_t *)(at + offs[2]);
         plans[kh].qd = (float *)(at + offs[3]);
+        atomic_init(&plans[kh].left, 0);
+        atomic_init(&plans[kh].ready, 0);
     }
-    /* Step 1: choose (the scratch needs no scores). */
-    const int max_tok = sizes->max_tok;
-    sizes->max_tok = 1;
     c->plans = plans;
-    if (!rc)
-        rc = run_groups(c, sizes, Hkv, threads);
-    /* Step 2: the chunks of every group, in KV head order. */
-    int total = 0;
-    for (int kh = 0; kh < Hkv && !rc; kh++) {
-        plans[kh].first = total;
-        if (plans[kh].n_chunks > INT32_MAX - total)
-            rc = SA_ERR_SIZE;
-        else
-            total += plans[kh].n_chunks;
-    }
-    const ptrdiff_t pf = sa_chunk_part_floats(sizes->G, sizes->D);
+    c->Hkv = Hkv;
+    c->max_chunks = (int)max_chunks;
     if (!rc) {
-        c->item_kh = malloc((size_t)total * sizeof(int));
-        c->parts = (size_t)total <= SIZE_MAX / sizeof(float) / (size_t)pf
-                       ? malloc((size_t)total * (size_t)pf * sizeof(float))
-                       : NULL;
-        rc = c->item_kh && c->parts ? SA_OK : SA_ERR_NOMEM;
-    }
-    if (!rc) {
-        for (int kh = 0; kh < Hkv; kh++)
-            for (int i = 0; i < plans[kh].n_chunks; i++)
-                c->item_kh[plans[kh].first + i] = kh;
-        sizes->max_tok = max_tok < CHUNK_ROWS ? max_tok : CHUNK_ROWS;
-        sizes->probe_tmp_per_head = 0;
-        sizes->channel_rows = 0;
-        const int workers = sa_workers_for(total, threads);
+        if (sizes->max_tok > CHUNK_ROWS)
+            sizes->max_tok = CHUNK_ROWS;
+        const int workers = sa_workers_for(items, threads);
         rc = sa_scratch_array(workers, sizes, &c->scratch);
         if (!rc) {
-            rc = sa_parallel_for(total, workers, chunk_item, c);
+            rc = sa_parallel_for(items, workers, decode_item, c);
             sa_scratch_array_free(c->scratch, workers);
         }
     }
-    free(c->item_kh);
     free(c->parts);
     free(mem);
     free(plans);
@@ -341,7 +351,7 @@ static int run(decode_ctx *c, int n_heads, int threads, const float *importance,
         union_max = most < union_max ? most : union_max;
     }
     if (c->mode == ATTEND && union_max > CHUNK_ROWS)
-        rc = run_chunked(c, &sizes, Hkv, threads);
+        rc = run_chunked(c, &sizes, Hkv, threads, union_max);
     else
         rc = run_groups(c, &sizes, Hkv, threads);
     free(reserve.blocks);
