@@ -111,13 +111,19 @@ def versions():
     return out
 
 
+# The environment variables a benchmark's figures depend on: the kernels and
+# threads of sparse_attn, and the instruction sets torch's own kernels, oneDNN
+# and MKL may use (set to AVX2 to measure a whole model as an AVX2 CPU runs it).
+COMMAND_ENV = ("SPARSE_ATTN_ISA", "SPARSE_ATTN_NUM_THREADS", "ATEN_CPU_CAPABILITY",
+               "ONEDNN_MAX_CPU_ISA", "MKL_ENABLE_INSTRUCTIONS")
+
+
 def command_line(command, argv):
     """The shell line that reruns a benchmark: `command` (e.g. "sparse-attn
     bench") and its arguments, after the environment variables that choose
     the kernels and threads when they are set; kept in every --json file so
     a table rendered from it names what produced it."""
-    env = [f"{name}={os.environ[name]}" for name in ("SPARSE_ATTN_ISA", "SPARSE_ATTN_NUM_THREADS")
-           if os.environ.get(name)]
+    env = [f"{name}={os.environ[name]}" for name in COMMAND_ENV if os.environ.get(name)]
     return shlex.join(env + command.split() + [str(a) for a in argv])
 
 
