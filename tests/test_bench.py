@@ -1,4 +1,5 @@
 """The benchmark entry points run and report what the README says they do."""
+import importlib.util
 import json
 import os
 import shutil
@@ -255,3 +256,34 @@ def test_decode_builds_ab_times_two_builds_and_refuses_a_folder_without_one():
     with pytest.raises(subprocess.CalledProcessError) as e:
         run([sys.executable, str(ROOT / "bench" / "decode_builds_ab.py"), str(ROOT / "docs")])
     assert "has no sparse_attn package folder" in e.value.stderr
+
+
+def test_split_kv_bench_times_thread_counts_and_writes_its_table(tmp_path):
+    """bench/split_kv.py: per shape, length and mode the time of each thread
+    count (outputs checked bitwise equal inside), and a JSON the docs'
+    `threads` tables render."""
+    out = tmp_path / "threads.json"
+    res = run([sys.executable, str(ROOT / "bench" / "split_kv.py"), "--shapes", "qwen2.5",
+               "--lengths", "300,2100", "--rounds", "2", "--threads", "1,2", "--json", str(out)])
+    assert len([l for l in res.stdout.splitlines() if l.startswith("qwen2.5")]) == 4
+    d = json.loads(out.read_text())
+    assert d["command"].startswith("python bench/split_kv.py --shapes qwen2.5")
+    assert d["machine"]["cpus"] and not d["slow_core"]
+    assert [(r["tokens"], r["mode"]) for r in d["rows"]] == \
+        [(300, "dense"), (300, "k=32"), (2100, "dense"), (2100, "k=32")]
+    for r in d["rows"]:
+        assert set(r["us"]) == {"1", "2"} and len(r["speedup"]["2"]) == 2
+    spec = importlib.util.spec_from_file_location("render", ROOT / "scripts" / "render-results.py")
+    render = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(render)
+    table = render.render_threads(d)
+    assert table.count("| qwen2.5 (14/2, 64) |") == 4 and "2 vs 1 thread" in table
+
+
+def test_plain_vs_cache_bench_compares_the_two_ways():
+    res = run([sys.executable, str(ROOT / "bench" / "plain_vs_cache.py"), "--tokens", "300",
+               "--layers", "2", "--rounds", "2", "--small-pages"])
+    lines = res.stdout.splitlines()
+    assert "small pages" in lines[0]
+    assert lines[1].startswith("KVCache") and lines[2].startswith("plain Q8")
+    assert "vs KVCache" in lines[2]

@@ -5,7 +5,6 @@ import os
 import subprocess
 import sys
 
-import numpy as np
 import pytest
 
 from sparse_attn import _core, cores
@@ -80,7 +79,6 @@ def test_set_worker_cpus_checks_its_arguments():
 
 CHILD = r"""
 import json, sys
-import numpy as np
 import sparse_attn as sa
 from sparse_attn import _core, cores
 pin = json.loads(sys.argv[1])
