@@ -65,9 +65,15 @@ def refuse_sliding(module, query, key, dropout):
             f"layer {module.layer_idx} is a sliding-window layer but its cache layer holds q8 "
             "K/V: a SparseKVCache keeps sliding layers as float windows; make the cache with "
             "SparseKVCache(model) from this model's config")
-    for name, t in (("query", query), ("key", key)):
-        if t.device.type != "cpu":
-            check_cpu(name, t)
+    _refuse_everywhere(query, key, dropout)
+
+
+def _refuse_everywhere(query, key, dropout):
+    """What no layer serves: tensors off the CPU, dropout, autograd, batches."""
+    if query.device.type != "cpu":
+        check_cpu("query", query)
+    if not isinstance(key, KVPlaceholder) and key.device.type != "cpu":
+        check_cpu("key", key)
     if dropout:
         raise UnsupportedError(
             f"attention dropout ({dropout}) in training: sparse_topk is for inference; call "
@@ -88,25 +94,13 @@ def refuse_unsupported(module, query, key, value, attention_mask, dropout):
     if "_sparse_attn_checked" not in module.__dict__:
         _refuse_module(module)
         module.__dict__["_sparse_attn_checked"] = True
-    if query.device.type != "cpu":
-        check_cpu("query", query)
-    if not isinstance(key, KVPlaceholder) and key.device.type != "cpu":
-        check_cpu("key", key)
+    if query.device.type != "cpu" or (not isinstance(key, KVPlaceholder)
+                                      and key.device.type != "cpu"):
+        _refuse_everywhere(query, key, dropout)
     if query.dtype not in QUERY_DTYPES:
         raise UnsupportedError(f"sparse_topk takes float32/bfloat16/float16 queries, got "
                                f"{query.dtype}")
-    if dropout:
-        raise UnsupportedError(
-            f"attention dropout ({dropout}) in training: sparse_topk is for inference; call "
-            "model.eval(), or train with attn_implementation='sdpa'")
-    if torch.is_grad_enabled() and (query.requires_grad or key.requires_grad):
-        raise UnsupportedError(
-            "sparse_topk has no backward pass: run inference under torch.no_grad() (generate "
-            "does), or use attn_implementation='sdpa' for training")
-    if query.shape[0] != 1:
-        raise UnsupportedError(
-            f"sparse_topk runs one sequence at a time (batch 1), got batch {query.shape[0]}: loop "
-            "over the prompts, or use attn_implementation='sdpa' for batches")
+    _refuse_everywhere(query, key, dropout)
     if attention_mask is not None:
         raise UnsupportedError(
             "sparse_topk got a materialised attention mask (a custom 4D mask, padding or "
