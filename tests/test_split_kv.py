@@ -65,7 +65,7 @@ def test_every_block_chosen_is_dense_decode(isa, rng, dtype, S):
 
 
 @pytest.mark.parametrize("dtype", ["float32", "q8"])
-@pytest.mark.parametrize("S", [700, 2048, 2049, 4100, 33_000])
+@pytest.mark.parametrize("S", [700, 2048, 2049, 9000])
 def test_chunked_outputs_agree_with_the_reference(isa, rng, dtype, S):
     """Outputs of many chunks, and heads with rows in only some chunks
     (share="head" with a union beyond one chunk), within §5's tolerance."""

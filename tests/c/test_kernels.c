@@ -1257,6 +1257,14 @@ static void e2e_run(const e2e_data *d, e2e_results *r)
     }
     check(!memcmp(dense[1], dense[0], out_n * 4) && !memcmp(dense[2], dense[0], out_n * 4),
           "dense decode differs between threads 1/2/3");
+    /* More threads than items (and, past one chunk, than KV heads): the
+     * split-KV chunks, not the threads, fix the bits (spec §2.6). */
+    for (int th = 7; th <= 64; th += 57) {
+        const int rc = sa_dense_decode(d->q, H, &d->k, &d->v, S, 1.0f / sqrtf((float)D),
+                                       dense[1], th);
+        check(rc == SA_OK && !memcmp(dense[1], dense[0], out_n * 4),
+              "dense decode differs between threads 1 and %d", th);
+    }
     r->dense = dense[0];
     free(dense[1]), free(dense[2]);
 
