@@ -79,6 +79,7 @@ def test_set_worker_cpus_checks_its_arguments():
 
 CHILD = r"""
 import json, sys
+import numpy as np
 import sparse_attn as sa
 from sparse_attn import _core, cores
 pin = json.loads(sys.argv[1])
