@@ -105,15 +105,6 @@ static void save_plan(const sa_scratch *s, plan *p, int seq_len, int bs, int gs)
     atomic_store_explicit(&p->ready, 1, memory_order_release);
 }
 
-static void cpu_pause(void)
-{
-#if defined(__x86_64__) || defined(__i386__)
-    __builtin_ia32_pause();
-#elif defined(__aarch64__)
-    __asm__ __volatile__("yield");
-#endif
-}
-
 /* Chunk `chunk` of KV head kh: attended with the group's plan, once the
  * item that makes it is done (it was claimed before this one, by a thread
  * that is running it, so the wait ends); the group's last chunk to finish
@@ -124,7 +115,7 @@ static void chunk_item(decode_ctx *c, int kh, int chunk, sa_scratch *s)
     plan *p = &c->plans[kh];
     for (unsigned spins = 0; !atomic_load_explicit(&p->ready, memory_order_acquire); spins++)
         if (spins < 4096)
-            cpu_pause();
+            sa_cpu_relax();
         else
             sched_yield();
     if (chunk >= p->n_chunks)

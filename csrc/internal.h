@@ -17,6 +17,16 @@ int sa_parallel_for(int n_items, int n_workers, sa_item_fn fn, void *ctx);
 /* The number of workers a call will really use. */
 int sa_workers_for(int n_items, int threads);
 
+/* One step of a spin-wait: tells the core this thread is polling. */
+static inline void sa_cpu_relax(void)
+{
+#if defined(__x86_64__) || defined(__i386__)
+    __builtin_ia32_pause();
+#elif defined(__aarch64__)
+    __asm__ __volatile__("yield");
+#endif
+}
+
 /* Checks shared by every entry point (common.c).  sa_check_query returns
  * SA_ERR_Q_VALUES for q with NaN, Inf or magnitudes >= SA_VALUE_LIMIT. */
 int sa_check_kv(const sa_kv *kv);

@@ -127,15 +127,6 @@ int sa_set_worker_cpus(const int *cpus, int n_cpus)
  * runs between two calls. */
 #define SPIN_NS 50000L
 
-static void cpu_relax(void)
-{
-#if defined(__x86_64__) || defined(__i386__)
-    __builtin_ia32_pause();
-#elif defined(__aarch64__)
-    __asm__ __volatile__("yield");
-#endif
-}
-
 static long elapsed_ns(const struct timespec *t0)
 {
     struct timespec t;
@@ -150,7 +141,7 @@ static void spin_for_job(unsigned long seen)
     clock_gettime(CLOCK_MONOTONIC, &t0);
     for (unsigned i = 1; atomic_load_explicit(&pool.generation, memory_order_relaxed) == seen;
          i++) {
-        cpu_relax();
+        sa_cpu_relax();
         if (i % 64 == 0 && elapsed_ns(&t0) > SPIN_NS)
             return;
     }
@@ -162,7 +153,7 @@ static void spin_for_idle(void)
     struct timespec t0;
     clock_gettime(CLOCK_MONOTONIC, &t0);
     for (unsigned i = 1; atomic_load_explicit(&pool.busy, memory_order_relaxed) > 0; i++) {
-        cpu_relax();
+        sa_cpu_relax();
         if (i % 64 == 0 && elapsed_ns(&t0) > SPIN_NS)
             return;
     }

@@ -19,7 +19,6 @@ a homogeneous CPU.  Arm cores are named from their MIDR part numbers in
 """
 import functools
 import os
-import re
 
 SYSFS = "/sys/devices/system/cpu"
 CPUINFO = "/proc/cpuinfo"
@@ -151,17 +150,3 @@ def default_cores():
     """The CPUs the default thread count covers: the fast ones this process
     may use (all of them where the cores are alike).  Read once."""
     return tuple(fast_cpus())
-
-
-def tasks_cpus():
-    """{thread id: allowed CPUs list string} of this process's threads (Linux)."""
-    out = {}
-    for status in sorted(os.listdir("/proc/self/task")):
-        try:
-            with open(f"/proc/self/task/{status}/status") as f:
-                m = re.search(r"^Cpus_allowed_list:\s*(\S+)", f.read(), re.M)
-        except OSError:
-            continue
-        if m:
-            out[int(status)] = m.group(1)
-    return out

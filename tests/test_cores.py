@@ -78,21 +78,32 @@ def test_set_worker_cpus_checks_its_arguments():
 
 
 CHILD = r"""
-import json, sys
+import json, os, re, sys
 import numpy as np
 import sparse_attn as sa
-from sparse_attn import _core, cores
+from sparse_attn import _core
+
+
+def tasks_cpus():
+    # {thread id: its Cpus_allowed_list} of this process's threads
+    out = {}
+    for tid in os.listdir("/proc/self/task"):
+        with open(f"/proc/self/task/{tid}/status") as f:
+            out[int(tid)] = re.search(r"^Cpus_allowed_list:\s*(\S+)", f.read(), re.M).group(1)
+    return out
+
+
 pin = json.loads(sys.argv[1])
 ffi, lib = _core.ffi, _core.lib
 rng = np.random.default_rng(0)
 k = rng.standard_normal((1, 9000, 32), dtype=np.float32)  # 5 chunks
 q = rng.standard_normal((2, 32), dtype=np.float32)
 want = sa.dense_decode(q, k, k, threads=1)
-before = set(cores.tasks_cpus())
+before = set(tasks_cpus())
 assert lib.sa_set_worker_cpus(ffi.new("int[]", pin), len(pin)) == 0
 out = sa.dense_decode(q, k, k, threads=4)
 assert out.tobytes() == want.tobytes()
-print(json.dumps({str(t): c for t, c in cores.tasks_cpus().items() if t not in before}))
+print(json.dumps({str(t): c for t, c in tasks_cpus().items() if t not in before}))
 """
 
 
