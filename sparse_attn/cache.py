@@ -313,6 +313,22 @@ class KVCache:
         finally:
             self._lock.release_write()
 
+    def copy(self):
+        """An independent cache holding the same tokens: K and V as stored
+        (q8 data and scales copied, not quantised again), the importance
+        record, the key bounds and the copies, at the same capacity.  What
+        beam search does to a sequence's cache when two beams continue it."""
+        new = object.__new__(KVCache)
+        self._lock.acquire_read()
+        try:
+            new.__dict__.update({k: v for k, v in self.__dict__.items()
+                                 if k not in ("_lock", "_buf")})
+            new._lock = RWLock()
+            new._buf = _storage.allocate(new, self._buf.capacity, self._buf, self._n, self._n)
+        finally:
+            self._lock.release_read()
+        return new
+
     def reset(self):
         """Forget every token (keeps the allocation)."""
         self._lock.acquire_write()
