@@ -678,7 +678,7 @@ def test_refusals_hold_after_a_good_call(eager):
         assert good.shape == (1, 1, 4, 128)
         bad = [(dict(attention_mask=torch.zeros(1, 1, 1, 41)), "mask"),
                (dict(dropout=0.1), "dropout"),
-               (dict(query=torch.randn(2, 4, 1, 128)), "batch"),
+               (dict(query=torch.randn(2, 4, 1, 128)), "one batch"),
                (dict(query=q.to(torch.float64)), "float32/bfloat16/float16"),
                (dict(key=torch.randn(1, 2, 41, 64)), "head_dim"),
                (dict(query=torch.empty(1, 4, 1, 128, device="meta")), "CPU"),
@@ -769,19 +769,10 @@ def test_refuses_layers_it_does_not_serve(prompt):
         sat.SparseKVCache(model)
 
 
-def test_refuses_batches_padding_and_custom_masks(eager, prompt):
+def test_refuses_custom_masks_and_static_caches(eager, prompt):
+    """(Batches and padding: tests/test_transformers_batch.py.)"""
     model = sparse_copy(eager)
-    two = torch.cat([prompt, prompt])
-    padded = torch.ones_like(prompt)
-    padded[0, :5] = 0
     with torch.no_grad():
-        with pytest.raises(sat.UnsupportedError, match="batch"):
-            model(two)
-        with pytest.raises(sat.UnsupportedError, match="padding"):
-            model(prompt, attention_mask=padded)
-        with pytest.raises(sat.UnsupportedError, match="batch"):
-            model.generate(two, attention_mask=torch.cat([padded, torch.ones_like(padded)]),
-                           max_new_tokens=2)
         mask = torch.ones(1, 1, PROMPT_TOKENS, PROMPT_TOKENS, dtype=torch.bool).tril()
         with pytest.raises(sat.UnsupportedError, match="mask"):
             model(prompt, attention_mask=mask)

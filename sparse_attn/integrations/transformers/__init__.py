@@ -77,19 +77,36 @@ exactly over their window by torch's sdpa, their cache layer keeping the
 window as transformers' ``DynamicSlidingWindowLayer`` does (also inside a
 ``SparseKVCache``); the full-attention layers stay sparse.
 
-Refused, with an :class:`UnsupportedError` naming the alternative: batch > 1
-(and any padding), chunked / bidirectional layers, custom or
+Batches and padding: each sequence of a batch is attended as a batch of
+one over its unpadded tokens (the mask function hands the layers a
+:class:`RowSpans`, one range of real tokens per sequence), with its own
+importance record and channel copy (on transformers' cache, kept per
+sequence on the cache object) or its own ``KVCache`` (a ``SparseKVCache``
+layer given a batch holds one batch-1 layer per sequence, ``layer.rows``):
+a sequence's attention output in a batch is bitwise its output alone.
+Left padding (what ``generate`` wants) works throughout; right padding in
+one forward over whole prompts.  Beam search: ``reorder_cache``,
+``batch_select_indices`` and ``batch_repeat_interleave`` move each
+sequence's state with it (a ``SparseKVCache`` row kept twice is copied, q8
+data as stored; on transformers' cache the backend wraps those methods of
+the cache object, so its per-sequence states follow the tensors).  Each
+sequence is one C call per layer.
+
+Refused, with an :class:`UnsupportedError` naming the alternative: padding
+between a sequence's tokens (or right padding followed by more tokens), a
+sequence of padding only, chunked / bidirectional layers, custom or
 packed-sequence masks, pre-allocated (static) caches, tensors not on the CPU,
 autograd (``sparse_topk`` has no backward: run under ``torch.no_grad()``),
 attention dropout, ``output_attentions``, softcapping and attention sinks.
 """
-from sparse_attn.errors import UnsupportedError
+from sparse_attn.errors import ArgumentError, UnsupportedError
 
 from .attention import sparse_topk_attention, sparse_topk_mask
 from .cache import SparseKVCache, SparseKVLayer
 from .patching import register, enable
 from .settings import NAME, get_settings, attention_modules, SparseAttnSettings
+from .tensors import RowSpans
 
 __all__ = ["NAME", "register", "enable", "get_settings", "attention_modules",
-           "SparseAttnSettings", "SparseKVCache", "SparseKVLayer", "UnsupportedError",
-           "sparse_topk_attention", "sparse_topk_mask"]
+           "SparseAttnSettings", "SparseKVCache", "SparseKVLayer", "RowSpans",
+           "ArgumentError", "UnsupportedError", "sparse_topk_attention", "sparse_topk_mask"]

@@ -13,7 +13,7 @@ from .refusals import (CHECKED_KWARGS, QUERY_DTYPES, SLIDING_CHECKED_KWARGS, lay
                        refuse_kwargs, refuse_sliding, refuse_unsupported)
 from .settings import settings_of
 from .state import CacheState, layer_state
-from .tensors import KVPlaceholder
+from .tensors import KVPlaceholder, RowSpans
 
 
 def sparse_topk_mask(batch_size, q_length, kv_length, q_offset=0, kv_offset=0,
@@ -21,24 +21,22 @@ def sparse_topk_mask(batch_size, q_length, kv_length, q_offset=0, kv_offset=0,
     """The ``AttentionMaskInterface`` entry of ``sparse_topk``.
 
     The kernels apply the causal mask themselves (queries at ``[S - T, S)``),
-    so the mask of the full-attention layers is None, and only for what they
-    compute: one unpadded sequence, plain causal attention, keys ``[0, S)``.
-    The sliding-window layers' mask (the config's ``sliding_window`` as
-    ``local_size``) is sdpa's, which their attention is.  Anything else
-    (padding, chunked/bidirectional patterns, packed sequences, extra mask
-    overlays, a pre-allocated cache) raises :class:`UnsupportedError`.
+    so the mask of the full-attention layers is None for one unpadded
+    sequence, and for a batch or padding a :class:`RowSpans`: each
+    sequence's unpadded keys, one range per sequence (left padding, or right
+    padding in a call that holds the whole prompt), which the attention
+    attends as that sequence alone.  The sliding-window layers' mask (the
+    config's ``sliding_window`` as ``local_size``) is sdpa's, which their
+    attention is.  Anything else (unpadded tokens after padding, chunked or
+    bidirectional patterns, packed sequences, extra mask overlays, a
+    pre-allocated cache) raises :class:`UnsupportedError`.
     """
-    if batch_size != 1:
-        raise UnsupportedError(
-            f"sparse_topk runs one sequence at a time (batch 1), got batch {batch_size}: loop "
-            "over the prompts, or use attn_implementation='sdpa' for batched/padded inputs")
     config = kwargs.get("config")
     window = kwargs.get("local_size")
     if (mask_function is not causal_mask_function and window is not None
             and window == getattr(config, "sliding_window", None)
             and getattr(config, "attention_chunk_size", None) != window):
         # the sliding-window layers' mask, which sdpa applies
-        _refuse_padding(attention_mask)
         return sdpa_mask(batch_size, q_length, kv_length, q_offset=q_offset,
                          kv_offset=kv_offset, mask_function=mask_function,
                          attention_mask=attention_mask, **kwargs)
@@ -48,7 +46,6 @@ def sparse_topk_mask(batch_size, q_length, kv_length, q_offset=0, kv_offset=0,
             f"sparse_topk computes plain causal attention; this model asked for another mask "
             f"pattern ({name}: sliding-window, chunked, bidirectional, packed sequences or an "
             "overlay): use attn_implementation='sdpa' for it")
-    _refuse_padding(attention_mask)
     q_offset = int(q_offset)
     if int(kv_offset) != 0 or q_offset + q_length != kv_length:
         raise UnsupportedError(
@@ -56,14 +53,48 @@ def sparse_topk_mask(batch_size, q_length, kv_length, q_offset=0, kv_offset=0,
             f"{q_length} queries after {q_offset} cached tokens: a pre-allocated (static) or "
             "windowed cache, which sparse_topk does not read. Use the default DynamicCache "
             "or sparse_attn.integrations.transformers.SparseKVCache")
-    return None
+    if attention_mask is not None and (attention_mask.ndim != 2 or
+                                       attention_mask.shape[0] != batch_size):
+        return row_spans(attention_mask, batch_size, q_length, kv_length)   # refused there
+    if attention_mask is None or bool(attention_mask.all()):
+        if batch_size == 1:
+            return None
+        return RowSpans((0,) * batch_size, (kv_length,) * batch_size, kv_length)
+    return row_spans(attention_mask, batch_size, q_length, kv_length)
 
 
-def _refuse_padding(attention_mask):
-    if attention_mask is not None and not bool(attention_mask.all()):
+def row_spans(attention_mask, batch_size, q_length, kv_length):
+    """The :class:`RowSpans` of a 2D padding mask (``[B, >= kv_length]``,
+    nonzero where a token is real), or UnsupportedError naming what a
+    sequence of sparse_topk cannot be: its real tokens not one range, or
+    ending before the last position in a call that continues a cache."""
+    m = attention_mask
+    if m.ndim != 2 or m.shape[0] != batch_size or m.shape[1] < kv_length:
         raise UnsupportedError(
-            "sparse_topk does not support padding (the attention_mask has zeros): pass the "
-            "sequence without padding, or use attn_implementation='sdpa' for padded inputs")
+            f"sparse_topk takes a 2D padding mask of [batch {batch_size}, {kv_length} tokens], "
+            f"got shape {list(m.shape)}: use attn_implementation='sdpa' for other masks")
+    m = m[:, :kv_length].to(torch.bool)
+    count = m.sum(1)
+    start = m.to(torch.int8).argmax(1)
+    end = kv_length - m.flip(1).to(torch.int8).argmax(1)
+    start, end, count = start.tolist(), end.tolist(), count.tolist()
+    for b in range(batch_size):
+        if count[b] == 0:
+            raise UnsupportedError(
+                f"sequence {b} of the batch has no unpadded token (its attention_mask row is "
+                "all zeros): drop it from the batch")
+        if end[b] - start[b] != count[b]:
+            raise UnsupportedError(
+                f"sequence {b} of the batch has padding between its tokens (the mask's 1s are "
+                "not one range): with sparse_topk, pad on the left "
+                "(tokenizer.padding_side = 'left'), as generate wants, or use "
+                "attn_implementation='sdpa'")
+        if end[b] != kv_length and q_length != kv_length:
+            raise UnsupportedError(
+                f"sequence {b} of the batch ends at token {end[b]} of {kv_length} in a call "
+                "that continues the cache (right padding, then more tokens): with sparse_topk, "
+                "pad on the left (tokenizer.padding_side = 'left'), as generate wants")
+    return RowSpans(start, end, kv_length)
 
 
 def _sliding_attention(module, query, key, value, attention_mask, scaling, dropout, kwargs):
@@ -124,15 +155,88 @@ def sparse_topk_attention(module, query, key, value, attention_mask, scaling=Non
             and (ph or key.is_cpu)
             and not ((query.requires_grad or not ph and key.requires_grad)
                      and torch.is_grad_enabled())
-            and key.shape[-1] == qs[-1] and (ph or value.shape[-1] == qs[-1])):
+            and key.shape[-1] == qs[-1] and (ph or value.shape[-1] == qs[-1])
+            and not (ph and key._sparse_attn_layer._rows is not None)):
         refuse_unsupported(module, query, key, value, attention_mask, dropout)
+        if attention_mask is not None or qs[0] != 1 or ph and \
+                key._sparse_attn_layer._rows is not None:
+            if kwargs and not CHECKED_KWARGS.isdisjoint(kwargs):
+                refuse_kwargs(module, kwargs)
+            return _attend_rows(module, query, key, value, attention_mask, scaling, named,
+                                settings, ph, kwargs)
     if kwargs and not CHECKED_KWARGS.isdisjoint(kwargs):
         refuse_kwargs(module, kwargs)
+    return _attend(module, md, query, key, value, scaling, named, settings, ph, t0, 0)
+
+
+def _attend_rows(module, query, key, value, spans, scaling, named, settings, ph, kwargs):
+    """A batch (or a padded sequence): each sequence attended as a batch of
+    one over its unpadded tokens (``spans``, a :class:`RowSpans`, or None:
+    every token), its output rows written in place of the batch's; a padded
+    query's output is zeros (nothing reads it: no real token attends a
+    padded one).  A sequence's output is bitwise what it gets alone."""
+    B, n_heads, T, D = query.shape
+    S = key.shape[2]
+    if spans is None:
+        spans = RowSpans((0,) * B, (S,) * B, S)
+    if len(spans) != B or spans.kv_length != S:
+        raise UnsupportedError(
+            f"the mask's spans are for {len(spans)} sequences of {spans.kv_length} tokens, the "
+            f"call has {B} of {S}: make the mask with sparse_topk_mask for this call")
+    layer = key._sparse_attn_layer if ph else None
+    if key.shape[0] != B or value.shape[0] != B:
+        raise UnsupportedError(f"query has a batch of {B}, key and value of {key.shape[0]} and "
+                               f"{value.shape[0]}: one batch for all three")
+    if layer is not None and layer._rows is None and B == 1:
+        layer.prompt_as_row(S)      # one padded sequence: keep its real tokens only
+    if layer is not None and (layer._rows is None or len(layer._rows) != B):
+        raise UnsupportedError(f"a SparseKVCache layer of one sequence read by a batch of {B}")
+    out = torch.zeros((B, T, n_heads, D), dtype=query.dtype)
+    md = module.__dict__
+    blocks = [] if settings.record_blocks else None
+    first = S - T           # the position of the call's first query
+    try:
+        for b in range(B):
+            s, e = spans.start[b], spans.end[b]
+            lo = max(first, s)      # the row's first real new token
+            if e <= lo:             # none: nothing to keep, nothing to attend
+                if blocks is not None:
+                    blocks.append(None)
+                continue
+            qb = query[b:b + 1, :, lo - first:e - first]
+            if layer is not None:
+                kb, vb = layer.take_row(b, lo - first, e - first)
+                if kb.shape[2] != e - s:
+                    raise UnsupportedError(
+                        f"sequence {b} of the batch: its SparseKVCache row holds {kb.shape[2]} "
+                        f"tokens but the mask gives it {e - s}: its padding changed between "
+                        "calls")
+                rph = vb is kb and isinstance(kb, KVPlaceholder)
+            else:
+                kb, vb, rph = key[b:b + 1, :, s:e], value[b:b + 1, :, s:e], False
+            if blocks is not None:
+                md.pop("sparse_attn_blocks", None)
+            o, _ = _attend(module, md, qb, kb, vb, scaling, named, settings, rph,
+                           time.perf_counter(), b)
+            out[b, lo - first:e - first] = o[0]
+            if blocks is not None:
+                blocks.append(md.get("sparse_attn_blocks"))
+    finally:
+        if layer is not None:
+            layer.release_held()
+    if blocks is not None and T == 1:
+        md["sparse_attn_blocks"] = blocks
+    return out, None
+
+
+def _attend(module, md, query, key, value, scaling, named, settings, ph, t0, row):
+    """One sequence's attention (batch 1, unpadded), checked."""
+    qs, qdt = query.shape, query.dtype
     _, n_heads, T, D = qs
     if scaling is None:
         scaling = getattr(module, "scaling", None) or 1.0 / math.sqrt(D)
     state = key._sparse_attn_layer.state if ph else \
-        layer_state(module, settings, key, value, T, named)
+        layer_state(module, settings, key, value, T, named, row)
     threads = settings.threads
     dense = module.layer_idx in settings.dense_layers
     done = state.step(settings, scaling, threads, dense, query, qdt, n_heads) \

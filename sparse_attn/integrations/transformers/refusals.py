@@ -7,7 +7,7 @@ from sparse_attn.errors import ArgumentError
 from sparse_attn.errors import UnsupportedError
 
 from .settings import kv_shape, text_config
-from .tensors import KVPlaceholder
+from .tensors import KVPlaceholder, RowSpans
 
 
 def check_group_size(group_size, model, module):
@@ -69,7 +69,7 @@ def refuse_sliding(module, query, key, dropout):
 
 
 def _refuse_everywhere(query, key, dropout):
-    """What no layer serves: tensors off the CPU, dropout, autograd, batches."""
+    """What no layer serves: tensors off the CPU, dropout, autograd."""
     if query.device.type != "cpu":
         check_cpu("query", query)
     if not isinstance(key, KVPlaceholder) and key.device.type != "cpu":
@@ -82,10 +82,6 @@ def _refuse_everywhere(query, key, dropout):
         raise UnsupportedError(
             "sparse_topk has no backward pass: run inference under torch.no_grad() (generate "
             "does), or use attn_implementation='sdpa' for training")
-    if query.shape[0] != 1:
-        raise UnsupportedError(
-            f"sparse_topk runs one sequence at a time (batch 1), got batch {query.shape[0]}: loop "
-            "over the prompts, or use attn_implementation='sdpa' for batches")
 
 
 def refuse_unsupported(module, query, key, value, attention_mask, dropout):
@@ -101,11 +97,11 @@ def refuse_unsupported(module, query, key, value, attention_mask, dropout):
         raise UnsupportedError(f"sparse_topk takes float32/bfloat16/float16 queries, got "
                                f"{query.dtype}")
     _refuse_everywhere(query, key, dropout)
-    if attention_mask is not None:
+    if attention_mask is not None and type(attention_mask) is not RowSpans:
         raise UnsupportedError(
-            "sparse_topk got a materialised attention mask (a custom 4D mask, padding or "
-            "another mask implementation): it computes plain causal attention only; use "
-            "attn_implementation='sdpa' for custom masks")
+            "sparse_topk got a materialised attention mask (a custom 4D mask, or one another "
+            "mask implementation made): it computes causal attention over each sequence's "
+            "unpadded tokens only; use attn_implementation='sdpa' for custom masks")
     if key.shape[-1] != query.shape[-1] or value.shape[-1] != query.shape[-1]:
         raise UnsupportedError(
             f"sparse_topk needs one head_dim for Q, K and V, got {query.shape[-1]}, "

@@ -1,4 +1,6 @@
 """What the backend keeps of a sequence between calls, per layer: on a SparseKVCache's layer, or on transformers' own cache object."""
+import copy
+import functools
 import time
 import warnings
 import weakref
@@ -309,56 +311,63 @@ class _ViewState:
         return sa.dense_decode(q, self.k, self.v, scale=scale, threads=threads)
 
 
-def layer_state(module, settings, key, value, T, named):
-    """The layer state of this call: the SparseKVCache layer's, or the
-    view of the sequence in transformers' cache."""
+def layer_state(module, settings, key, value, T, named, row=0):
+    """The layer state of this call (of sequence ``row`` of a batch): the
+    SparseKVCache layer's, or the view of the sequence in transformers'
+    cache."""
     layer = getattr(key, "_sparse_attn_layer", None)
     if layer is not None and getattr(value, "_sparse_attn_layer", None) is layer:
         return layer.state
-    return _view_state(module, settings, key, value, T, named)
+    return _view_state(module, settings, key, value, T, named, row)
 
 
-def _view_state(module, settings, key, value, T, named):
+def _view_state(module, settings, key, value, T, named, row):
     """The :class:`_ViewState` of the sequence in the transformers cache
-    this call reads (K and V ``[1, Hkv, S, D]``, ``T`` new rows): the one
-    kept on the cache object for this layer, which the module's pre-hook
-    names (``named``: a weak reference, or None; :func:`_note_cache`).  A
-    call it does not name (before the hook, or without a cache) gets the
-    module's own state ("loose"), continued only when K and V start with
-    the rows it recorded; the first cache named in a call that continues
-    it takes it over.  ``module._sparse_attn_view`` is the state of the
-    module's last call."""
+    this call reads (K and V ``[1, Hkv, S, D]``, ``T`` new rows; sequence
+    ``row`` of the batch): the one kept on the cache object for this layer
+    and sequence, which the module's pre-hook names (``named``: a weak
+    reference, or None; :func:`_note_cache`).  A call it does not name
+    (before the hook, or without a cache) gets the module's own state
+    ("loose"), continued only when K and V start with the rows it recorded;
+    the first cache named in a call that continues it takes it over.
+    ``module._sparse_attn_view`` is the state of the module's last call of
+    the first sequence."""
     md = module.__dict__
     cache = named() if named is not None else None
     if "_sparse_attn_watched" not in md:
         if settings.kv_dtype is not None:
             warnings.warn(f"sparse_topk: kv_dtype={settings.kv_dtype!r} is set but this forward "
                           "got a transformers cache; it runs on that cache's float K/V. Pass "
-                          "cache=SparseKVCache(model) to use the setting", stacklevel=5)
+                          "cache=SparseKVCache(model) to use the setting", stacklevel=6)
         watch_caches(module)
     past = key.shape[2] - T
-    loose = md.get("_sparse_attn_loose")
+    lkey = "_sparse_attn_loose" if row == 0 else f"_sparse_attn_loose{row}"
+    loose = md.get(lkey)
     states = _states_on(cache)
     if states is not None:
-        state = states.get(module.layer_idx)
+        skey = module.layer_idx if row == 0 else (module.layer_idx, row)
+        state = states.get(skey)
         if state is None:
             if loose is not None and loose.continues(key, value, past):
-                state = md.pop("_sparse_attn_loose")
+                state = md.pop(lkey)
             else:
                 state = _ViewState()
-            states[module.layer_idx] = state
+            states[skey] = state
     elif loose is not None and (past == 0 or loose.continues(key, value, past)):
         state = loose
     else:
-        state = md["_sparse_attn_loose"] = _ViewState()
-    md["_sparse_attn_view"] = state
+        state = md[lkey] = _ViewState()
+    if row == 0:
+        md["_sparse_attn_view"] = state
     return state
 
 
 def _states_on(cache):
-    """The view states kept on a transformers cache (a dict by layer index,
+    """The view states kept on a transformers cache (a dict by layer index
+    for a batch's first sequence, by (layer index, sequence) for the others;
     made empty when there is none), or None for no cache, or one that takes
-    no attributes."""
+    no attributes.  A cache given states has its batch reordering methods
+    wrapped so they reorder the states too (:func:`_follow_batch`)."""
     if cache is None:
         return None
     states = getattr(cache, "_sparse_attn_views", None)
@@ -368,7 +377,60 @@ def _states_on(cache):
             cache._sparse_attn_views = states
         except AttributeError:
             return None
+        _follow_batch(cache)
     return states
+
+
+def _follow_batch(cache):
+    """Wrap the cache object's ``reorder_cache`` (beam search),
+    ``batch_select_indices`` and ``batch_repeat_interleave`` so that the
+    view states of its sequences (importance record, channel copy) go where
+    their K and V go: transformers reorders the tensors, which the
+    attention call cannot see.  A sequence picked twice gets a copy."""
+    def reorder(picks):
+        states = cache._sparse_attn_views
+        by_layer = {}
+        for skey, state in states.items():
+            layer, row = (skey, 0) if isinstance(skey, int) else skey
+            by_layer.setdefault(layer, {})[row] = state
+        states.clear()
+        for layer, rows in by_layer.items():
+            taken = set()
+            for i, src in enumerate(picks):
+                state = rows.get(src)
+                if state is None:
+                    continue
+                if src in taken:
+                    state = copy.deepcopy(state)
+                taken.add(src)
+                states[layer if i == 0 else (layer, i)] = state
+
+    def wrap(name, picks_of):
+        method = getattr(cache, name, None)
+        if method is None:
+            return
+
+        @functools.wraps(method)
+        def wrapped(arg, *args, **kwargs):
+            result = method(arg, *args, **kwargs)
+            reorder(picks_of(arg))
+            return result
+        setattr(cache, name, wrapped)
+
+    def rows_now():
+        return 1 + max((k[1] for k in cache._sparse_attn_views if not isinstance(k, int)),
+                       default=0)
+
+    def selected(indices):
+        idx = torch.as_tensor(indices)
+        if idx.dtype is torch.bool:
+            idx = idx.nonzero().flatten()
+        return [int(i) for i in idx.tolist()]
+
+    wrap("reorder_cache", lambda beam_idx: [int(i) for i in torch.as_tensor(beam_idx).tolist()])
+    wrap("batch_select_indices", selected)
+    wrap("batch_repeat_interleave",
+         lambda repeats: [i for i in range(rows_now()) for _ in range(int(repeats))])
 
 
 def watch_caches(module):

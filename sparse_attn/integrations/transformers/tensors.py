@@ -1,4 +1,4 @@
-"""The placeholder tensor a q8 SparseKVCache layer returns for K and V, and the batch sizes in which the step's tensors are made."""
+"""The placeholder tensor a q8 SparseKVCache layer returns for K and V, the batch sizes in which the step's tensors are made, and the spans of a batch's sequences (RowSpans)."""
 
 import torch
 
@@ -48,3 +48,22 @@ PLACEHOLDER_BATCH = 32
 
 
 OUTPUT_BATCH = 16
+
+
+class RowSpans:
+    """What :func:`sparse_topk_mask` gives the full-attention layers of a
+    batch, or of a padded sequence: each sequence's unpadded keys, the
+    positions ``[start[b], end[b])`` of the ``kv_length`` the layer holds
+    (left padding: ``end[b] == kv_length``; right padding, in a call that
+    holds the whole prompt: ``start[b] == 0``)."""
+
+    __slots__ = ("start", "end", "kv_length")
+
+    def __init__(self, start, end, kv_length):
+        self.start, self.end, self.kv_length = tuple(start), tuple(end), kv_length
+
+    def __len__(self):
+        return len(self.start)
+
+    def __repr__(self):
+        return f"RowSpans(start={self.start}, end={self.end}, kv_length={self.kv_length})"
