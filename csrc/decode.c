@@ -83,6 +83,12 @@ typedef struct {
     plan *plans;                    /* chunked: [Hkv], else NULL */
     int Hkv, max_chunks;            /* chunked: chunk items per KV head */
     float *parts;                   /* chunked: sa_chunk_part_floats per chunk item */
+    char *plan_mem;                 /* chunked: the plans' arrays */
+    /* what prepare() found */
+    sa_scratch_sizes sizes;
+    sa_reserve reserve_mem;
+    int64_t union_max;
+    int n_items;                    /* the call's items: Hkv, or Hkv plans + chunks */
 } decode_ctx;
 
 /* Keep what s chose for KV head kh (and its quantised query, q8 K of group
@@ -190,18 +196,6 @@ static int decode_item(void *arg, int kh, int worker)
     return SA_OK;
 }
 
-/* One item per KV head: each group chosen and attended by one thread. */
-static int run_groups(decode_ctx *c, const sa_scratch_sizes *sizes, int Hkv, int threads)
-{
-    const int workers = sa_workers_for(Hkv, threads);
-    int rc = sa_scratch_array(workers, sizes, &c->scratch);
-    if (rc)
-        return rc;
-    rc = sa_parallel_for(Hkv, workers, decode_item, c);
-    sa_scratch_array_free(c->scratch, workers);
-    return rc;
-}
-
 /* Bytes of one plan's arrays, 64-byte aligned pieces at offs; 0 if that
  * does not fit a size_t. */
 static size_t plan_bytes(const sa_scratch_sizes *z, size_t offs[4])
@@ -223,55 +217,61 @@ static size_t plan_bytes(const sa_scratch_sizes *z, size_t offs[4])
     return at;
 }
 
-/* Chunked: one job of Hkv plan items (choose, quantise), then max_chunks
- * chunk items per KV head, in KV head order.  Claims go in item order, so
- * every plan is taken before any chunk that waits for it. */
-static int run_chunked(decode_ctx *c, sa_scratch_sizes *sizes, int Hkv, int threads,
-                       int64_t union_max)
+/* A chunked call's plans and chunk outputs: Hkv plan items (choose,
+ * quantise), then max_chunks chunk items per KV head, in KV head order.
+ * Claims go in item order, so every plan is taken before any chunk that
+ * waits for it. */
+static int chunks_setup(decode_ctx *c)
 {
+    sa_scratch_sizes *sizes = &c->sizes;
+    const int Hkv = c->k->n_kv_heads;
     size_t offs[4];
     const size_t each = plan_bytes(sizes, offs);
-    const int64_t max_chunks = (union_max + CHUNK_ROWS - 1) / CHUNK_ROWS;
+    const int64_t max_chunks = (c->union_max + CHUNK_ROWS - 1) / CHUNK_ROWS;
     const ptrdiff_t pf = sa_chunk_part_floats(sizes->G, sizes->D);
     if (!each || each > SIZE_MAX / (size_t)Hkv || max_chunks > (INT32_MAX - Hkv) / Hkv ||
         (size_t)(Hkv * max_chunks) > SIZE_MAX / sizeof(float) / (size_t)pf)
         return SA_ERR_SIZE;
-    const int items = (int)(Hkv + Hkv * max_chunks);
-    plan *plans = calloc((size_t)Hkv, sizeof *plans);
-    char *mem = aligned_alloc(64, each * (size_t)Hkv);
+    c->plans = calloc((size_t)Hkv, sizeof *c->plans);
+    c->plan_mem = aligned_alloc(64, each * (size_t)Hkv);
     c->parts = malloc((size_t)(Hkv * max_chunks) * (size_t)pf * sizeof(float));
-    int rc = plans && mem && c->parts ? SA_OK : SA_ERR_NOMEM;
-    for (int kh = 0; kh < Hkv && !rc; kh++) {
-        char *at = mem + each * (size_t)kh;
-        plans[kh].chosen = (uint8_t *)(at + offs[0]);
-        plans[kh].uni = (int32_t *)(at + offs[1]);
-        plans[kh].qq = (int8_t *)(at + offs[2]);
-        plans[kh].qd = (float *)(at + offs[3]);
-        atomic_init(&plans[kh].left, 0);
-        atomic_init(&plans[kh].ready, 0);
+    if (!c->plans || !c->plan_mem || !c->parts)
+        return SA_ERR_NOMEM;
+    for (int kh = 0; kh < Hkv; kh++) {
+        char *at = c->plan_mem + each * (size_t)kh;
+        plan *p = &c->plans[kh];
+        p->chosen = (uint8_t *)(at + offs[0]);
+        p->uni = (int32_t *)(at + offs[1]);
+        p->qq = (int8_t *)(at + offs[2]);
+        p->qd = (float *)(at + offs[3]);
+        atomic_init(&p->left, 0);
+        atomic_init(&p->ready, 0);
     }
-    c->plans = plans;
     c->Hkv = Hkv;
     c->max_chunks = (int)max_chunks;
-    if (!rc) {
-        if (sizes->max_tok > CHUNK_ROWS)
-            sizes->max_tok = CHUNK_ROWS;
-        const int workers = sa_workers_for(items, threads);
-        rc = sa_scratch_array(workers, sizes, &c->scratch);
-        if (!rc) {
-            rc = sa_parallel_for(items, workers, decode_item, c);
-            sa_scratch_array_free(c->scratch, workers);
-        }
-    }
-    free(c->parts);
-    free(mem);
-    free(plans);
-    c->plans = NULL;
-    return rc;
+    c->n_items = (int)(Hkv + Hkv * max_chunks);
+    if (sizes->max_tok > CHUNK_ROWS)
+        sizes->max_tok = CHUNK_ROWS;
+    return SA_OK;
 }
 
-static int run(decode_ctx *c, int n_heads, int threads, const float *importance,
-               int64_t n_importance)
+/* What prepare() and chunks_setup() allocated, and the scratch. */
+static void ctx_free(decode_ctx *c, int workers)
+{
+    sa_scratch_array_free(c->scratch, workers);
+    c->scratch = NULL;
+    free(c->parts);
+    free(c->plan_mem);
+    free(c->plans);
+    c->parts = NULL, c->plan_mem = NULL, c->plans = NULL;
+    free(c->reserve_mem.blocks);
+    c->reserve_mem.blocks = NULL;
+}
+
+/* Check a call and size its work: its scratch, its importance reserve,
+ * whether it is chunked (then its plans) and its items: per KV head one
+ * (chosen and attended by one thread), or a plan and its chunks. */
+static int prepare(decode_ctx *c, int n_heads, const float *importance, int64_t n_importance)
 {
     const sa_kv *k = c->k;
     int rc = sa_check_kv(k);
@@ -316,15 +316,15 @@ static int run(decode_ctx *c, int n_heads, int threads, const float *importance,
     c->G = G;
     c->kern = sa_active_kernels();
 
-    sa_reserve reserve = {NULL, 0};
     if (importance && c->params && c->mode != PROBE_ONLY && n_sel < NB) {
-        if ((rc = sa_importance_reserve(importance, c->seq_len, c->params, n_sel, &reserve)))
+        if ((rc = sa_importance_reserve(importance, c->seq_len, c->params, n_sel,
+                                        &c->reserve_mem)))
             return rc;
-        c->reserve = &reserve;
+        c->reserve = &c->reserve_mem;
     }
     const int probes = c->mode == PROBE_ONLY ||
                        (c->params && n_sel < NB && c->params->scoring == SA_SCORING_PROBE);
-    sa_scratch_sizes sizes = {
+    c->sizes = (sa_scratch_sizes){
         .G = G, .D = D, .group_size = gs, .NB = NB, .n_sel = n_sel,
         .max_tok = c->mode == ATTEND ? max_tok : 1,
         .probe_tmp_per_head =
@@ -335,17 +335,105 @@ static int run(decode_ctx *c, int n_heads, int threads, const float *importance,
                             : 0};
     /* The most rows a group can attend to: beyond one chunk the call is
      * chunked (the chunks then follow from the rows it does attend to). */
-    int64_t union_max = c->seq_len;
+    c->union_max = c->seq_len;
     if (c->params && n_sel < NB) {
         const int64_t heads = c->params->share == SA_SHARE_GROUP ? 1 : G;
         const int64_t most = (int64_t)n_sel * c->block_size * heads;
-        union_max = most < union_max ? most : union_max;
+        c->union_max = most < c->union_max ? most : c->union_max;
     }
-    if (c->mode == ATTEND && union_max > CHUNK_ROWS)
-        rc = run_chunked(c, &sizes, Hkv, threads, union_max);
-    else
-        rc = run_groups(c, &sizes, Hkv, threads);
-    free(reserve.blocks);
+    c->n_items = Hkv;
+    if (c->mode == ATTEND && c->union_max > CHUNK_ROWS)
+        return chunks_setup(c);
+    return SA_OK;
+}
+
+static int run(decode_ctx *c, int n_heads, int threads, const float *importance,
+               int64_t n_importance)
+{
+    int rc = prepare(c, n_heads, importance, n_importance);
+    int workers = 0;
+    if (!rc) {
+        workers = sa_workers_for(c->n_items, threads);
+        rc = sa_scratch_array(workers, &c->sizes, &c->scratch);
+    }
+    if (!rc)
+        rc = sa_parallel_for(c->n_items, workers, decode_item, c);
+    ctx_free(c, workers);
+    return rc;
+}
+
+/* A batch of decode calls as one parallel job: the calls' items one after
+ * another, each run with its own call's context and scratch. */
+typedef struct {
+    decode_ctx *ctx;
+    int n;
+    int *first;     /* [n + 1]: the first item of each call */
+} batch_job;
+
+static int batch_item(void *arg, int item, int worker)
+{
+    const batch_job *b = arg;
+    int lo = 0, hi = b->n - 1;      /* the call whose items hold `item` */
+    while (lo < hi) {
+        const int mid = (lo + hi + 1) / 2;
+        if (b->first[mid] <= item)
+            lo = mid;
+        else
+            hi = mid - 1;
+    }
+    return decode_item(&b->ctx[lo], item - b->first[lo], worker);
+}
+
+int sa_decode_batch(const sa_decode_call *calls, int n_calls, int threads, int *failed)
+{
+    if (failed)
+        *failed = -1;
+    if (n_calls < 0)
+        return SA_ERR_SHAPE;
+    if (n_calls == 0)
+        return SA_OK;
+    if (!calls)
+        return SA_ERR_NULL;
+    decode_ctx *ctx = calloc((size_t)n_calls, sizeof *ctx);
+    int *first = malloc(((size_t)n_calls + 1) * sizeof *first);
+    int rc = ctx && first ? SA_OK : SA_ERR_NOMEM;
+    int workers = 0;
+    int64_t items = 0;
+    for (int i = 0; i < n_calls && !rc; i++) {
+        const sa_decode_call *a = &calls[i];
+        decode_ctx *c = &ctx[i];
+        /* params NULL: dense decode, one block spanning the context (as
+         * sa_dense_decode) */
+        *c = (decode_ctx){.mode = ATTEND, .q = a->q, .k = a->k, .v = a->v,
+                          .seq_len = a->seq_len, .params = a->params, .scale = a->scale,
+                          .out = a->out, .blocks = a->params ? a->blocks : NULL,
+                          .block_size = a->params ? a->params->block_size
+                                                  : (a->seq_len > 0 ? a->seq_len : 1),
+                          .n_probe = a->params ? a->params->n_probe : 1};
+        rc = a->v ? prepare(c, a->n_heads, a->params ? a->importance : NULL, a->n_importance)
+                  : SA_ERR_NULL;
+        first[i] = (int)items;
+        items += c->n_items;
+        if (!rc && items > INT32_MAX)
+            rc = SA_ERR_SIZE;
+        if (rc && failed)
+            *failed = i;
+    }
+    if (!rc) {
+        first[n_calls] = (int)items;
+        workers = sa_workers_for((int)items, threads);
+        for (int i = 0; i < n_calls && !rc; i++)
+            rc = sa_scratch_array(workers, &ctx[i].sizes, &ctx[i].scratch);
+    }
+    if (!rc) {
+        batch_job job = {ctx, n_calls, first};
+        rc = sa_parallel_for((int)items, workers, batch_item, &job);
+    }
+    /* (a context never prepared, or without scratch, frees nothing) */
+    for (int i = 0; ctx && i < n_calls; i++)
+        ctx_free(&ctx[i], workers);
+    free(first);
+    free(ctx);
     return rc;
 }
 

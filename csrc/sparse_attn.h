@@ -230,6 +230,30 @@ int sa_sparse_decode(const float *q, int n_heads, const sa_kv *k, const sa_kv *v
 int sa_dense_decode(const float *q, int n_heads, const sa_kv *k, const sa_kv *v,
                     int seq_len, float scale, float *out, int threads);
 
+/* One decode call of a batch (sa_decode_batch): sa_sparse_decode's
+ * arguments, or sa_dense_decode's when params is NULL (importance and
+ * blocks are then ignored). */
+typedef struct sa_decode_call {
+    const float *q;
+    int n_heads;
+    const sa_kv *k, *v;
+    int seq_len;
+    const sa_select_params *params;
+    const float *importance;
+    int64_t n_importance;
+    float scale;
+    float *out;
+    int32_t *blocks;
+} sa_decode_call;
+
+/* n_calls decode calls (one per sequence of a batch, each with its own
+ * K/V) as one parallel job: their work items (per KV head, or per KV head
+ * and chunk) split over the threads together.  Each call's output and
+ * blocks are bitwise what it gives alone.  Every call is checked before
+ * any runs; on an error *failed (may be NULL) is the index of the call it
+ * is about (-1 for none) and no output is written. */
+int sa_decode_batch(const sa_decode_call *calls, int n_calls, int threads, int *failed);
+
 /* q [n_heads, T, head_dim]; queries sit at positions [start, start+T) and the
  * query at position p attends to keys 0..p (params NULL: exact, spec §3), or
  * (params given: sparse prefill, docs/spec.md §7) to its own block's keys

@@ -614,3 +614,47 @@ def append_pending(cache, slot):
     """Append the one token a backend layer parked in `slot` (see
     KVCache._append_pending), if any."""
     cache._append_pending(slot)
+
+
+def decode_rows(decoders, slots, qp, outp, n_heads, threads):
+    """The transformers backend's decode step of a batch (package-internal):
+    sequence i's prepared decoder (on its own cache; none ``slow``) appends
+    the token ``slots[i]`` holds, then attends its query (``n_heads`` rows
+    of float32 at ``qp``, sequence after sequence) into ``outp`` (the same
+    layout), every sequence in one C call (``sa_decode_batch``: the
+    sequences' KV heads and chunks split over the threads together; each
+    sequence's output bitwise what its own call gives).  The caches'
+    write locks are held throughout, taken in one order (by id) so two
+    threads never wait on each other; no other thread sees a cache between
+    its append and its attention."""
+    caches = [d.cache for d in decoders]
+    order = sorted(range(len(caches)), key=lambda i: id(caches[i]))
+    held = []
+    try:
+        for i in order:
+            caches[i]._lock.acquire_write()
+            held.append(i)
+        calls = ffi.new("sa_decode_call[]", len(decoders))
+        step = n_heads * caches[0].head_dim
+        for i, (d, c, slot) in enumerate(zip(decoders, caches, slots)):
+            c._append_pending_locked(slot)
+            buf, n = c._buf, c._n
+            if n == 0:
+                raise ArgumentError(f"sequence {i}'s cache is empty: append tokens before "
+                                    "decoding")
+            if buf is not d.buf:
+                d._bind(buf)
+            call = calls[i]
+            call.q, call.out = qp + i * step, outp + i * step
+            call.n_heads, call.seq_len, call.scale = n_heads, n, d.scale
+            call.k, call.v = buf.kop.struct, buf.vop.struct
+            if not d.dense:
+                call.params = d.params
+                if c._has_importance:
+                    call.importance, call.n_importance = d.imp, n
+        failed = ffi.new("int *")
+        rc = lib.sa_decode_batch(calls, len(decoders), threads, failed)
+        _ffi.check(rc, f"decode of sequence {failed[0]} of the batch")
+    finally:
+        for i in held:
+            caches[i]._lock.release_write()

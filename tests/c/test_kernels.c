@@ -1242,6 +1242,65 @@ static int blocks_valid(const int32_t *b, int H, int n_sel, int NB)
 /* Everything through the public API on the active ISA; checks what must
  * hold on one ISA (threads, dense equality, prefill rows) and keeps the
  * threads=1 results for the comparison with portable. */
+/* sa_decode_batch: every parameter set's sparse decode, dense decode over
+ * the whole context and over a shorter one (another call's length and
+ * items: chunked and unchunked calls side by side), as one job at 1, 2, 3
+ * and 7 threads: each call's output and blocks bitwise what it gave alone. */
+static void e2e_batch(const e2e_data *d, const e2e_results *r)
+{
+    const int H = d->H, D = d->D, S = d->seq_len, short_len = S > 40 ? S - 37 : S;
+    const size_t out_n = (size_t)H * D;
+    sa_decode_call calls[N_PSETS + 2];
+    sa_select_params ps[N_PSETS];
+    float *outs[N_PSETS + 2];
+    int32_t *blks[N_PSETS];
+    int idx[N_PSETS], n = 0;
+    for (int i = 0; i < N_PSETS; i++) {
+        int with_imp;
+        ps[i] = pset(d, i, &with_imp);
+        if (!r->sparse[i])
+            continue;
+        idx[n] = i;
+        outs[n] = xmalloc(out_n * sizeof(float));
+        blks[n] = xmalloc((size_t)H * r->n_sel[i] * sizeof(int32_t));
+        calls[n] = (sa_decode_call){d->q, H, &d->k, &d->v, S, &ps[i],
+                                    with_imp ? d->importance : NULL, S,
+                                    1.0f / sqrtf((float)D), outs[n], blks[n]};
+        n++;
+    }
+    const int n_sparse = n;
+    for (int j = 0; j < 2; j++, n++) {
+        outs[n] = xmalloc(out_n * sizeof(float));
+        calls[n] = (sa_decode_call){d->q, H, &d->k, &d->v, j ? short_len : S, NULL, NULL, 0,
+                                    1.0f / sqrtf((float)D), outs[n], NULL};
+    }
+    float *want_short = xmalloc(out_n * sizeof(float));
+    check(sa_dense_decode(d->q, H, &d->k, &d->v, short_len, 1.0f / sqrtf((float)D), want_short,
+                          1) == SA_OK, "dense decode of %d rows", short_len);
+    static const int threads[] = {1, 2, 3, 7};
+    for (int t = 0; t < LEN(threads); t++) {
+        int failed = 99;
+        const int rc = sa_decode_batch(calls, n, threads[t], &failed);
+        if (!check(rc == SA_OK && failed == -1, "sa_decode_batch of %d calls, %d threads: %s "
+                   "(call %d)", n, threads[t], sa_strerror(rc), failed))
+            continue;
+        for (int c = 0; c < n_sparse; c++) {
+            const int i = idx[c];
+            check(!memcmp(outs[c], r->sparse[i], out_n * 4) &&
+                      !memcmp(blks[c], r->blocks[i], (size_t)H * r->n_sel[i] * 4),
+                  "pset %d in a batch (%d threads) differs from its call alone", i, threads[t]);
+        }
+        check(!memcmp(outs[n_sparse], r->dense, out_n * 4) &&
+                  !memcmp(outs[n_sparse + 1], want_short, out_n * 4),
+              "dense decode in a batch (%d threads) differs from its call alone", threads[t]);
+    }
+    for (int c = 0; c < n; c++)
+        free(outs[c]);
+    for (int c = 0; c < n_sparse; c++)
+        free(blks[c]);
+    free(want_short);
+}
+
 static void e2e_run(const e2e_data *d, e2e_results *r)
 {
     const int H = d->H, D = d->D, T = d->T, S = d->seq_len;
@@ -1319,6 +1378,7 @@ static void e2e_run(const e2e_data *d, e2e_results *r)
         free(sel[1]), free(sel[2]), free(blk[0]), free(blk[1]), free(blk[2]);
         free(out[1]), free(out[2]);
     }
+    e2e_batch(d, r);
 
     /* Probe scores. */
     float *probe[3];
@@ -1532,6 +1592,14 @@ static void *cc_worker(void *arg)
         a->ok &= !memcmp(out, a->want_sparse, out_n * sizeof(float));
         a->ok &= sa_dense_decode(d->q, d->H, &d->k, &d->v, d->seq_len, sc, out, 2) == SA_OK;
         a->ok &= !memcmp(out, a->want_dense, out_n * sizeof(float));
+        /* both as one batch, the dense call's two chunks among its items */
+        const sa_decode_call calls[2] = {
+            {d->q, d->H, &d->k, &d->v, d->seq_len, a->p, d->importance, d->seq_len, sc, out,
+             NULL},
+            {d->q, d->H, &d->k, &d->v, d->seq_len, NULL, NULL, 0, sc, pre, NULL}};
+        a->ok &= sa_decode_batch(calls, 2, 1 + (r + 1) % 3, NULL) == SA_OK;
+        a->ok &= !memcmp(out, a->want_sparse, out_n * sizeof(float)) &&
+                 !memcmp(pre, a->want_dense, out_n * sizeof(float));
         a->ok &= sa_prefill(d->qp, d->H, d->T, &d->k, &d->v, d->seq_len - d->T, NULL, NULL, 0, sc, pre, imp,
                             1 + r % 2) == SA_OK;
         a->ok &= !memcmp(pre, a->want_pre, pre_n * sizeof(float));
@@ -1749,6 +1817,57 @@ static void test_bad_args(void)
         EXPECT(SA_ERR_SCALE, sa_prefill(qp, H, 3, &K, &V, 0, NULL, NULL, 0, bad_scales[i], pout, imp, 1));
     }
     set_where("arguments");
+
+    /* sa_decode_batch: the batch's own arguments, then a bad call among
+     * good ones: its error and index, and no output written (the good
+     * calls' included). */
+    {
+        set_where("arguments, sa_decode_batch");
+        int failed = 99;
+        EXPECT(SA_OK, sa_decode_batch(NULL, 0, 1, &failed));
+        check(failed == -1, "an empty batch reported call %d", failed);
+        EXPECT(SA_ERR_SHAPE, sa_decode_batch(NULL, -1, 1, NULL));
+        EXPECT(SA_ERR_NULL, sa_decode_batch(NULL, 2, 1, &failed));
+        float *bout = xmalloc(3 * H * D * 4);
+        for (int i = 0; i < 3 * H * D; i++)
+            bout[i] = -7.0f;
+        sa_decode_call calls[3] = {
+            {q, H, &K, &V, S, &P, NULL, 0, sc, bout, NULL},
+            {q, H, &KQ, &VQ, S, NULL, NULL, 0, sc, bout + H * D, NULL},
+            {q, H, &K, &V, S, &P, NULL, 0, sc, bout + 2 * H * D, NULL}};
+        static const struct { int call, rc; } bad[] = {
+            {2, SA_ERR_SEQ_LEN}, {1, SA_ERR_NULL}, {0, SA_ERR_Q_VALUES}, {2, SA_ERR_SCALE},
+            {1, SA_ERR_DTYPE}, {0, SA_ERR_IMPORTANCE}, {2, SA_ERR_NULL}, {1, SA_ERR_GQA}};
+        for (int b = 0; b < LEN(bad); b++) {
+            sa_decode_call c[3] = {calls[0], calls[1], calls[2]};
+            sa_decode_call *x = &c[bad[b].call];
+            switch (b) {
+            case 0: x->seq_len = ROWS + 1; break;
+            case 1: x->v = NULL; break;
+            case 2: x->q = q_nan; break;
+            case 3: x->scale = NAN; break;
+            case 4: x->v = &V; break;
+            case 5: x->importance = imp, x->n_importance = S - 1; break;
+            case 6: x->out = NULL; break;
+            case 7: x->n_heads = 3; break;
+            }
+            failed = 99;
+            EXPECT(bad[b].rc, sa_decode_batch(c, 3, 2, &failed));
+            check(failed == bad[b].call, "case %d: sa_decode_batch named call %d, not %d", b,
+                  failed, bad[b].call);
+            int untouched = 1;
+            for (int i = 0; i < 3 * H * D; i++)
+                untouched &= bout[i] == -7.0f;
+            check(untouched, "case %d: a refused batch wrote outputs", b);
+        }
+        EXPECT(SA_OK, sa_decode_batch(calls, 3, 2, &failed));
+        check(failed == -1, "a good batch reported call %d", failed);
+        float *want = xmalloc(H * D * 4);
+        EXPECT(SA_OK, sa_dense_decode(q, H, &KQ, &VQ, S, sc, want, 1));
+        check(!memcmp(want, bout + H * D, H * D * 4), "the batch's dense call differs alone");
+        free(want), free(bout);
+        set_where("arguments");
+    }
 
     /* importance shorter than seq_len. */
     EXPECT(SA_ERR_IMPORTANCE, sa_select_blocks(q, H, &K, S, &P, imp, S - 1, blocks, 1));
