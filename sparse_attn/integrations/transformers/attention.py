@@ -7,6 +7,8 @@ import torch
 from transformers.integrations.sdpa_attention import sdpa_attention_forward
 from transformers.masking_utils import causal_mask_function, sdpa_mask
 
+from sparse_attn._ffi import ffi
+from sparse_attn.cache import Decoder, decode_rows
 from sparse_attn.errors import UnsupportedError
 
 from .refusals import (CHECKED_KWARGS, QUERY_DTYPES, SLIDING_CHECKED_KWARGS, layer_kind,
@@ -191,8 +193,12 @@ def _attend_rows(module, query, key, value, spans, scaling, named, settings, ph,
         layer.prompt_as_row(S)      # one padded sequence: keep its real tokens only
     if layer is not None and (layer._rows is None or len(layer._rows) != B):
         raise UnsupportedError(f"a SparseKVCache layer of one sequence read by a batch of {B}")
-    out = torch.zeros((B, T, n_heads, D), dtype=query.dtype)
     md = module.__dict__
+    if T == 1 and layer is not None and not (settings.record_blocks or settings.compare_exact):
+        out = _decode_rows(module, query, layer, spans, scaling, settings)
+        if out is not None:
+            return out, None
+    out = torch.zeros((B, T, n_heads, D), dtype=query.dtype)
     blocks = [] if settings.record_blocks else None
     first = S - T           # the position of the call's first query
     try:
@@ -227,6 +233,48 @@ def _attend_rows(module, query, key, value, spans, scaling, named, settings, ph,
     if blocks is not None and T == 1:
         md["sparse_attn_blocks"] = blocks
     return out, None
+
+
+def _decode_rows(module, query, layer, spans, scaling, settings):
+    """A decode step of a batch on a SparseKVCache layer: every sequence's
+    new token appended and attended in one C call (cache.decode_rows), when
+    every sequence is a plain decode step on a prepared decoder (else None,
+    and the caller attends them one at a time).  ``[B, 1, H, D]``."""
+    t0 = time.perf_counter()
+    B, n_heads, _, D = query.shape
+    S = spans.kv_length
+    rows = layer._rows
+    if scaling is None:
+        scaling = getattr(module, "scaling", None) or 1.0 / math.sqrt(D)
+    threads = settings.threads
+    dense = module.layer_idx in settings.dense_layers
+    decoders = []
+    for b, row in enumerate(rows):
+        state = row.state
+        if spans.end[b] != S or type(state) is not CacheState or row._pending[0] is not None                 or row._kv.seq_len != S - 1 - spans.start[b] or n_heads % row._kv.n_kv_heads:
+            return None
+        decoder = state.decoder(settings, scaling, threads, dense)
+        if type(decoder) is not Decoder or decoder.slow:
+            return None
+        decoders.append(decoder)
+    slots = []
+    for b, row in enumerate(rows):
+        layer.take_row(b, 0, 1)         # the token, handed over to the row (q8) or appended
+        slots.append(row._pending)
+    layer.release_held()
+    q = query.detach()
+    if q.dtype is not torch.float32 or not q.is_contiguous():
+        q = q.to(torch.float32).contiguous()
+    out = torch.empty((B, 1, n_heads, D), dtype=torch.float32)
+    t1 = time.perf_counter()
+    decode_rows(decoders, slots, ffi.cast("float *", q.data_ptr()),
+                ffi.cast("float *", out.data_ptr()), n_heads, threads)
+    kernel = time.perf_counter() - t1
+    if out.dtype is not query.dtype:
+        out = out.to(query.dtype)
+    if settings.profile:
+        _record(module, True, time.perf_counter() - t0, kernel)
+    return out
 
 
 def _attend(module, md, query, key, value, scaling, named, settings, ph, t0, row):
