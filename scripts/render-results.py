@@ -118,9 +118,12 @@ def render_model(d):
         if r.get("vs_sdpa_paired") is not None:
             lo, hi = r["vs_sdpa_paired_range"]
             paired = f"{r['vs_sdpa_paired']:.2f}x [{lo:.2f}–{hi:.2f}]"
-        out.append(f"| {r['tokens']} | {r['config']} | {ttft} | {r['decode_ms']:.1f} | "
-                   f"{paired} | {r['attn_ms']:.1f} | {r['kv_mb']:.1f} | "
-                   f"{'YES' if r['found'] else 'NO'} |")
+        decode, needle = f"{r['decode_ms']:.1f}", "YES" if r["found"] else "NO"
+        if r.get("batch", 1) > 1:       # a step decodes a token of every sequence
+            decode += f" ({r['decode_ms_per_seq']:.1f} per sequence)"
+            needle = f"{r['found_count']}/{r['batch']}"
+        out.append(f"| {r['tokens']} | {r['config']} | {ttft} | {decode} | "
+                   f"{paired} | {r['attn_ms']:.1f} | {r['kv_mb']:.1f} | {needle} |")
     return "\n".join(out) + "\n"
 
 

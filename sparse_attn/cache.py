@@ -616,17 +616,17 @@ def append_pending(cache, slot):
     cache._append_pending(slot)
 
 
-def decode_rows(decoders, slots, qp, outp, n_heads, threads):
+def decode_rows(decoders, slots, qp, outp, n_heads):
     """The transformers backend's decode step of a batch (package-internal):
     sequence i's prepared decoder (on its own cache; none ``slow``) appends
     the token ``slots[i]`` holds, then attends its query (``n_heads`` rows
     of float32 at ``qp``, sequence after sequence) into ``outp`` (the same
     layout), every sequence in one C call (``sa_decode_batch``: the
     sequences' KV heads and chunks split over the threads together; each
-    sequence's output bitwise what its own call gives).  The caches'
-    write locks are held throughout, taken in one order (by id) so two
-    threads never wait on each other; no other thread sees a cache between
-    its append and its attention."""
+    sequence's output bitwise what its own call gives), on the first
+    decoder's threads.  The caches' write locks are held throughout, taken
+    in one order (by id) so two threads never wait on each other; no other
+    thread sees a cache between its append and its attention."""
     caches = [d.cache for d in decoders]
     order = sorted(range(len(caches)), key=lambda i: id(caches[i]))
     held = []
@@ -653,7 +653,7 @@ def decode_rows(decoders, slots, qp, outp, n_heads, threads):
                 if c._has_importance:
                     call.importance, call.n_importance = d.imp, n
         failed = ffi.new("int *")
-        rc = lib.sa_decode_batch(calls, len(decoders), threads, failed)
+        rc = lib.sa_decode_batch(calls, len(decoders), decoders[0].threads, failed)
         _ffi.check(rc, f"decode of sequence {failed[0]} of the batch")
     finally:
         for i in held:

@@ -122,7 +122,7 @@ def test_batch_with_every_block_is_sdpa(ref, kv_dtype):
 
 
 @pytest.mark.parametrize("cache", ["dynamic", "float32", "q8"])
-@pytest.mark.parametrize("threads", [1, 2, 3])
+@pytest.mark.parametrize("threads", [1, 2, 3, None])
 def test_a_sequences_attention_in_a_batch_is_bitwise_its_attention_alone(cache, threads,
                                                                          monkeypatch):
     """The attention call itself, on one layer: a padded batch's output rows

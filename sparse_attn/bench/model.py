@@ -187,11 +187,18 @@ class _Run:
     attention modules; :meth:`activate` puts them in place before a step, so
     runs of several configurations can take turns step by step."""
 
-    def __init__(self, model, tokenizer, ids, needle, conf, args, clock):
+    def __init__(self, model, tokenizer, batch, conf, args, clock):
         import torch
         from transformers import DynamicCache
         import sparse_attn.integrations.transformers as sat
-        self.model, self.tokenizer, self.ids, self.needle = model, tokenizer, ids, needle
+        self.model, self.tokenizer = model, tokenizer
+        # batch: [(token ids, needle)], one per sequence (left-padded to
+        # the longest when there are several)
+        self.needles = [n for _, n in batch]
+        self.ids = max((ids for ids, _ in batch), key=len)
+        B = len(batch)
+        inputs, self.mask, self.pos = _left_padded([ids for ids, _ in batch],
+                                                   tokenizer.pad_token_id)
         self.conf, self.clock = conf, clock
         self.modules = sat.attention_modules(model)
         self.parked = [{} for _ in self.modules]
@@ -217,25 +224,24 @@ class _Run:
                 settings["exact_tail"] = conf["exact_tail"]
             sat.enable(model, **settings)
             self.settings = model.sparse_attn
-            self.cache = sat.SparseKVCache(model, capacity=len(ids) + args.new_tokens + 8) \
+            self.cache = sat.SparseKVCache(model, capacity=len(self.ids) + args.new_tokens + 8) \
                 if conf["kv_dtype"] else DynamicCache()
         measured_rss = _reset_peak_rss()
         rss_before = _status_mb("VmRSS")
         with torch.no_grad():
             t0 = time.perf_counter()
-            logits = model(torch.tensor([ids]), cache=self.cache, use_cache=True,
-                           logits_to_keep=1).logits
-            self.token = int(logits[0, -1].argmax())
+            logits = model(inputs, cache=self.cache, use_cache=True, logits_to_keep=1,
+                           **self._masks(inputs.shape[1])).logits
+            self.token = logits[:, -1].argmax(-1)
             self.ttft = time.perf_counter() - t0
         self.peak_rss_mb = _status_mb("VmHWM") if measured_rss else math.nan
         # What this prefill added: the configurations before it keep their
         # caches (their steps take turns with this one's), so its peak alone
         # would count theirs too.
         self.rss_growth_mb = self.peak_rss_mb - rss_before
-        self.out, self.steps, self.step_glue, self.attn_s = [self.token], [], [], 0.0
-        self.ended = self.token == tokenizer.eos_token_id
-        if self.ended:
-            self.out = []
+        self.steps, self.step_glue, self.attn_s = [], [], 0.0
+        self.out, self.ended = [[] for _ in range(B)], [False] * B
+        self._keep_tokens()
         # the decode figures start here: the prefill's calls are not in them
         for m in self.modules:
             st = m.__dict__.get("sparse_attn_stats")
@@ -244,6 +250,21 @@ class _Run:
         for layer in getattr(self.cache, "layers", ()):
             if hasattr(layer, "stats"):
                 layer.stats[:] = [0, 0.0, 0.0]
+
+    def _masks(self, T):
+        """The attention mask and position ids of a padded batch's call of
+        T tokens (what generate passes); nothing for one sequence."""
+        if self.mask is None:
+            return {}
+        return dict(attention_mask=self.mask, position_ids=self.pos[:, -T:])
+
+    def _keep_tokens(self):
+        """Each sequence's new token into its text, until its end token."""
+        for b, t in enumerate(self.token.tolist()):
+            if t == self.tokenizer.eos_token_id:
+                self.ended[b] = True
+            elif not self.ended[b]:
+                self.out[b].append(t)
 
     def park(self):
         """Take this run's backend state off the modules."""
@@ -274,11 +295,15 @@ class _Run:
         import torch
         seen = _glue_totals(self.modules, self.cache) if self.settings else None
         clock0 = self.clock.decode_seconds
+        if self.mask is not None:
+            B = self.mask.shape[0]
+            self.mask = torch.cat([self.mask, self.mask.new_ones((B, 1))], 1)
+            self.pos = torch.cat([self.pos, self.pos[:, -1:] + 1], 1)
         with torch.no_grad():
             t1 = time.perf_counter()
-            logits = self.model(torch.tensor([[self.token]]), cache=self.cache,
-                                use_cache=True).logits
-            self.token = int(logits[0, -1].argmax())
+            logits = self.model(self.token.view(-1, 1), cache=self.cache, use_cache=True,
+                                **self._masks(1)).logits
+            self.token = logits[:, -1].argmax(-1)
             dt = time.perf_counter() - t1
         self.steps.append(dt)
         if self.settings is None:
@@ -287,10 +312,7 @@ class _Run:
             now = _glue_totals(self.modules, self.cache)
             if now[1] > seen[1]:
                 self.step_glue.append((now[0] - seen[0]) / (now[1] - seen[1]))
-        if self.token == self.tokenizer.eos_token_id:
-            self.ended = True
-        elif not self.ended:
-            self.out.append(self.token)
+        self._keep_tokens()
         return dt
 
     def row(self):
@@ -313,7 +335,8 @@ class _Run:
             glue_mean_us = (attn_s - kernel + upd_glue) / calls * 1e6 if calls else None
             # the median over steps: a step the machine preempted moves the mean
             glue_us = float(np.median(self.step_glue)) * 1e6 if self.step_glue else glue_mean_us
-        text = self.tokenizer.decode(self.out, skip_special_tokens=True)
+        texts = [self.tokenizer.decode(out, skip_special_tokens=True) for out in self.out]
+        found = [answer_found(t, n) for t, n in zip(texts, self.needles)]
         kv_bytes = getattr(cache, "nbytes", None)
         if kv_bytes is None:
             kv_bytes = sum(int(t.numel() * t.element_size()) for layer in cache.layers
@@ -331,7 +354,8 @@ class _Run:
                 if view is not None and view._copy is not None:
                     meta_bytes += sum(a.nbytes for a in view._copy[0])
         ms = np.array(steps) * 1e3
-        return dict(config=conf["label"], kind=conf["kind"], tokens=len(self.ids),
+        B = len(self.out)
+        return dict(config=conf["label"], kind=conf["kind"], tokens=len(self.ids), batch=B,
                     ttft_s=self.ttft,
                     decode_ms=float(np.median(ms)) if len(ms) else math.nan,
                     decode_ms_min=float(ms.min()) if len(ms) else math.nan,
@@ -341,12 +365,44 @@ class _Run:
                     glue_us=glue_us, glue_mean_us=glue_mean_us,
                     peak_rss_mb=self.peak_rss_mb, rss_growth_mb=self.rss_growth_mb,
                     kv_mb=(kv_bytes + meta_bytes) / 2**20, meta_mb=meta_bytes / 2**20,
-                    found=answer_found(text, self.needle), text=text,
-                    new_tokens=len(self.out), steps=len(steps),
+                    decode_ms_per_seq=float(np.median(ms)) / B if len(ms) else math.nan,
+                    found=all(found), found_count=sum(found), text=texts[0],
+                    texts=texts if B > 1 else None,
+                    new_tokens=len(self.out[0]), steps=len(steps),
                     step_ms=[float(x) for x in ms])
 
 
-def run_length(model, tokenizer, ids, needle, args, clock):
+def _left_padded(prompts, pad_id):
+    """(input ids ``[B, S]``, attention mask, position ids) of prompts
+    left-padded to the longest; mask and positions None for one prompt."""
+    import torch
+    S = max(len(p) for p in prompts)
+    if len(prompts) == 1:
+        return torch.tensor(prompts), None, None
+    pad = 0 if pad_id is None else pad_id
+    ids = torch.full((len(prompts), S), pad, dtype=torch.long)
+    mask = torch.zeros((len(prompts), S), dtype=torch.long)
+    for b, p in enumerate(prompts):
+        ids[b, S - len(p):] = torch.tensor(p)
+        mask[b, S - len(p):] = 1
+    pos = (mask.cumsum(1) - 1).clamp(min=0)
+    return ids, mask, pos
+
+
+def batch_prompts(tokenizer, length, args):
+    """``args.batch`` needle prompts for one length: sequence b asks for
+    needle ``args.needle + b`` (cycling) in its own filler (seed + b), about
+    ``length * (1 - 0.05 b)`` tokens long, so a batch is padded."""
+    out = []
+    for b in range(args.batch):
+        needle = NEEDLES[(args.needle + b) % len(NEEDLES)]
+        n = max(64, round(length * (1 - 0.05 * b)))
+        out.append((build_prompt(tokenizer, n, args.depth, needle, "facts", args.seed + b),
+                    needle))
+    return out
+
+
+def run_length(model, tokenizer, batch, args, clock):
     """Every configuration on one prompt; returns their rows.  Each
     configuration's prefill runs alone (its TTFT); then, unless
     ``args.sequential``, the decode steps take turns: one step of each
@@ -357,7 +413,7 @@ def run_length(model, tokenizer, ids, needle, args, clock):
     rows, runs = [], []
     steps = args.new_tokens - 1
     for conf in args.configs:
-        run = _Run(model, tokenizer, ids, needle, conf, args, clock)
+        run = _Run(model, tokenizer, batch, conf, args, clock)
         if args.sequential:
             for _ in range(steps):
                 run.step()
@@ -421,16 +477,21 @@ def run_model(args):
     AttentionInterface.register("sdpa", clock)
     try:
         for length in args.lengths:
-            ids = build_prompt(tokenizer, length, args.depth, needle, "facts", args.seed)
-            for row in run_length(model, tokenizer, ids, needle, args, clock):
+            batch = batch_prompts(tokenizer, length, args)
+            for row in run_length(model, tokenizer, batch, args, clock):
                 row["length"] = length
                 rows.append(row)
                 log(f"  [{length}] {row['config']}: TTFT {row['ttft_s']:.2f} s, decode "
-                    f"{row['decode_ms']:.1f} ms/token, needle {'YES' if row['found'] else 'NO'}"
-                    f" {row['text']!r}")
+                    f"{row['decode_ms']:.1f} ms/step, needle {_found(row)} {row['text']!r}")
     finally:
         AttentionInterface.register("sdpa", clock.fn)
     return model, rows
+
+
+def _found(row):
+    if row.get("batch", 1) > 1:
+        return f"{row['found_count']}/{row['batch']}"
+    return "YES" if row["found"] else "NO"
 
 
 def print_model_table(model, rows, args):
@@ -445,7 +506,11 @@ def print_model_table(model, rows, args):
           f"kernels {sa.isa()}, {args.threads or default_threads()} kernel thread(s), "
           f"torch {torch.get_num_threads()} thread(s); needle {NEEDLES[args.needle][0]!r} at "
           f"depth {args.depth}; greedy, {args.new_tokens} tokens (decode timed past the "
-          "end of the answer)")
+          "end of the answer)" + (f"; a batch of {args.batch} left-padded prompts (needles "
+                                  f"{args.needle}.., lengths down to 0.{100 - 5 * (args.batch - 1)}x),"
+                                  " decode = ms per step of the whole batch (per sequence: "
+                                  "/ batch), needle = sequences that answered"
+                                  if args.batch > 1 else ""))
     print("TTFT = prefill of the prompt and the first token; decode = ms per generated token, "
           "median [min–max]; attn = time inside attention per token, all layers (share of "
           "the step); glue = the backend's Python per layer and token outside the C core "
@@ -466,7 +531,7 @@ def print_model_table(model, rows, args):
         dec = f"{r['decode_ms']:.1f} [{r['decode_ms_min']:.1f}–{r['decode_ms_max']:.1f}]"
         print(f"{r['tokens']:>6} {r['config']:<16} {r['ttft_s']:7.2f} {dec:>26} "
               f"{r['attn_ms']:8.1f} {r['attn_share']:6.0%} {glue:>8} {r['rss_growth_mb']:7.0f} "
-              f"{r['kv_mb']:6.1f} {'YES' if r['found'] else 'NO':>6}")
+              f"{r['kv_mb']:6.1f} {_found(r):>6}")
     by_len = {}
     for r in rows:
         by_len.setdefault(r["length"], {})[r["config"]] = r
@@ -529,6 +594,10 @@ def add_arguments(ap):
                          "after another (default: the configurations' decode steps take "
                          "turns, one step each per round, for ratios a noisy machine moves "
                          "less)")
+    ap.add_argument("--batch", type=flag.int_in(1, 64), default=1,
+                    help="sequences per batch (default 1): B needle prompts (needles --needle, "
+                         "--needle+1, ..., each in its own filler, lengths down to "
+                         "(1 - 0.05 (B-1)) x the length), left-padded, generated together")
     ap.add_argument("--needle", type=flag.int_in(0, len(NEEDLES) - 1), default=0,
                     help=f"0..{len(NEEDLES) - 1}")
     ap.add_argument("--depth", type=flag.float_in(0, 1), default=0.5,

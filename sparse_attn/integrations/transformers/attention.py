@@ -268,7 +268,7 @@ def _decode_rows(module, query, layer, spans, scaling, settings):
     out = torch.empty((B, 1, n_heads, D), dtype=torch.float32)
     t1 = time.perf_counter()
     decode_rows(decoders, slots, ffi.cast("float *", q.data_ptr()),
-                ffi.cast("float *", out.data_ptr()), n_heads, threads)
+                ffi.cast("float *", out.data_ptr()), n_heads)
     kernel = time.perf_counter() - t1
     if out.dtype is not query.dtype:
         out = out.to(query.dtype)
