@@ -81,6 +81,25 @@ def sparse_call(q, n_heads, kop, vop, seq_len, sel, importance, bounds_st, probe
     return (out, blocks) if return_blocks else out
 
 
+def batch_call(calls, threads):
+    """One sa_decode_batch over checked operands (package-internal: the
+    transformers backend's decode step of a batch).  ``calls``: per
+    sequence ``(q, n_heads, kop, vop, seq_len, params, importance, scale,
+    out)``, ``q`` and ``out`` cffi float pointers the caller keeps alive,
+    ``params`` a selection struct (None: dense decode) and ``importance``
+    a float32 array or None.  Raises naming the sequence that failed."""
+    arr = ffi.new("sa_decode_call[]", len(calls))
+    for c, (q, n_heads, kop, vop, seq_len, params, importance, scale, out) in zip(arr, calls):
+        c.q, c.n_heads, c.k, c.v, c.seq_len = q, n_heads, kop.struct, vop.struct, seq_len
+        c.scale, c.out = scale, out
+        if params is not None:
+            c.params = params
+            c.importance, c.n_importance = _importance_args(importance)
+    failed = ffi.new("int *")
+    rc = lib.sa_decode_batch(arr, len(calls), threads, failed)
+    _ffi.check(rc, f"decode of sequence {failed[0]} of the batch")
+
+
 def probe_scores(q, k, *, seq_len=None, block_size=32, n_probe=8, threads=None):
     """The probe of spec §2.2: per head and block, the largest raw dot
     ``q_h . K[kh, pos]`` over the block's sampled positions.

@@ -7,7 +7,7 @@ from .errors import ArgumentError
 from ._ffi import ffi, lib
 from ._operands import importance_array, query, scale_value
 from ._rwlock import RWLock
-from .attention import dense_call, metadata_structs, prefill_call, sparse_call
+from .attention import batch_call, dense_call, metadata_structs, prefill_call, sparse_call
 from .metadata import default_scale_group
 from .q8 import Q8
 from .selection import CACHE_POLICY, n_probe_value, selection
@@ -634,7 +634,7 @@ def decode_rows(decoders, slots, qp, outp, n_heads):
         for i in order:
             caches[i]._lock.acquire_write()
             held.append(i)
-        calls = ffi.new("sa_decode_call[]", len(decoders))
+        calls = []
         step = n_heads * caches[0].head_dim
         for i, (d, c, slot) in enumerate(zip(decoders, caches, slots)):
             c._append_pending_locked(slot)
@@ -644,17 +644,11 @@ def decode_rows(decoders, slots, qp, outp, n_heads):
                                     "decoding")
             if buf is not d.buf:
                 d._bind(buf)
-            call = calls[i]
-            call.q, call.out = qp + i * step, outp + i * step
-            call.n_heads, call.seq_len, call.scale = n_heads, n, d.scale
-            call.k, call.v = buf.kop.struct, buf.vop.struct
-            if not d.dense:
-                call.params = d.params
-                if c._has_importance:
-                    call.importance, call.n_importance = d.imp, n
-        failed = ffi.new("int *")
-        rc = lib.sa_decode_batch(calls, len(decoders), decoders[0].threads, failed)
-        _ffi.check(rc, f"decode of sequence {failed[0]} of the batch")
+            calls.append((qp + i * step, n_heads, buf.kop, buf.vop, n,
+                          None if d.dense else d.params,
+                          buf.importance[:n] if c._has_importance else None, d.scale,
+                          outp + i * step))
+        batch_call(calls, decoders[0].threads)
     finally:
         for i in held:
             caches[i]._lock.release_write()

@@ -129,13 +129,16 @@ def test_a_sequences_attention_in_a_batch_is_bitwise_its_attention_alone(cache, 
     are bitwise each sequence's batch-1 output over its unpadded rows (its
     own state: importance, channel copy, q8 rows), through the prompt and
     decode steps, whatever the thread count; a padded query's output is
-    zeros.  On a SparseKVCache a decode step of the batch is one C call
-    (sa_decode_batch)."""
+    zeros.  A decode step of the batch is one C call (sa_decode_batch), on
+    either cache."""
+    import sparse_attn.cache
     import sparse_attn.integrations.transformers.attention as attention
     batched = []
-    real = attention.decode_rows
-    monkeypatch.setattr(attention, "decode_rows",
-                        lambda *a: (batched.append(len(a[0])), real(*a))[1])
+    real = attention.batch_call
+    for where in (attention, sparse_attn.cache):
+        monkeypatch.setattr(where, "batch_call",
+                            lambda calls, threads: (batched.append(len(calls)),
+                                                    real(calls, threads))[1])
     model = sparse(tiny("qwen3"), k_blocks=FEW_BLOCKS, threads=threads)
     module = model.model.layers[0].self_attn
     g = torch.Generator().manual_seed(3)
@@ -173,7 +176,7 @@ def test_a_sequences_attention_in_a_batch_is_bitwise_its_attention_alone(cache, 
         assert not batch[0][b, :S - n].any()
         for t in range(1, len(steps)):
             assert torch.equal(batch[t][b], alone[t][0]), f"step {t}, sequence {b}"
-    assert batched == ([] if cache == "dynamic" else [4, 4, 4])
+    assert batched == [4, 4, 4]
 
 
 def test_right_padded_forward_gives_each_sequence_its_logits(ref):

@@ -7,7 +7,9 @@ import torch
 from transformers.integrations.sdpa_attention import sdpa_attention_forward
 from transformers.masking_utils import causal_mask_function, sdpa_mask
 
+from sparse_attn import _checks as ck
 from sparse_attn._ffi import ffi
+from sparse_attn.attention import batch_call
 from sparse_attn.cache import Decoder, decode_rows
 from sparse_attn.errors import UnsupportedError
 
@@ -194,8 +196,9 @@ def _attend_rows(module, query, key, value, spans, scaling, named, settings, ph,
     if layer is not None and (layer._rows is None or len(layer._rows) != B):
         raise UnsupportedError(f"a SparseKVCache layer of one sequence read by a batch of {B}")
     md = module.__dict__
-    if T == 1 and layer is not None and not (settings.record_blocks or settings.compare_exact):
-        out = _decode_rows(module, query, layer, spans, scaling, settings)
+    if T == 1 and not (settings.record_blocks or settings.compare_exact):
+        out = _decode_rows(module, query, layer, spans, scaling, settings) if layer else \
+            _decode_views(module, query, key, value, spans, scaling, named, settings)
         if out is not None:
             return out, None
     out = torch.zeros((B, T, n_heads, D), dtype=query.dtype)
@@ -269,6 +272,48 @@ def _decode_rows(module, query, layer, spans, scaling, settings):
     t1 = time.perf_counter()
     decode_rows(decoders, slots, ffi.cast("float *", q.data_ptr()),
                 ffi.cast("float *", out.data_ptr()), n_heads)
+    kernel = time.perf_counter() - t1
+    if out.dtype is not query.dtype:
+        out = out.to(query.dtype)
+    if settings.profile:
+        _record(module, True, time.perf_counter() - t0, kernel)
+    return out
+
+
+def _decode_views(module, query, key, value, spans, scaling, named, settings):
+    """A decode step of a batch on transformers' cache: every sequence's
+    view state bound to its rows (their own importance record and channel
+    copy) and all attended in one C call (attention.batch_call), when each
+    sequence is a decode step of a cache holding its earlier tokens (else
+    None, and the caller attends them one at a time).  ``[B, 1, H, D]``."""
+    t0 = time.perf_counter()
+    B, n_heads, _, D = query.shape
+    S = spans.kv_length
+    if any(e != S or S - s < 2 for s, e in zip(spans.start, spans.end)):
+        return None
+    if scaling is None:
+        scaling = getattr(module, "scaling", None) or 1.0 / math.sqrt(D)
+    dense = module.layer_idx in settings.dense_layers
+    q = query.detach()
+    if q.dtype is not torch.float32 or not q.is_contiguous():
+        q = q.to(torch.float32).contiguous()
+    out = torch.empty((B, 1, n_heads, D), dtype=torch.float32)
+    qp, outp = ffi.cast("float *", q.data_ptr()), ffi.cast("float *", out.data_ptr())
+    step = n_heads * D
+    calls, keep = [], []
+    for b in range(B):
+        s = spans.start[b]
+        kb, vb = key[b:b + 1, :, s:], value[b:b + 1, :, s:]
+        state = layer_state(module, settings, kb, vb, 1, named, b)
+        n = state.bind(module.layer_idx, kb, vb, 1)
+        kop, vop, n, sc, sel, bst, pst, importance, kept = state.operands(settings, scaling,
+                                                                           dense)
+        params = None if sel is None else sel.params(bst, pst)
+        keep.append((kept, bst, pst))
+        calls.append((qp + b * step, n_heads, kop, vop, n, params, importance, sc,
+                      outp + b * step))
+    t1 = time.perf_counter()
+    batch_call(calls, ck.check_threads(settings.threads))
     kernel = time.perf_counter() - t1
     if out.dtype is not query.dtype:
         out = out.to(query.dtype)

@@ -281,25 +281,36 @@ class _ViewState:
     def prompt_kv(self, T):
         return (self.key, self.value) if self.start == 0 else None
 
-    def decoder(self, settings, scale, threads, dense):
-        """This step's decode call: sparse_decode's (or dense_decode's)
-        C call on operands made once for the step, with no argument
-        checks beyond the query's: K and V are the float32 views bind
-        made, the importance is the layer's record and the channel copy
+    def operands(self, settings, scale, dense):
+        """What this step's decode call reads, made once for the step:
+        (K and V operands, seq_len, the checked scale, the selection, its C
+        struct or None for dense decode, the importance record, and what
+        keeps the struct's metadata alive).  K and V are the float32 views
+        bind made, the importance is the layer's record and the channel copy
         the one kept here."""
         kop, vop, S = kv_pair(self.k, self.v, None)
-        scale, threads = scale_value(scale, kop.head_dim), ck.check_threads(threads)
+        scale = scale_value(scale, kop.head_dim)
         if dense:
-            def call(q):
-                q, n_heads = query(q, kop, 2)
-                return dense_call(q, n_heads, kop, vop, S, scale, threads)
-            return call
+            return kop, vop, S, scale, None, None, None, None, None
         sel = settings._selection
         if sel.scoring == "channels":
             bst, pst, keep = self._channels_struct(kop, sel.block_size), None, self._copy
         else:       # the bounds made for the call (minmax), or K probed
             bst, pst, keep = metadata_structs(sel, self.k, kop, S, None, None)
-        importance = self.record.importance
+        return kop, vop, S, scale, sel, bst, pst, self.record.importance, keep
+
+    def decoder(self, settings, scale, threads, dense):
+        """This step's decode call: sparse_decode's (or dense_decode's)
+        C call on :meth:`operands`, with no argument checks beyond the
+        query's."""
+        kop, vop, S, scale, sel, bst, pst, importance, keep = \
+            self.operands(settings, scale, dense)
+        threads = ck.check_threads(threads)
+        if dense:
+            def call(q):
+                q, n_heads = query(q, kop, 2)
+                return dense_call(q, n_heads, kop, vop, S, scale, threads)
+            return call
 
         def call(q, _keep=keep):
             q, n_heads = query(q, kop, 2)
