@@ -131,11 +131,11 @@ def test_a_sequences_attention_in_a_batch_is_bitwise_its_attention_alone(cache, 
     decode steps, whatever the thread count; a padded query's output is
     zeros.  A decode step of the batch is one C call (sa_decode_batch), on
     either cache."""
-    import sparse_attn.cache
+    import sparse_attn.decoder
     import sparse_attn.integrations.transformers.attention as attention
     batched = []
     real = attention.batch_call
-    for where in (attention, sparse_attn.cache):
+    for where in (attention, sparse_attn.decoder):
         monkeypatch.setattr(where, "batch_call",
                             lambda calls, threads: (batched.append(len(calls)),
                                                     real(calls, threads))[1])
@@ -386,3 +386,118 @@ def test_smollm2_padded_batch_gives_each_prompt_its_own_answer():
     for i, t in enumerate(texts):
         one = tok(t, return_tensors="pt")
         assert torch.equal(seqs[i], generate(model, one.input_ids)[0][0])
+
+
+# ------------------------------------------------------- hardening, state
+
+def forced_batch_logits(model, ids, mask, continuation, cache):
+    """Logits of a left-padded batch's prompt and of each teacher-forced
+    continuation step (``[B, n]`` tokens), with the mask and positions
+    generate would pass."""
+    pos = (mask.cumsum(1) - 1).clamp(min=0)
+    with torch.no_grad():
+        logits = [model(ids, attention_mask=mask, position_ids=pos, cache=cache,
+                        use_cache=True).logits[:, -1]]
+        for t in range(continuation.shape[1] - 1):
+            mask = torch.cat([mask, mask.new_ones((mask.shape[0], 1))], 1)
+            pos = torch.cat([pos, pos[:, -1:] + 1], 1)
+            step = model(continuation[:, t:t + 1], attention_mask=mask,
+                         position_ids=pos[:, -1:], cache=cache, use_cache=True)
+            logits.append(step.logits[:, -1])
+    return torch.stack(logits, 1)
+
+
+def test_reading_batched_rows_from_another_thread_during_decode(ref):
+    """A thread reading every sequence's KVCache while a batch decodes (the
+    batched step holds every row's write lock) sees whole steps only, and
+    changes nothing: the logits are those of the run without it."""
+    import sys
+    import threading
+    model = sparse(ref, k_blocks=FEW_BLOCKS, kv_dtype="q8", threads=2)
+    ids, mask = left_padded(prompts([120, 77, 99]))
+    cont = torch.randint(1, 512, (3, 6), generator=torch.Generator().manual_seed(5))
+    want = forced_batch_logits(model, ids, mask, cont, sat.SparseKVCache(model))
+    cache = sat.SparseKVCache(model)
+    stop, seen = threading.Event(), []
+
+    def watch():
+        while not stop.is_set():
+            for layer in cache.sparse_layers:
+                for row in layer.rows or ():
+                    seen.append(row.kv.seq_len)
+                    row.kv.importance
+
+    watcher = threading.Thread(target=watch)
+    interval = sys.getswitchinterval()
+    sys.setswitchinterval(1e-6)
+    watcher.start()
+    try:
+        got = forced_batch_logits(model, ids, mask, cont, cache)
+    finally:
+        stop.set()
+        watcher.join()
+        sys.setswitchinterval(interval)
+    assert torch.equal(got, want)
+    assert [row.kv.seq_len for row in cache.layers[0].rows] == [125, 82, 104]
+    assert seen and max(seen) <= 125
+
+
+def test_batched_layer_crop_reset_and_copy(ref):
+    """crop rolls every sequence back (the next steps then match a run that
+    never made the removed ones), deepcopy gives an independent cache of
+    the same bits, reset empties it for a new batch."""
+    model = sparse(ref, k_blocks=FEW_BLOCKS, kv_dtype="q8")
+    ids, mask = left_padded(prompts([120, 77]))
+    cont = torch.randint(1, 512, (2, 5), generator=torch.Generator().manual_seed(6))
+    want = forced_batch_logits(model, ids, mask, cont, sat.SparseKVCache(model))
+    cache = sat.SparseKVCache(model)
+    forced_batch_logits(model, ids, mask, cont, cache)
+    layer = cache.layers[0]
+    assert layer.get_seq_length() == 124 and [r.kv.seq_len for r in layer.rows] == [124, 81]
+    twin = copy.deepcopy(cache)
+    for a, b in zip(layer.rows, twin.layers[0].rows):
+        assert a.kv is not b.kv and np.array_equal(a.kv.k.data, b.kv.k.data)
+        assert np.array_equal(a.kv.importance, b.kv.importance)
+    cache.crop(-4)
+    assert layer.get_seq_length() == 120 and [r.kv.seq_len for r in layer.rows] == [120, 77]
+    assert twin.layers[0].get_seq_length() == 124
+    m, pos = mask.clone(), (mask.cumsum(1) - 1).clamp(min=0)
+    with torch.no_grad():           # the four steps again, from the prompt
+        for t in range(cont.shape[1] - 1):
+            m = torch.cat([m, m.new_ones((2, 1))], 1)
+            pos = torch.cat([pos, pos[:, -1:] + 1], 1)
+            step = model(cont[:, t:t + 1], attention_mask=m, position_ids=pos[:, -1:],
+                         cache=cache, use_cache=True).logits[:, -1]
+            assert torch.equal(step, want[:, t + 1])
+    with pytest.raises(sat.UnsupportedError, match="rows"):
+        layer.kv
+    cache.reset()
+    assert layer.rows is None and layer.get_seq_length() == 0 and cache.get_seq_length() == 0
+    again = forced_batch_logits(model, ids, mask, cont, cache)
+    assert torch.equal(again, want)
+
+
+def test_bad_batch_calls_are_refused(ref):
+    model = sparse(ref)
+    module = model.model.layers[0].self_attn
+    q, kv = torch.randn(2, 4, 1, 128), torch.randn(2, 2, 9, 128)
+    with torch.no_grad():
+        with pytest.raises(sat.UnsupportedError, match="spans are for 3"):
+            sat.sparse_topk_attention(module, q, kv, kv, sat.RowSpans([0] * 3, [9] * 3, 9))
+        with pytest.raises(sat.UnsupportedError, match="mask"):
+            sat.sparse_topk_attention(module, q, kv, kv, torch.ones(2, 1, 1, 9))
+    cache = sat.SparseKVCache(model)
+    layer = cache.layers[0]
+    k = torch.randn(3, 2, 5, 128)
+    layer.update(k, k)
+    with pytest.raises(sat.UnsupportedError, match="twice"):
+        layer.update(k, k)
+    layer.release_held()
+    with pytest.raises(sat.UnsupportedError, match="holds a batch of 3"):
+        layer.update(k[:2], k[:2])
+    with pytest.raises(sat.ArgumentError, match="out of range"):
+        layer.batch_select_indices(torch.tensor([3]))
+    one = sat.SparseKVCache(model).layers[0]
+    one.update(k[:1], k[:1])
+    with pytest.raises(sat.UnsupportedError, match="one sequence of 5 tokens"):
+        one.update(k, k)

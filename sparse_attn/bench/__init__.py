@@ -187,7 +187,8 @@ def main(argv=None, prog="python -m sparse_attn.bench"):
     args = parse_args(argv, prog)
     command = machine.command_line("sparse-attn bench", argv)
     if args.mode == "model":
-        from .model import main_model, plot_model
+        from .model import main_model
+        from .model_report import plot_model
         rows = main_model(args)
         if args.json:
             with open(args.json, "w") as f:

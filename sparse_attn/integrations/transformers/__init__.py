@@ -89,8 +89,9 @@ one forward over whole prompts.  Beam search: ``reorder_cache``,
 ``batch_select_indices`` and ``batch_repeat_interleave`` move each
 sequence's state with it (a ``SparseKVCache`` row kept twice is copied, q8
 data as stored; on transformers' cache the backend wraps those methods of
-the cache object, so its per-sequence states follow the tensors).  Each
-sequence is one C call per layer.
+the cache object, so its per-sequence states follow the tensors).  A
+decode step of the batch is one C call per layer for all its sequences
+(``sa_decode_batch``); a prefill attends them one after another.
 
 Refused, with an :class:`UnsupportedError` naming the alternative: padding
 between a sequence's tokens (or right padding followed by more tokens), a

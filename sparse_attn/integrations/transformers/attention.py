@@ -10,7 +10,7 @@ from transformers.masking_utils import causal_mask_function, sdpa_mask
 from sparse_attn import _checks as ck
 from sparse_attn._ffi import ffi
 from sparse_attn.attention import batch_call
-from sparse_attn.cache import Decoder, decode_rows
+from sparse_attn.decoder import Decoder, decode_rows
 from sparse_attn.errors import UnsupportedError
 
 from .refusals import (CHECKED_KWARGS, QUERY_DTYPES, SLIDING_CHECKED_KWARGS, layer_kind,

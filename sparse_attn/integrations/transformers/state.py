@@ -14,7 +14,7 @@ from sparse_attn import _ffi
 from sparse_attn._ffi import ffi
 from sparse_attn._operands import kv_operand, kv_pair, query, scale_value
 from sparse_attn.attention import dense_call, metadata_structs, sparse_call
-from sparse_attn.cache import Decoder, append_pending
+from sparse_attn.decoder import Decoder, append_pending
 from sparse_attn.errors import UnsupportedError
 
 from .tensors import OUTPUT_BATCH, KVPlaceholder
