@@ -477,6 +477,14 @@ def test_batched_layer_crop_reset_and_copy(ref):
     assert torch.equal(again, want)
 
 
+@pytest.mark.parametrize("start, end, kv_length", [
+    ([0, -3], [9, 9], 9), ([0, 4], [9, 4], 9), ([0, 0], [9, 10], 9), ([0], [9, 9], 9),
+    ([], [], 9)])
+def test_row_spans_refuse_ranges_outside_the_keys(start, end, kv_length):
+    with pytest.raises(sat.ArgumentError, match="RowSpans"):
+        sat.RowSpans(start, end, kv_length)
+
+
 def test_bad_batch_calls_are_refused(ref):
     model = sparse(ref)
     module = model.model.layers[0].self_attn

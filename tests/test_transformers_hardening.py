@@ -291,3 +291,30 @@ def test_a_q8_group_size_is_checked_against_the_models_head_dim(eager):
         == 64
     # unused without a q8 cache (a head_dim of 80 with the default 32 runs on a DynamicCache)
     sat.enable(copy.deepcopy(eager), group_size=48)
+
+
+# --------------------------------------------------------------------------- batches
+
+@pytest.mark.parametrize("kv_dtype", [None, "q8"])
+def test_padded_batch_and_beams_read_only_their_own_rows(eager, prompt, kv_dtype):
+    """A left-padded batch (a batched prefill, then batched decode steps in
+    one C call per layer) and beam search (rows reordered and copied): each
+    sequence's tokens are its own run's.  Under the ASan build, a row read
+    past its sequence or a freed handoff is a report here."""
+    model = sparse_copy(eager, k_blocks=2, kv_dtype=kv_dtype, threads=2)
+    lengths = (PROMPT_TOKENS, 170, 41)
+    S = max(lengths)
+    ids = torch.zeros((3, S), dtype=torch.long)
+    mask = torch.zeros((3, S), dtype=torch.long)
+    for i, n in enumerate(lengths):
+        ids[i, S - n:], mask[i, S - n:] = prompt[0, :n], 1
+    with torch.no_grad():
+        seqs = model.generate(ids, attention_mask=mask, max_new_tokens=6, do_sample=False,
+                              pad_token_id=0)
+        for i, n in enumerate(lengths):
+            alone = model.generate(prompt[:, :n], max_new_tokens=6, do_sample=False,
+                                   pad_token_id=0)
+            assert torch.equal(seqs[i, S:], alone[0, n:])
+        beams = model.generate(prompt[:, :170], max_new_tokens=6, do_sample=False, num_beams=3,
+                               num_return_sequences=3, pad_token_id=0)
+    assert beams.shape == (3, 176)

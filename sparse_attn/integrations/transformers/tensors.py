@@ -2,7 +2,7 @@
 
 import torch
 
-from sparse_attn.errors import UnsupportedError
+from sparse_attn.errors import ArgumentError, UnsupportedError
 
 
 class KVPlaceholder(torch.Tensor):
@@ -60,7 +60,16 @@ class RowSpans:
     __slots__ = ("start", "end", "kv_length")
 
     def __init__(self, start, end, kv_length):
-        self.start, self.end, self.kv_length = tuple(start), tuple(end), kv_length
+        start, end = tuple(int(s) for s in start), tuple(int(e) for e in end)
+        kv_length = int(kv_length)
+        if len(start) != len(end) or not start:
+            raise ArgumentError(f"RowSpans needs one start and one end per sequence, got "
+                                f"{len(start)} and {len(end)}")
+        for b, (s, e) in enumerate(zip(start, end)):
+            if not 0 <= s < e <= kv_length:
+                raise ArgumentError(f"RowSpans: sequence {b}'s span [{s}, {e}) is not a "
+                                    f"non-empty range of [0, {kv_length})")
+        self.start, self.end, self.kv_length = start, end, kv_length
 
     def __len__(self):
         return len(self.start)
