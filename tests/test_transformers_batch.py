@@ -509,3 +509,38 @@ def test_bad_batch_calls_are_refused(ref):
     one.update(k[:1], k[:1])
     with pytest.raises(sat.UnsupportedError, match="one sequence of 5 tokens"):
         one.update(k, k)
+
+
+@pytest.mark.parametrize("settings", [
+    dict(prefill="sparse", exact_tail=32), dict(prefill="sdpa", policy="fast"),
+    dict(dense_layers=[0]), dict(record_blocks=True), dict(compare_exact=True),
+    dict(policy="seed")])
+@pytest.mark.parametrize("kv_dtype", [None, "q8"])
+def test_batches_under_every_setting(ref, settings, kv_dtype):
+    """Every setting that changes the path a sequence takes (sparse and sdpa
+    prefill, dense layers, the records of blocks and errors, another
+    policy): each sequence of a padded batch still gets its own tokens; the
+    records hold one entry per sequence."""
+    model = sparse(ref, k_blocks=FEW_BLOCKS, kv_dtype=kv_dtype, **settings)
+    ps = prompts([300, 170, 233])
+    ids, mask = left_padded(ps)
+    seqs, _ = generate(model, ids, mask, n=4)
+    module = model.model.layers[1].self_attn
+    if settings.get("record_blocks"):
+        blocks = module.sparse_attn_blocks
+        assert isinstance(blocks, list) and len(blocks) == 3
+        assert all(b.shape == (4, FEW_BLOCKS) for b in blocks)
+    for i, p in enumerate(ps):
+        assert torch.equal(seqs[i], generate(model, p, n=4)[0][0]), f"sequence {i}"
+    if settings.get("compare_exact"):
+        assert module.sparse_attn_errors and all(e >= 0 for e in module.sparse_attn_errors)
+
+
+def test_bfloat16_batch():
+    """A bfloat16 model: each sequence's greedy tokens are its own run's."""
+    model = sparse(tiny("qwen3").to(torch.bfloat16), k_blocks=FEW_BLOCKS, kv_dtype="q8")
+    ps = prompts([300, 170])
+    ids, mask = left_padded(ps)
+    seqs, _ = generate(model, ids, mask, n=4)
+    for i, p in enumerate(ps):
+        assert torch.equal(seqs[i], generate(model, p, n=4)[0][0])
