@@ -240,7 +240,7 @@ def _attend_rows(module, query, key, value, spans, scaling, named, settings, ph,
 
 def _decode_rows(module, query, layer, spans, scaling, settings):
     """A decode step of a batch on a SparseKVCache layer: every sequence's
-    new token appended and attended in one C call (cache.decode_rows), when
+    new token appended and attended in one C call (decoder.decode_rows), when
     every sequence is a plain decode step on a prepared decoder (else None,
     and the caller attends them one at a time).  ``[B, 1, H, D]``."""
     t0 = time.perf_counter()
@@ -254,7 +254,8 @@ def _decode_rows(module, query, layer, spans, scaling, settings):
     decoders = []
     for b, row in enumerate(rows):
         state = row.state
-        if spans.end[b] != S or type(state) is not CacheState or row._pending[0] is not None                 or row._kv.seq_len != S - 1 - spans.start[b] or n_heads % row._kv.n_kv_heads:
+        if (spans.end[b] != S or type(state) is not CacheState or row._pending[0] is not None
+                or row._kv.seq_len != S - 1 - spans.start[b] or n_heads % row._kv.n_kv_heads):
             return None
         decoder = state.decoder(settings, scaling, threads, dense)
         if type(decoder) is not Decoder or decoder.slow:
@@ -265,14 +266,25 @@ def _decode_rows(module, query, layer, spans, scaling, settings):
         layer.take_row(b, 0, 1)         # the token, handed over to the row (q8) or appended
         slots.append(row._pending)
     layer.release_held()
+    q, out, qp, outp = _step_buffers(query)
+    t1 = time.perf_counter()
+    decode_rows(decoders, slots, qp, outp, n_heads)
+    return _step_done(module, settings, query, out, t0, time.perf_counter() - t1)
+
+
+def _step_buffers(query):
+    """A batch's decode step's query as float32 ``[B, H, 1, D]`` (the
+    tensor itself when it is that), a new output ``[B, 1, H, D]`` and their
+    data pointers: sequence b's rows are ``b * H * D`` floats on."""
+    B, n_heads, _, D = query.shape
     q = query.detach()
     if q.dtype is not torch.float32 or not q.is_contiguous():
         q = q.to(torch.float32).contiguous()
     out = torch.empty((B, 1, n_heads, D), dtype=torch.float32)
-    t1 = time.perf_counter()
-    decode_rows(decoders, slots, ffi.cast("float *", q.data_ptr()),
-                ffi.cast("float *", out.data_ptr()), n_heads)
-    kernel = time.perf_counter() - t1
+    return q, out, ffi.cast("float *", q.data_ptr()), ffi.cast("float *", out.data_ptr())
+
+
+def _step_done(module, settings, query, out, t0, kernel):
     if out.dtype is not query.dtype:
         out = out.to(query.dtype)
     if settings.profile:
@@ -294,11 +306,7 @@ def _decode_views(module, query, key, value, spans, scaling, named, settings):
     if scaling is None:
         scaling = getattr(module, "scaling", None) or 1.0 / math.sqrt(D)
     dense = module.layer_idx in settings.dense_layers
-    q = query.detach()
-    if q.dtype is not torch.float32 or not q.is_contiguous():
-        q = q.to(torch.float32).contiguous()
-    out = torch.empty((B, 1, n_heads, D), dtype=torch.float32)
-    qp, outp = ffi.cast("float *", q.data_ptr()), ffi.cast("float *", out.data_ptr())
+    q, out, qp, outp = _step_buffers(query)
     step = n_heads * D
     calls, keep = [], []
     for b in range(B):
@@ -314,12 +322,7 @@ def _decode_views(module, query, key, value, spans, scaling, named, settings):
                       outp + b * step))
     t1 = time.perf_counter()
     batch_call(calls, ck.check_threads(settings.threads))
-    kernel = time.perf_counter() - t1
-    if out.dtype is not query.dtype:
-        out = out.to(query.dtype)
-    if settings.profile:
-        _record(module, True, time.perf_counter() - t0, kernel)
-    return out
+    return _step_done(module, settings, query, out, t0, time.perf_counter() - t1)
 
 
 def _attend(module, md, query, key, value, scaling, named, settings, ph, t0, row):
