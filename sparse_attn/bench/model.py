@@ -347,13 +347,14 @@ class _Run:
         # what is kept beside K and V for selection: a SparseKVCache's
         # metadata, or the channel copies the backend keeps for
         # transformers' own cache
+        # (every sequence's of a batch: the states kept on the cache object)
         meta_bytes = getattr(cache, "metadata_nbytes", None)
         if meta_bytes is None:
-            meta_bytes = 0
-            for m, kept in zip(self.modules, self.parked):
-                view = kept.get("_sparse_attn_view") or m.__dict__.get("_sparse_attn_view")
-                if view is not None and view._copy is not None:
-                    meta_bytes += sum(a.nbytes for a in view._copy[0])
+            views = list(getattr(cache, "_sparse_attn_views", {}).values()) or \
+                [kept.get("_sparse_attn_view") or m.__dict__.get("_sparse_attn_view")
+                 for m, kept in zip(self.modules, self.parked)]
+            meta_bytes = sum(sum(a.nbytes for a in view._copy[0]) for view in views
+                             if view is not None and view._copy is not None)
         ms = np.array(steps) * 1e3
         B = len(self.out)
         return dict(config=conf["label"], kind=conf["kind"], tokens=len(self.ids), batch=B,
