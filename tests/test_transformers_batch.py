@@ -505,6 +505,9 @@ def test_bad_batch_calls_are_refused(ref):
         layer.update(k[:2], k[:2])
     with pytest.raises(sat.ArgumentError, match="out of range"):
         layer.batch_select_indices(torch.tensor([3]))
+    with pytest.raises(sat.ArgumentError, match="keeps no sequence"):
+        layer.batch_select_indices(torch.tensor([], dtype=torch.long))
+    assert len(layer.rows) == 3
     one = sat.SparseKVCache(model).layers[0]
     one.update(k[:1], k[:1])
     with pytest.raises(sat.UnsupportedError, match="one sequence of 5 tokens"):

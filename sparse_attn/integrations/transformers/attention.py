@@ -119,16 +119,19 @@ def sparse_topk_attention(module, query, key, value, attention_mask, scaling=Non
     Parameters
     ----------
     module : the attention module (``layer_idx``, ``config``, ``is_causal``, ``training``)
-    query : ``[1, H, T, D]`` float32/bfloat16/float16 CPU tensor
-    key, value : ``[1, Hkv, S, D]`` (after the cache update; ``S >= T``), or
+    query : ``[B, H, T, D]`` float32/bfloat16/float16 CPU tensor
+    key, value : ``[B, Hkv, S, D]`` (after the cache update; ``S >= T``), or
         the K/V a :class:`SparseKVCache` returned
-    attention_mask : None (what :func:`sparse_topk_mask` returns)
+    attention_mask : what :func:`sparse_topk_mask` returns: None (one
+        unpadded sequence; for ``B > 1``, none padded) or a
+        :class:`RowSpans` (each sequence's unpadded keys)
     scaling : float, default ``module.scaling`` or ``1/sqrt(D)``
     dropout : must be 0
 
     Returns
     -------
-    attn_output : ``[1, T, H, D]`` in the query's dtype
+    attn_output : ``[B, T, H, D]`` in the query's dtype (zeros at padded
+        queries)
     attn_weights : None
 
     With ``profile=True`` in the settings, each call adds to

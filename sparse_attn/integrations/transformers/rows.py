@@ -123,15 +123,16 @@ class BatchRows:
 
     def _pick_rows(self, picks, what):
         """Rows picked by index, in order: a row picked again is copied."""
-        n = len(self._rows)
-        taken, rows = set(), []
-        for i in picks:
-            if not 0 <= i < n:
-                raise ArgumentError(f"{what}: index {i} is out of range for a batch of {n}")
-            rows.append(self._rows[i]._copy_row() if i in taken else self._rows[i])
-            taken.add(i)
         if self._held is not None:
             raise UnsupportedError(f"{what} between a batched update and its attention call")
+        n = len(self._rows)
+        bad = [i for i in picks if not 0 <= i < n]
+        if bad:
+            raise ArgumentError(f"{what}: index {bad[0]} is out of range for a batch of {n}")
+        taken, rows = set(), []
+        for i in picks:
+            rows.append(self._rows[i]._copy_row() if i in taken else self._rows[i])
+            taken.add(i)
         self._rows = rows
 
     def _as_rows(self):
@@ -166,6 +167,8 @@ class BatchRows:
 
     def _select(self, picks, what):
         picks = [int(i) for i in picks]
+        if not picks:
+            raise ArgumentError(f"{what} keeps no sequence")
         if self._rows is None:
             if picks == [0] or not self.is_initialized or self.kv is None or \
                     not self.kv.seq_len:
