@@ -224,14 +224,25 @@ check_prefetch "$arm_cc" arm/kernels_neon_dotprod.c 'prfm' "aarch64" || failed=1
 # (no dotprod) adds what only it shows: the default falls back to neon, and
 # the neon file runs on a CPU without dotprod (a dotprod instruction there
 # would be SIGILL); portable on it would repeat the A76's run.
-run "aarch64 -cpu cortex-a76 (expect neon-dotprod)" \
-    qemu-aarch64 -cpu cortex-a76 "$exe" --expect-isa neon-dotprod || failed=1
-run "aarch64 -cpu cortex-a53 (expect neon; neon against portable only)" \
-    qemu-aarch64 -cpu cortex-a53 "$exe" --expect-isa neon --only-isa neon || failed=1
+# The qemu runs take two lanes (a qemu process keeps about one core busy):
+# the A76 and A53 runs one after the other, the UBSan run beside them; each
+# lane's output is printed whole when it ends.
+lanes="$build/arm-lanes"
+mkdir -p "$lanes"
+(
+    status=0
+    run "aarch64 -cpu cortex-a76 (expect neon-dotprod)" \
+        qemu-aarch64 -cpu cortex-a76 "$exe" --expect-isa neon-dotprod || status=1
+    run "aarch64 -cpu cortex-a53 (expect neon; neon against portable only)" \
+        qemu-aarch64 -cpu cortex-a53 "$exe" --expect-isa neon --only-isa neon || status=1
+    exit "$status"
+) >"$lanes/plain.log" 2>&1 &
+plain_lane=$!
 
 # UBSan, if this toolchain links it statically (ASan cannot be static).
 ubsan="$build/test_kernels_aarch64_ubsan"
 probe="$build/ubsan_probe"
+ubsan_lane=
 printf 'int main(int c, char **v) { (void)v; return c << 1 == 99; }\n' >"$probe.c"
 if "$arm_cc" -O1 -static -fsanitize=undefined "$probe.c" -o "$probe" 2>/dev/null &&
    qemu-aarch64 -cpu cortex-a53 "$probe"; then
@@ -241,11 +252,20 @@ if "$arm_cc" -O1 -static -fsanitize=undefined "$probe.c" -o "$probe" 2>/dev/null
         -fsanitize=undefined -fno-sanitize-recover=all
     # The Arm files on the A76 (portable is the C the native run checks
     # under UBSan, here the reference only); the code is the same on the A53.
-    UBSAN_OPTIONS="print_stacktrace=1:halt_on_error=1" \
-        run "aarch64 UBSan -cpu cortex-a76 (expect neon-dotprod; neon, neon-dotprod)" \
-        qemu-aarch64 -cpu cortex-a76 "$ubsan" --expect-isa neon-dotprod \
-        --only-isa neon,neon-dotprod || failed=1
+    (
+        UBSAN_OPTIONS="print_stacktrace=1:halt_on_error=1" \
+            run "aarch64 UBSan -cpu cortex-a76 (expect neon-dotprod; neon, neon-dotprod)" \
+            qemu-aarch64 -cpu cortex-a76 "$ubsan" --expect-isa neon-dotprod \
+            --only-isa neon,neon-dotprod
+    ) >"$lanes/ubsan.log" 2>&1 &
+    ubsan_lane=$!
 else
     echo "== skipping the aarch64 UBSan build: $arm_cc cannot link -fsanitize=undefined statically"
+fi
+wait "$plain_lane" || failed=1
+cat "$lanes/plain.log"
+if [[ -n $ubsan_lane ]]; then
+    wait "$ubsan_lane" || failed=1
+    cat "$lanes/ubsan.log"
 fi
 exit "$failed"
