@@ -20,6 +20,7 @@ from transformers import (DynamicCache, LlamaConfig, LlamaForCausalLM,  # noqa: 
                           Qwen3Config, Qwen3ForCausalLM)
 
 from sparse_attn.needles import smollm2_path  # noqa: E402
+from test_transformers import modest_cpu  # noqa: E402,F401  (autouse: one torch thread)
 
 # float32 attention and batched matmuls against one sequence's: float noise
 LOGITS_ATOL = 1e-4
@@ -29,14 +30,6 @@ NEW_TOKENS = 8
 ALL_BLOCKS = 16      # > ceil((300 + 8) / 32): every block chosen
 FEW_BLOCKS = 2
 LENGTHS = {1: [300], 2: [300, 170], 5: [300, 170, 233, 41, 97]}
-
-
-@pytest.fixture(scope="module", autouse=True)
-def modest_cpu():
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
 
 
 def tiny(kind):
