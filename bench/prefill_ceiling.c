@@ -5,14 +5,16 @@
  * Prefill scores a tile of many query vectors (G = tile rows x heads of a
  * KV head: 64 for a Qwen3-VL-2B layer) against a run of keys, and adds V
  * for all of them (prefill.c).  On one core, with the rows in cache, this
- * times the kernels a prefill calls, 32 keys a call as rows.c cuts a run
- * of keys, and prints each as multiply-adds per second beside the core's
+ * times the kernels a prefill calls as it calls them (the scores in GEMM
+ * form over K packed in panels, one call per run of keys; V 32 keys a call
+ * as rows.c cuts a run), and prints each as multiply-adds per second beside the core's
  * peak for the instruction the ISA's kernels are built on (the float FMA,
  * and the int8 dot: vpdpbusd, maddubs + madd, sdot or smull + sadalp),
  * measured here by a loop of independent chains of that instruction alone:
  *
- *   scores f32     s[g][t] = q[g] . k[t]                  (float32 K)
- *   scores q8      the same on q8 K and a q8 query        (spec §4)
+ *   scores f32     s[g][t] = q[g] . k[t]                  (float32 K, panels)
+ *   scores q8      the same on q8 K and a q8 query        (spec §4; panels
+ *                  where the table has them, else scores_q8)
  *   softmax        exp of one row of scores per vector
  *   V f32          out[g] += p[g][t] * v[t]               (both dtypes)
  *   dequantise V   q8 V rows to float, once per tile       (q8 only)
@@ -239,8 +241,30 @@ typedef struct {
     int G, n;
     float *q, *kf, *vf, *kd, *vd, *qd, *dq;
     int8_t *qq, *kq, *vq;
+    float *kt, *kdp; /* K in the table's float32 panels; q8 panels' scales */
+    int8_t *k8p;     /* q8 panels' bytes (NULL: the table has none) */
     float *s[MAX_G], *out[MAX_G];
 } tile;
+
+/* K packed as prefill packs it (panels.c, kernels.h); the buffers hold n
+ * rounded up to CALL keys (no table's panels are wider), the rest zero. */
+static void pack(tile *t)
+{
+    const int nt = t->kern->panel_keys, n8 = t->kern->q8_panel_keys;
+    for (int key = 0; key < t->n; key++)
+        for (int d = 0; d < D; d++)
+            t->kt[((size_t)(key / nt) * D + d) * nt + key % nt] = t->kf[(size_t)key * D + d];
+    if (!t->k8p)
+        return;
+    for (int key = 0; key < t->n; key++) {
+        const size_t p = (size_t)(key / n8), j = (size_t)(key % n8);
+        for (int d = 0; d < D; d++)
+            t->k8p[(p * D + (size_t)(d & ~3)) * n8 + 4 * j + (size_t)(d & 3)] =
+                t->kq[(size_t)key * D + d];
+        for (int grp = 0; grp < NG; grp++)
+            t->kdp[(p * NG + grp) * n8 + j] = t->kd[(size_t)key * NG + grp];
+    }
+}
 
 enum { SCORES_F32, SCORES_Q8, SOFTMAX, V_F32, DEQUANT, N_KERNELS };
 static const char *const NAMES[N_KERNELS] = {"scores f32", "scores q8", "softmax", "V f32",
@@ -249,6 +273,15 @@ static const char *const NAMES[N_KERNELS] = {"scores f32", "scores q8", "softmax
 static void run_kernel(tile *t, int which)
 {
     const sa_kernels *k = t->kern;
+    /* prefill's scores: GEMM form over the packed panels, one call a run */
+    if (which == SCORES_F32) {
+        k->scores_f32_panels(t->q, t->G, D, t->kt, 0, t->n, t->s);
+        return;
+    }
+    if (which == SCORES_Q8 && k->scores_q8_panels) {
+        k->scores_q8_panels(t->qq, t->qd, t->G, D, GS, t->k8p, t->kdp, 0, t->n, t->s);
+        return;
+    }
     for (int c = 0; c < t->n; c += CALL) {
         const int m = t->n - c < CALL ? t->n - c : CALL;
         float *s[MAX_G];
@@ -256,9 +289,6 @@ static void run_kernel(tile *t, int which)
         for (int g = 0; g < t->G; g++)
             s[g] = t->s[g] + c, p[g] = t->s[g] + c;
         switch (which) {
-        case SCORES_F32:
-            k->scores_f32(t->q, t->G, D, t->kf + (size_t)c * D, D, m, s, NULL);
-            break;
         case SCORES_Q8:
             k->scores_q8(t->qq, t->qd, t->G, D, GS, t->kq + (size_t)c * D, t->kd + (size_t)c * NG,
                          D, NG, m, s, NULL);
@@ -302,7 +332,13 @@ int main(int argc, char **argv)
     t.kd = malloc((size_t)n * NG * sizeof(float));
     t.vd = malloc((size_t)n * NG * sizeof(float));
     t.dq = malloc((size_t)CALL * D * sizeof(float));
-    int ok = t.q && t.qq && t.qd && t.kf && t.vf && t.kq && t.vq && t.kd && t.vd && t.dq;
+    const size_t padded = ((size_t)n + CALL - 1) / CALL * CALL;
+    t.kt = calloc(padded * D, sizeof(float));
+    const int q8p = t.kern->scores_q8_panels != NULL;
+    t.k8p = q8p ? calloc(padded * D, 1) : NULL;
+    t.kdp = q8p ? calloc(padded * NG, sizeof(float)) : NULL;
+    int ok = t.q && t.qq && t.qd && t.kf && t.vf && t.kq && t.vq && t.kd && t.vd && t.dq &&
+             t.kt && (!q8p || (t.k8p && t.kdp));
     for (int g = 0; g < G && ok; g++) {
         t.s[g] = malloc((size_t)n * sizeof(float));
         t.out[g] = calloc(D, sizeof(float));
@@ -328,6 +364,7 @@ int main(int argc, char **argv)
     }
     for (int i = 0; i < G * NG; i++)
         t.qd[i] = 0.01f;
+    pack(&t);
 
     const char *isa = sa_isa_name();
     printf("prefill_ceiling: ISA %s, one thread, G=%d query vectors, %d keys, head_dim %d, "

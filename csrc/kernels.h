@@ -82,6 +82,31 @@ typedef struct sa_kernels {
     void (*scores_f32)(const float *q, int G, int D, const float *k,
                        ptrdiff_t row_stride, int n, float *const *s, const sa_prefetch *pf);
 
+    /* The same scores in GEMM form, for prefill's tiles of many query
+     * vectors: K packed in panels of panel_keys keys, a panel's D x
+     * panel_keys values channel by channel (panel p, channel d, key j at
+     * kt[(p * D + d) * panel_keys + j]), the keys of a call from key `first`
+     * (< panel_keys) of panel 0 on.  s[g][t] for t < n is the score of key
+     * first + t: one multiply-add chain over d = 0 .. D-1 from 0 (the FMA on
+     * the SIMD ISAs), whatever the batch.  The panels' other keys may be read
+     * but are not stored. */
+    void (*scores_f32_panels)(const float *q, int G, int D, const float *kt, int first, int n,
+                              float *const *s);
+    int panel_keys;
+
+    /* scores_q8 in GEMM form, bitwise scores_q8 (the same group terms in
+     * the same order), for gs a multiple of 4.  K packed in panels of
+     * q8_panel_keys = NT keys: panel p's bytes k8[p * D * NT ...] hold, per 4
+     * channels c4, the NT keys' 4 bytes side by side (channel 4 * c4 + i of
+     * key j at k8[(p * D + 4 * c4) * NT + 4 * j + i]); its scales
+     * kd[(p * ng + grp) * NT + j].  Keys, `first` and n as in
+     * scores_f32_panels.  NULL in a table without it (prefill then scores
+     * q8 K with scores_q8). */
+    void (*scores_q8_panels)(const int8_t *qq, const float *qd, int G, int D, int gs,
+                             const int8_t *k8, const float *kd, int first, int n,
+                             float *const *s);
+    int q8_panel_keys;
+
     /* The q8 dot of spec §4: qq/qd are the G quantised query rows (D int8,
      * D/gs scales each), k/kd the key rows with strides in elements. */
     void (*scores_q8)(const int8_t *qq, const float *qd, int G, int D, int gs,
@@ -160,6 +185,8 @@ typedef struct sa_kernels {
 #define SA_DEFINE_KERNELS(id)                                                        \
     const sa_kernels sa_kernels_##id = {                                             \
         .scores_f32 = scores_f32_##id, .scores_q8 = scores_q8_##id,                   \
+        .scores_f32_panels = scores_f32_panels_##id, .panel_keys = panel_keys_##id,   \
+        .scores_q8_panels = scores_q8_panels_##id, .q8_panel_keys = q8_panel_keys_##id, \
         .softmax_exp = softmax_exp_##id, .accumulate_v_f32 = accumulate_v_f32_##id,   \
         .accumulate_v_q8 = accumulate_v_q8_##id, .minmax_scores = minmax_scores_##id, \
         .dequantize_rows = dequantize_rows_##id,                                      \

@@ -18,10 +18,17 @@
  * the tail's first block sparse, then the tail exact (sa_prefill).
  * Each query row keeps its full row of scores (at most max_tok of them), so
  * its softmax is taken once over the exact maximum and V is added in key
- * order: a row's arithmetic is dense decode's at seq_len = position + 1,
- * bit for bit (q8 included: q8 V rows are dequantised once per tile, and
- * accumulate_v_q8 dequantises the same way, kernels.h).  The tile's rows are
- * capped so that one worker's scores stay within SCORE_BYTES.
+ * order.  On q8 K a row's arithmetic is dense decode's at seq_len =
+ * position + 1, bit for bit up to one decode chunk (q8 V rows are
+ * dequantised once per tile, and accumulate_v_q8 dequantises the same way,
+ * kernels.h).  On float32 K the scores run in GEMM form
+ * (scores_f32_panels): each worker packs a KV head's keys into the table's
+ * panels once per call and every tile reads them, so no score of a tile
+ * needs a horizontal sum; a row then agrees with decode within rounding
+ * (spec §3).  A score's arithmetic never depends on the tile, so sparse
+ * prefill's exact rows and the exact tail stay exact prefill's bit for bit.
+ * The tile's rows are capped so that one worker's scores stay within
+ * SCORE_BYTES.
  *
  * Importance: per tile and head, the column sums of the final
  * probabilities (the rows' weights times 1/z, summed by accumulate_v_f32
@@ -42,6 +49,7 @@
 #include "bounds.h"
 #include "channels.h"
 #include "choose.h"
+#include "panels.h"
 #include "probe.h"
 #include "probe_rows.h"
 #include "rows.h"
@@ -78,6 +86,7 @@ typedef struct {
     int32_t *reserve;    /* [n_sel] the importance reserve of a block */
     int *all;            /* [G] 0 .. G-1 */
     int sel_kh, sel_block; /* whose choice sel->chosen holds (-1: none) */
+    sa_panel_buf kt;     /* a KV head's keys [0, S) in the kernels' panels */
 } worker;
 
 typedef struct {
@@ -96,6 +105,7 @@ typedef struct {
     const int *slice_tile;      /* [slices + 1] first tile of each slice */
     double *imp;                /* [items, S] */
     worker *w;
+    sa_panels panels;           /* K's layout for the GEMM-form scores */
 } prefill_ctx;
 
 enum { SCORES, VALUES };
@@ -156,7 +166,7 @@ static void key_run(const prefill_ctx *c, worker *w, int kh, const tile *tl, con
             }
         }
     if (pass == SCORES)
-        sa_score_rows(c->kern, s, c->k, kh, w->qt, s->heads, j, row, 1, n, NULL);
+        sa_panel_scores(&c->panels, &w->kt, s, w->qt, kh, j, row, n);
     else
         add_values(c, w, kh, j, row, n);
     for (int x = 0; x < nh; x++)
@@ -296,7 +306,7 @@ static void tile_run(const prefill_ctx *c, worker *w, int kh, const tile *tl, do
         s->heads[i] = i;
         s->sp[i] = s->scores + (ptrdiff_t)i * s->score_stride + s->off[i % G];
     }
-    sa_score_rows(c->kern, s, c->k, kh, w->qt, s->heads, m, tl->c0, 1, causal, NULL);
+    sa_panel_scores(&c->panels, &w->kt, s, w->qt, kh, m, tl->c0, causal);
 
     for (int i = 0; i < m; i++) {
         const int r = i / G, g = i % G;
@@ -401,20 +411,23 @@ static void make_slices(const tile *tiles, int n_tiles, const sa_select_params *
 }
 
 /* Carve one worker's buffers out of one allocation (NULL on overflow or
- * no memory). */
-static char *worker_buffers(worker *w, int m, int G, int D, int max_tok, int rows, int n_sel)
+ * no memory); `panels` of packed K of panel_bytes each (0: none). */
+static char *worker_buffers(worker *w, int m, int G, int D, int max_tok, int rows, int n_sel,
+                            int panels, size_t panel_bytes)
 {
     size_t lines = ((size_t)D + 15) / 16;
     lines += !(lines & 1);
     w->ot_stride = (ptrdiff_t)(lines * 16);
-    size_t off = 0, sizes[8];
-    const size_t counts[8][2] = {
+    enum { N = 10 };
+    size_t off = 0, sizes[N];
+    const size_t counts[N][2] = {
         {(size_t)m * D, sizeof(float)},   {(size_t)m * lines * 16, sizeof(float)},
         {(size_t)G * D, sizeof(float)},
         {(size_t)max_tok, sizeof(float)}, {(size_t)rows, sizeof(float)},
         {(size_t)DQ_ROWS * D, sizeof(float)}, {(size_t)(n_sel > 0 ? n_sel : 1), sizeof(int32_t)},
-        {(size_t)G, sizeof(int)}};
-    for (int i = 0; i < 8; i++) {
+        {(size_t)G, sizeof(int)},
+        {(size_t)panels, panel_bytes}, {(size_t)panels, sizeof(int)}};
+    for (int i = 0; i < N; i++) {
         if (__builtin_mul_overflow(counts[i][0], counts[i][1], &sizes[i]) ||
             __builtin_add_overflow(sizes[i], (size_t)63, &sizes[i]))
             return NULL;
@@ -433,7 +446,10 @@ static char *worker_buffers(worker *w, int m, int G, int D, int max_tok, int row
     w->w = (float *)p, p += sizes[4];
     w->dq = (float *)p, p += sizes[5];
     w->reserve = (int32_t *)p, p += sizes[6];
-    w->all = (int *)p;
+    w->all = (int *)p, p += sizes[7];
+    w->kt.data = p, p += sizes[8];
+    w->kt.head = (int *)p;
+    memset(w->kt.head, 0, sizes[9]);
     for (int g = 0; g < G; g++)
         w->all[g] = g;
     w->sel_kh = w->sel_block = -1;
@@ -498,6 +514,9 @@ static int prefill_run(const float *q, int n_heads, int qT, int q0, const sa_kv 
     if (G > INT_MAX / rows)
         return SA_ERR_SIZE;
     const int m = rows * G, n_sel = params ? params->k_blocks - 1 : 0;
+    /* the table once: the panels are laid out for its kernels */
+    const sa_kernels *kern = sa_active_kernels();
+    const sa_panels panels = sa_panels_layout(kern, k, S);
 
     const int n_tiles = make_tiles(start, S, rows, params, NULL);
     const int slices = sa_max(1, sa_min(sa_ceil_div(ITEMS_TARGET, Hkv), n_tiles));
@@ -509,9 +528,9 @@ static int prefill_run(const float *q, int n_heads, int qT, int q0, const sa_kv 
     if (__builtin_mul_overflow((size_t)items * sizeof(double), (size_t)S, &imp_bytes))
         return SA_ERR_SIZE;
 
-    prefill_ctx c = {.kern = sa_active_kernels(), .q = q, .G = G, .qT = qT, .q0 = q0,
+    prefill_ctx c = {.kern = kern, .q = q, .G = G, .qT = qT, .q0 = q0,
                      .start = start, .S = S, .k = k, .v = v, .sp = params, .scale = scale,
-                     .out = out, .slices = slices};
+                     .out = out, .slices = slices, .panels = panels};
     tile *tiles = malloc((size_t)n_tiles * sizeof(tile));
     int *slice_tile = malloc((size_t)(slices + 1) * sizeof(int));
     double *prior_sums = params && prior ? malloc((size_t)NB * sizeof(double)) : NULL;
@@ -549,7 +568,8 @@ static int prefill_run(const float *q, int n_heads, int qT, int q0, const sa_kv 
     for (int i = 0; i < workers; i++) {
         c.w[i].att = att[i];
         c.w[i].sel = sel ? sel[i] : NULL;
-        if (!(bufs[i] = worker_buffers(&c.w[i], m, G, D, max_tok, rows, n_sel)))
+        if (!(bufs[i] = worker_buffers(&c.w[i], m, G, D, max_tok, rows, n_sel, panels.count,
+                                       sa_panel_bytes(&panels))))
             goto done;
     }
     rc = sa_parallel_for(items, workers, prefill_item, &c);

@@ -87,16 +87,59 @@ def test_prefill_matches_reference(isa, rng, dtype, start, T):
 @pytest.mark.parametrize("dtype", ["float32", "q8"])
 @pytest.mark.parametrize("D,T", [(64, 6), (64, 20), (128, 20)])
 def test_prefill_row_is_dense_decode(isa, rng, dtype, D, T):
-    """A prefill row is dense decode over the keys it sees, bit for bit (with
-    40 query vectors per tile, the q8 scores of prefill take the AVX-512
-    path that prepares each K block once for many heads)."""
+    """A prefill row is dense decode over the keys it sees (spec §3): bit for
+    bit on q8 K (with 40 query vectors per tile, the q8 scores of prefill
+    take the AVX-512 path that prepares each K block once for many heads);
+    on float32 K, whose prefill scores run in GEMM form (one multiply-add
+    chain over the channels, not decode's lanes), within §5's tolerance."""
     H, Hkv, start = 4, 2, 50
     k, v = make_kv(rng, Hkv, start + T, D, dtype)
     q = rng.standard_normal((H, T, D), dtype=np.float32)
     out, _ = sa.prefill(q, k, v, start=start)
     for t in range(T):
         row = sa.dense_decode(np.ascontiguousarray(q[:, t]), k, v, seq_len=start + t + 1)
+        want = np.ascontiguousarray(out[:, t])
+        if dtype == "q8":
+            assert row.tobytes() == want.tobytes()
+        else:
+            assert 0 < rel_err(row, want) < 1e-5
+
+
+@pytest.mark.parametrize("D,gs", [(24, 1), (24, 2), (24, 4), (24, 12), (40, 8), (96, 32)])
+def test_prefill_q8_groups_and_panels(isa, rng, D, gs):
+    """q8 prefill for group sizes the GEMM-form scores take (multiples of 4,
+    K packed in panels) and those they do not (read in place): the reference
+    within tolerance, each row dense decode bit for bit, the same bits on 1
+    and 3 threads."""
+    H, Hkv, start, T = 6, 2, 45, 37
+    k, v = make_kv(rng, Hkv, start + T + 9, D, "q8", gs)
+    q = rng.standard_normal((H, T, D), dtype=np.float32)
+    out, imp = sa.prefill(q, k, v, start=start, threads=3)
+    want, want_imp = ref.prefill(q, k, v, start=start)
+    assert rel_err(out, want) < rtol_for(k)
+    assert rel_err(imp, want_imp) < rtol_for(k)
+    one, one_imp = sa.prefill(q, k, v, start=start, threads=1)
+    assert one.tobytes() == out.tobytes() and one_imp.tobytes() == imp.tobytes()
+    for t in (0, 17, T - 1):
+        row = sa.dense_decode(np.ascontiguousarray(q[:, t]), k, v, seq_len=start + t + 1)
         assert row.tobytes() == np.ascontiguousarray(out[:, t]).tobytes()
+
+
+def test_prefill_reads_no_key_past_the_call(isa, rng):
+    """Float32 K passed directly is not scanned (spec §5): NaN rows past
+    start + T (capacity) must not reach the output, although the GEMM-form
+    scores pack keys panel by panel; a NaN inside reaches the rows that
+    read it and only those."""
+    H, Hkv, D, start, T = 4, 2, 32, 30, 41
+    k, v = make_kv(rng, Hkv, start + T + 20, D)
+    k[:, start + T:] = np.nan
+    v[:, start + T:] = np.nan
+    q = rng.standard_normal((H, T, D), dtype=np.float32)
+    out, imp = sa.prefill(q, k, v, start=start)
+    assert np.isfinite(out).all() and np.isfinite(imp).all()
+    k[:, start + 10] = np.nan
+    out, _ = sa.prefill(q, k, v, start=start)
+    assert np.isfinite(out[:, :10]).all() and np.isnan(out[:, 10:]).all()
 
 
 @pytest.mark.parametrize("dtype", ["float32", "q8"])

@@ -55,7 +55,8 @@ def test_sparse_prefill_is_sparse(rng):
 @pytest.mark.parametrize("dtype", ["float32", "q8"])
 def test_every_block_chosen_is_exact_prefill(isa, rng, dtype):
     """k_blocks >= the number of blocks: bitwise exact prefill's output,
-    importance within 1e-6; a prefill row stays dense decode bit for bit."""
+    importance within 1e-6; a prefill row stays dense decode (bit for bit on
+    q8 K, within tolerance on float32 K: spec §3)."""
     H, Hkv, D, bs, start, T = 4, 2, 64, 32, 37, 300
     k, v = make_kv(rng, Hkv, start + T, D, dtype)
     q = rng.standard_normal((H, T, D), dtype=np.float32)
@@ -66,7 +67,10 @@ def test_every_block_chosen_is_exact_prefill(isa, rng, dtype):
         assert rel_err(imp, exact_imp) < 1e-6
     for t in (0, 100, T - 1):
         row = sa.dense_decode(np.ascontiguousarray(q[:, t]), k, v, seq_len=start + t + 1)
-        assert row.tobytes() == np.ascontiguousarray(exact[:, t]).tobytes()
+        if dtype == "q8":
+            assert row.tobytes() == np.ascontiguousarray(exact[:, t]).tobytes()
+        else:
+            assert rel_err(row, exact[:, t]) < 1e-5
 
 
 @pytest.mark.parametrize("dtype", ["float32", "q8"])

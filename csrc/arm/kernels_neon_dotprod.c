@@ -32,6 +32,10 @@ static inline int32x4_t q8_dot8(int32x4_t acc, int8x8_t a, int8x8_t b)
     return vcombine_s32(vdot_s32(vget_low_s32(acc), a, b), vget_high_s32(acc));
 }
 
+/* acc + per lane j the 4 products a[4j + i] * b[4j + i] (prefill's q8
+ * panels: one lane per key). */
+#define SA_Q8_DOT4(acc, a, b) vdotq_s32((acc), (a), (b))
+
 #include "neon_common.h"
 
 #endif

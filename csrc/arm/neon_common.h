@@ -162,6 +162,92 @@ static void SA_FN(scores_f32)(const float *q, int G, int D, const float *k,
 }
 
 /* ------------------------------------------------------------------ */
+/* scores_f32_panels: GEMM form (kernels.h), panels of 8 keys          */
+/* ------------------------------------------------------------------ */
+
+#define SA_PANEL 8
+#define SA_P_ROWS 8 /* 16 accumulators, 8 query vectors and 2 keys: 26 registers */
+enum { SA_FN(panel_keys) = SA_PANEL };
+
+/* Lanes of x to row[at + l] for the lanes with 0 <= at + l < n. */
+SA_INLINE void store_keys4(float *row, ptrdiff_t at, int n, float32x4_t x)
+{
+    if (at >= 0 && at + 4 <= n) {
+        vst1q_f32(row + at, x);
+        return;
+    }
+    float tmp[4];
+    vst1q_f32(tmp, x);
+    for (int l = 0; l < 4; l++)
+        if (at + l >= 0 && at + l < n)
+            row[at + l] = tmp[l];
+}
+
+/* HB (at most SA_P_ROWS) query vectors x one panel: per 4 channels each
+ * vector's 4 values loaded once and used lane by lane (fused, channel
+ * order), each channel's 8 keys loaded once for every vector. */
+SA_INLINE void panel_block(const float *q, int HB, int D, const float *kp, float *const *s,
+                           ptrdiff_t at, int n)
+{
+    float32x4_t a0[SA_P_ROWS], a1[SA_P_ROWS];
+    for (int h = 0; h < HB; h++)
+        a0[h] = a1[h] = vdupq_n_f32(0.0f);
+    int d = 0;
+    for (; d + 4 <= D; d += 4) {
+        float32x4_t qv[SA_P_ROWS];
+        for (int h = 0; h < HB; h++)
+            qv[h] = vld1q_f32(q + (ptrdiff_t)h * D + d);
+#define SA_PANEL_LANE(j)                                                        \
+    do {                                                                        \
+        const float32x4_t k0 = vld1q_f32(kp + (ptrdiff_t)(d + (j)) * SA_PANEL);     \
+        const float32x4_t k1 = vld1q_f32(kp + (ptrdiff_t)(d + (j)) * SA_PANEL + 4); \
+        for (int h = 0; h < HB; h++) {                                          \
+            a0[h] = vfmaq_laneq_f32(a0[h], k0, qv[h], (j));                     \
+            a1[h] = vfmaq_laneq_f32(a1[h], k1, qv[h], (j));                     \
+        }                                                                       \
+    } while (0)
+        SA_PANEL_LANE(0);
+        SA_PANEL_LANE(1);
+        SA_PANEL_LANE(2);
+        SA_PANEL_LANE(3);
+#undef SA_PANEL_LANE
+    }
+    for (; d < D; d++) {
+        const float32x4_t k0 = vld1q_f32(kp + (ptrdiff_t)d * SA_PANEL);
+        const float32x4_t k1 = vld1q_f32(kp + (ptrdiff_t)d * SA_PANEL + 4);
+        for (int h = 0; h < HB; h++) {
+            a0[h] = vfmaq_n_f32(a0[h], k0, q[(ptrdiff_t)h * D + d]);
+            a1[h] = vfmaq_n_f32(a1[h], k1, q[(ptrdiff_t)h * D + d]);
+        }
+    }
+    for (int h = 0; h < HB; h++) {
+        store_keys4(s[h], at, n, a0[h]);
+        store_keys4(s[h], at + 4, n, a1[h]);
+    }
+}
+
+/* Panel by panel (it stays in L1 while every block of vectors reads it):
+ * blocks of SA_P_ROWS vectors, then 4, 2 and 1. */
+static void SA_FN(scores_f32_panels)(const float *q, int G, int D, const float *kt, int first,
+                                     int n, float *const *s)
+{
+    const int64_t end = (int64_t)first + n;
+    for (int64_t p = 0; p * SA_PANEL < end; p++) {
+        const float *kp = kt + (ptrdiff_t)p * D * SA_PANEL;
+        const ptrdiff_t at = (ptrdiff_t)(p * SA_PANEL - first);
+        int g = 0;
+        for (; g + SA_P_ROWS <= G; g += SA_P_ROWS)
+            panel_block(q + (ptrdiff_t)g * D, SA_P_ROWS, D, kp, s + g, at, n);
+        for (; g + 4 <= G; g += 4)
+            panel_block(q + (ptrdiff_t)g * D, 4, D, kp, s + g, at, n);
+        for (; g + 2 <= G; g += 2)
+            panel_block(q + (ptrdiff_t)g * D, 2, D, kp, s + g, at, n);
+        if (g < G)
+            panel_block(q + (ptrdiff_t)g * D, 1, D, kp, s + g, at, n);
+    }
+}
+
+/* ------------------------------------------------------------------ */
 /* scores_q8                                                            */
 /* ------------------------------------------------------------------ */
 
@@ -847,6 +933,86 @@ SA_INLINE void channel_weights8(float *dst, float qv, const float *sc)
 
 #define SA_STREAM_BYTES 16
 #include "../stream_sum.h"
+
+/* GEMM-form q8 scores: only where the includer has the int8 dot of 4
+ * bytes per lane (SA_Q8_DOT4, dotprod); plain NEON's widening multiplies
+ * gain nothing from panels, and its table has NULL (kernels.h). */
+#ifdef SA_Q8_DOT4
+/* Panels of 8 keys, two vectors of 4 keys' 4 bytes per 4 channels; per
+ * vector of a block 2 int32 and 2 float accumulators (4 vectors: 16, with
+ * the keys and the broadcast query bytes 20 of the 32 registers). */
+#define SA_Q8P_ROWS 4
+enum { SA_FN(q8_panel_keys) = 8 };
+
+/* HB query vectors x one panel: per 4 channels the 8 keys' bytes loaded
+ * once, each vector's 4 bytes replicated to every lane and dotted with
+ * them (one int32 lane per key, exact); per group the term added as
+ * scores_q8 adds it here, fused: acc + isum * (kd * qd). */
+SA_INLINE void q8_panel_block(const int8_t *qq, const float *qd, int HB, int D, int gs,
+                              const int8_t *kp, const float *dp, float *const *s,
+                              ptrdiff_t at, int n)
+{
+    const int ng = D / gs, per = gs / 4;
+    float32x4_t r0[SA_Q8P_ROWS], r1[SA_Q8P_ROWS];
+    for (int h = 0; h < HB; h++)
+        r0[h] = r1[h] = vdupq_n_f32(0.0f);
+    for (int grp = 0; grp < ng; grp++) {
+        int32x4_t i0[SA_Q8P_ROWS], i1[SA_Q8P_ROWS];
+        for (int h = 0; h < HB; h++)
+            i0[h] = i1[h] = vdupq_n_s32(0);
+        for (int c4 = grp * per; c4 < (grp + 1) * per; c4++) {
+            const int8x16_t k0 = vld1q_s8(kp + (ptrdiff_t)c4 * 32);
+            const int8x16_t k1 = vld1q_s8(kp + (ptrdiff_t)c4 * 32 + 16);
+            for (int h = 0; h < HB; h++) {
+                int32_t q4;
+                memcpy(&q4, qq + (ptrdiff_t)h * D + 4 * c4, sizeof q4);
+                const int8x16_t qb = vreinterpretq_s8_s32(vdupq_n_s32(q4));
+                i0[h] = SA_Q8_DOT4(i0[h], k0, qb);
+                i1[h] = SA_Q8_DOT4(i1[h], k1, qb);
+            }
+        }
+        const float32x4_t d0 = vld1q_f32(dp + (ptrdiff_t)grp * 8);
+        const float32x4_t d1 = vld1q_f32(dp + (ptrdiff_t)grp * 8 + 4);
+        for (int h = 0; h < HB; h++) {
+            const float w = qd[(ptrdiff_t)h * ng + grp];
+            r0[h] = vfmaq_f32(r0[h], vcvtq_f32_s32(i0[h]), vmulq_n_f32(d0, w));
+            r1[h] = vfmaq_f32(r1[h], vcvtq_f32_s32(i1[h]), vmulq_n_f32(d1, w));
+        }
+    }
+    for (int h = 0; h < HB; h++) {
+        store_keys4(s[h], at, n, r0[h]);
+        store_keys4(s[h], at + 4, n, r1[h]);
+    }
+}
+
+/* Panel by panel: blocks of SA_Q8P_ROWS vectors, then 2 and 1. */
+static void SA_FN(scores_q8_panels)(const int8_t *qq, const float *qd, int G, int D, int gs,
+                                    const int8_t *k8, const float *kd, int first, int n,
+                                    float *const *s)
+{
+    const int ng = D / gs;
+    const int64_t end = (int64_t)first + n;
+    for (int64_t p = 0; p * 8 < end; p++) {
+        const int8_t *kp = k8 + (ptrdiff_t)p * D * 8;
+        const float *dp = kd + (ptrdiff_t)p * ng * 8;
+        const ptrdiff_t at = (ptrdiff_t)(p * 8 - first);
+        int g = 0;
+#define SA_Q8P(HB)                                                                         \
+    q8_panel_block(qq + (ptrdiff_t)g * D, qd + (ptrdiff_t)g * ng, (HB), D, gs, kp, dp, s + g, \
+                   at, n)
+        for (; g + SA_Q8P_ROWS <= G; g += SA_Q8P_ROWS)
+            SA_Q8P(SA_Q8P_ROWS);
+        for (; g + 2 <= G; g += 2)
+            SA_Q8P(2);
+        if (g < G)
+            SA_Q8P(1);
+#undef SA_Q8P
+    }
+}
+#else
+#define scores_q8_panels_neon NULL
+enum { SA_FN(q8_panel_keys) = 0 };
+#endif
 
 SA_DEFINE_KERNELS_OF(SA_ISA_ID);
 

@@ -44,6 +44,66 @@ static void scores_f32_portable(const float *q, int G, int D, const float *k,
     }
 }
 
+/* GEMM form (kernels.h): per query vector and panel, SA_LANES keys' chains
+ * side by side over the channels, a plain multiply-add each. */
+enum { panel_keys_portable = SA_LANES };
+
+static void scores_f32_panels_portable(const float *q, int G, int D, const float *kt,
+                                       int first, int n, float *const *s)
+{
+    const int64_t end = (int64_t)first + n;
+    for (int64_t p = 0; p * SA_LANES < end; p++) {
+        const float *kp = kt + (ptrdiff_t)p * D * SA_LANES;
+        const int64_t at = p * SA_LANES - first; /* the panel's key 0 in s[g] */
+        for (int g = 0; g < G; g++) {
+            const float *qg = q + (ptrdiff_t)g * D;
+            float acc[SA_LANES] = {0};
+            for (int d = 0; d < D; d++)
+                for (int j = 0; j < SA_LANES; j++)
+                    acc[j] += qg[d] * kp[(ptrdiff_t)d * SA_LANES + j];
+            for (int j = 0; j < SA_LANES; j++)
+                if (at + j >= 0 && at + j < n)
+                    s[g][at + j] = acc[j];
+        }
+    }
+}
+
+/* scores_q8 in GEMM form (kernels.h): per query vector, panel and group,
+ * the SA_LANES keys' exact int32 sums side by side, then each key's group
+ * term added as scores_q8 adds it. */
+enum { q8_panel_keys_portable = SA_LANES };
+
+static void scores_q8_panels_portable(const int8_t *qq, const float *qd, int G, int D, int gs,
+                                      const int8_t *k8, const float *kd, int first, int n,
+                                      float *const *s)
+{
+    const int ng = D / gs;
+    const int64_t end = (int64_t)first + n;
+    for (int64_t p = 0; p * SA_LANES < end; p++) {
+        const int8_t *kp = k8 + (ptrdiff_t)p * D * SA_LANES;
+        const float *dp = kd + (ptrdiff_t)p * ng * SA_LANES;
+        const int64_t at = p * SA_LANES - first;
+        for (int g = 0; g < G; g++) {
+            const int8_t *a = qq + (ptrdiff_t)g * D;
+            float acc[SA_LANES] = {0};
+            for (int grp = 0; grp < ng; grp++) {
+                int32_t isum[SA_LANES] = {0};
+                for (int i = grp * gs; i < (grp + 1) * gs; i++) {
+                    const int8_t *col = kp + (ptrdiff_t)(i & ~3) * SA_LANES + (i & 3);
+                    for (int j = 0; j < SA_LANES; j++)
+                        isum[j] += (int32_t)a[i] * (int32_t)col[4 * j];
+                }
+                const float w = qd[(ptrdiff_t)g * ng + grp];
+                for (int j = 0; j < SA_LANES; j++)
+                    acc[j] = SA_MULADD(w * dp[grp * SA_LANES + j], (float)isum[j], acc[j]);
+            }
+            for (int j = 0; j < SA_LANES; j++)
+                if (at + j >= 0 && at + j < n)
+                    s[g][at + j] = acc[j];
+        }
+    }
+}
+
 /* The maximum ignores NaN (a NaN score then gives a NaN weight, and the
  * sum is NaN: every ISA propagates it the same way); max_out does not. */
 static float softmax_exp_portable(float *s, int n, float scale, float *max_out)

@@ -18,6 +18,7 @@
 #include <immintrin.h>
 
 #include <stdint.h>
+#include <string.h>
 
 #include "../kernels.h"
 #include "x86_helpers.h"
@@ -76,6 +77,10 @@ SA_INLINE void vd_add_ps(__m256d *s0, __m256d *s1, __m256 x)
  * channels, enough to keep both FMA pipes busy when many query rows share
  * the keys (prefill). */
 #define SA_S_HEADS 3
+
+/* Prefill's GEMM-form scores: 6 vectors x 2 key vectors, 12 accumulators
+ * (with the 2 keys and a broadcast, 15 of the 16 registers). */
+#define SA_P_ROWS 6
 
 /* The two quads' reduce4_ps results (tokens 0-3 and 4-7) -> the 8 token
  * sums, low half + high half. */
@@ -376,4 +381,88 @@ SA_INLINE void accv_q8_block_avx2(float *const *out, const float *const *p, int 
 }
 #define SA_Q8_V_BLOCK accv_q8_block_avx2
 
+/* -------------------------------------------------------------------------
+ * scores_q8_panels: GEMM form (kernels.h), panels of 8 keys
+ * ---------------------------------------------------------------------- */
+
+/* Query vectors per block: 5 float and 5 int32 accumulators, with a
+ * chunk's keys, their magnitudes, the ones, a broadcast and a product 15
+ * of the 16 registers. */
+#define SA_Q8P_ROWS 5
+enum { q8_panel_keys_avx2 = 8 };
+
+/* Defined after x86_common.h (it stores with store_keys); the table takes
+ * its address. */
+static void scores_q8_panels_avx2(const int8_t *qq, const float *qd, int G, int D, int gs,
+                                  const int8_t *k8, const float *kd, int first, int n,
+                                  float *const *s);
+
 #include "x86_common.h"
+
+/* HB query vectors x one panel: per 4 channels the 8 keys' bytes (one
+ * vector) and their magnitudes once, then per vector its 4 bytes broadcast,
+ * given the keys' signs (maddubs takes |k| unsigned; pairs stay below
+ * 2^15) and summed into 8 int32 lanes, one per key; per group the term
+ * (qd * kd) * isum added in group order as scores_q8 adds it. */
+SA_INLINE void q8_panel_block(const int8_t *qq, const float *qd, int HB, int D, int gs,
+                              const int8_t *kp, const float *dp, float *const *s,
+                              ptrdiff_t at, int n)
+{
+    const int ng = D / gs, per = gs / 4;
+    const __m256i ones = _mm256_set1_epi16(1);
+    __m256 res[SA_Q8P_ROWS];
+    for (int h = 0; h < HB; h++)
+        res[h] = _mm256_setzero_ps();
+    for (int grp = 0; grp < ng; grp++) {
+        __m256i isum[SA_Q8P_ROWS];
+        for (int h = 0; h < HB; h++)
+            isum[h] = _mm256_setzero_si256();
+        for (int c4 = grp * per; c4 < (grp + 1) * per; c4++) {
+            __m256i kv = _mm256_loadu_si256((const __m256i *)(kp + (ptrdiff_t)c4 * 32));
+            __m256i ka = _mm256_abs_epi8(kv);
+            SA_KEEP(kv);
+            SA_KEEP(ka);
+            for (int h = 0; h < HB; h++) {
+                int32_t q4;
+                memcpy(&q4, qq + (ptrdiff_t)h * D + 4 * c4, sizeof q4);
+                const __m256i pr =
+                    _mm256_maddubs_epi16(ka, _mm256_sign_epi8(_mm256_set1_epi32(q4), kv));
+                isum[h] = _mm256_add_epi32(isum[h], _mm256_madd_epi16(pr, ones));
+            }
+        }
+        const __m256 kd = _mm256_loadu_ps(dp + (ptrdiff_t)grp * 8);
+        for (int h = 0; h < HB; h++) {
+            const __m256 w = _mm256_mul_ps(_mm256_set1_ps(qd[(ptrdiff_t)h * ng + grp]), kd);
+            res[h] = _mm256_add_ps(res[h], _mm256_mul_ps(w, _mm256_cvtepi32_ps(isum[h])));
+        }
+    }
+    for (int h = 0; h < HB; h++)
+        store_keys(s[h], at, n, res[h]);
+}
+
+/* Panel by panel: blocks of SA_Q8P_ROWS vectors, then 4, 2 and 1. */
+static void scores_q8_panels_avx2(const int8_t *qq, const float *qd, int G, int D, int gs,
+                                  const int8_t *k8, const float *kd, int first, int n,
+                                  float *const *s)
+{
+    const int ng = D / gs;
+    const int64_t end = (int64_t)first + n;
+    for (int64_t p = 0; p * 8 < end; p++) {
+        const int8_t *kp = k8 + (ptrdiff_t)p * D * 8;
+        const float *dp = kd + (ptrdiff_t)p * ng * 8;
+        const ptrdiff_t at = (ptrdiff_t)(p * 8 - first);
+        int g = 0;
+#define SA_Q8P(HB)                                                                         \
+    q8_panel_block(qq + (ptrdiff_t)g * D, qd + (ptrdiff_t)g * ng, (HB), D, gs, kp, dp, s + g, \
+                   at, n)
+        for (; g + SA_Q8P_ROWS <= G; g += SA_Q8P_ROWS)
+            SA_Q8P(SA_Q8P_ROWS);
+        for (; g + 4 <= G; g += 4)
+            SA_Q8P(4);
+        for (; g + 2 <= G; g += 2)
+            SA_Q8P(2);
+        if (g < G)
+            SA_Q8P(1);
+#undef SA_Q8P
+    }
+}

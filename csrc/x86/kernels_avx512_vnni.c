@@ -119,6 +119,10 @@ SA_INLINE void transpose_lanes(__m512i r0, __m512i r1, __m512i r2, __m512i r3, _
  * channels. */
 #define SA_S_HEADS 4
 
+/* Prefill's GEMM-form scores: 12 vectors x 2 key vectors, 24 of the 32
+ * registers accumulating. */
+#define SA_P_ROWS 12
+
 /* The four quads' reduce4_ps results -> the 16 token sums: a transpose of
  * the quads' 128-bit lanes and (l0 + l1) + (l2 + l3). */
 SA_INLINE __m512 sum_quads(const __m512 *quad)
@@ -386,6 +390,12 @@ static void scores_q8_many(const int8_t *qq, const float *qd, int G, int D, int 
                            const int8_t *k, const float *kd, ptrdiff_t row_stride,
                            ptrdiff_t scale_stride, int n, float *const *s,
                            const sa_prefetch *pf);
+
+/* No GEMM-form q8 scores: prefill's q8 tiles take scores_q8_many, which
+ * prepares each K block once for all their query vectors (kernels.h: NULL). */
+#define scores_q8_panels_avx512_vnni NULL
+#define scores_q8_panels_avx512_amx NULL
+enum { q8_panel_keys_avx512_vnni = 0, q8_panel_keys_avx512_amx = 0 };
 
 #include "x86_common.h"
 

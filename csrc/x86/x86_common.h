@@ -25,6 +25,8 @@
  *   vf_round(x), vf_mul_exp2(y, n)  round to the nearest integer; y * 2^n
  *                             with one rounding (exp_ps)
  *   SA_S_HEADS                heads per score block, at most
+ *   SA_P_ROWS                 query vectors per block of the GEMM-form
+ *                             scores (scores_f32_panels)
  *   sum_quads(quad)           the SA_VT / 4 reduce4_ps results of a score
  *                             block -> its SA_VT scores, token order
  *   q8_takes(gs, D, scale_stride)                 1 if the SIMD q8 dot takes it
@@ -180,6 +182,74 @@ static void SA_FN(scores_f32)(const float *q, int G, int D, const float *k,
         case 1: scores_f32_heads(q, 1, g, D, rows, s, t, cnt); break;
         default: break;
         }
+    }
+}
+
+/* -------------------------------------------------------------------------
+ * scores_f32_panels: GEMM form (kernels.h), panels of two vectors of keys
+ * ---------------------------------------------------------------------- */
+
+#define SA_PANEL (2 * SA_VT)
+enum { SA_FN(panel_keys) = SA_PANEL };
+
+/* Lane l of x to row[at + l] for the lanes with 0 <= at + l < n. */
+SA_INLINE void store_keys(float *row, ptrdiff_t at, int n, sa_vf x)
+{
+    if (at >= 0 && at + SA_VT <= n) {
+        SA_MM(storeu_ps)(row + at, x);
+        return;
+    }
+    float tmp[SA_VT];
+    SA_MM(storeu_ps)(tmp, x);
+    for (int l = 0; l < SA_VT; l++)
+        if (at + l >= 0 && at + l < n)
+            row[at + l] = tmp[l];
+}
+
+/* HB (at most SA_P_ROWS) query vectors x one panel: 2 * HB accumulators,
+ * per channel the panel's two key vectors loaded once and each vector's
+ * value broadcast (HB broadcasts and 2 loads per 2 * HB FMAs). */
+SA_INLINE void panel_block(const float *q, int HB, int D, const float *kp, float *const *s,
+                           ptrdiff_t at, int n)
+{
+    sa_vf a0[SA_P_ROWS], a1[SA_P_ROWS];
+    for (int h = 0; h < HB; h++)
+        a0[h] = a1[h] = SA_MM(setzero_ps)();
+    for (int d = 0; d < D; d++) {
+        sa_vf k0 = SA_MM(loadu_ps)(kp + (ptrdiff_t)d * SA_PANEL);
+        sa_vf k1 = SA_MM(loadu_ps)(kp + (ptrdiff_t)d * SA_PANEL + SA_VT);
+        SA_KEEP(k0);
+        SA_KEEP(k1);
+        for (int h = 0; h < HB; h++) {
+            const sa_vf qb = SA_MM(set1_ps)(q[(ptrdiff_t)h * D + d]);
+            a0[h] = SA_MM(fmadd_ps)(qb, k0, a0[h]);
+            a1[h] = SA_MM(fmadd_ps)(qb, k1, a1[h]);
+        }
+    }
+    for (int h = 0; h < HB; h++) {
+        store_keys(s[h], at, n, a0[h]);
+        store_keys(s[h], at + SA_VT, n, a1[h]);
+    }
+}
+
+/* Panel by panel (it stays in L1 while every block of vectors reads it):
+ * blocks of SA_P_ROWS vectors, then 4, 2 and 1. */
+static void SA_FN(scores_f32_panels)(const float *q, int G, int D, const float *kt, int first,
+                                     int n, float *const *s)
+{
+    const int64_t end = (int64_t)first + n;
+    for (int64_t p = 0; p * SA_PANEL < end; p++) {
+        const float *kp = kt + (ptrdiff_t)p * D * SA_PANEL;
+        const ptrdiff_t at = (ptrdiff_t)(p * SA_PANEL - first);
+        int g = 0;
+        for (; g + SA_P_ROWS <= G; g += SA_P_ROWS)
+            panel_block(q + (ptrdiff_t)g * D, SA_P_ROWS, D, kp, s + g, at, n);
+        for (; g + 4 <= G; g += 4)
+            panel_block(q + (ptrdiff_t)g * D, 4, D, kp, s + g, at, n);
+        for (; g + 2 <= G; g += 2)
+            panel_block(q + (ptrdiff_t)g * D, 2, D, kp, s + g, at, n);
+        if (g < G)
+            panel_block(q + (ptrdiff_t)g * D, 1, D, kp, s + g, at, n);
     }
 }
 

@@ -1413,8 +1413,9 @@ static void e2e_run(const e2e_data *d, e2e_results *r)
         mass += pimp[0][j];
     check(fabs(mass - (double)H * T) <= 1e-4 * H * T,
           "prefill importance sums to %.7g, expected n_heads*T = %d", mass, H * T);
-    /* Row t of the prefill is dense decode at seq_len start+t+1: bitwise
-     * up to one decode chunk of keys, within rounding beyond (spec §3). */
+    /* Row t of the prefill is dense decode at seq_len start+t+1: on q8 K
+     * bitwise up to one decode chunk of keys, within rounding beyond and on
+     * float32 K (GEMM-form scores; spec §3). */
     float *qt = xmalloc(out_n * sizeof(float)), *ot = xmalloc(out_n * sizeof(float));
     for (int t = 0; t < T; t += (T > 1 ? T - 1 : 1)) {
         for (int h = 0; h < H; h++)
@@ -1422,7 +1423,7 @@ static void e2e_run(const e2e_data *d, e2e_results *r)
         const int rc = sa_dense_decode(qt, H, &d->k, &d->v, start + t + 1,
                                        1.0f / sqrtf((float)D), ot, 1);
         int same = rc == SA_OK;
-        const int bitwise = start + t + 1 <= SA_DECODE_CHUNK_ROWS;
+        const int bitwise = d->k.dtype == SA_DTYPE_Q8 && start + t + 1 <= SA_DECODE_CHUNK_ROWS;
         for (int h = 0; h < H; h++) {
             const float *row = pout[0] + ((size_t)h * T + t) * D, *dec = ot + (size_t)h * D;
             same &= bitwise ? !memcmp(dec, row, (size_t)D * 4)
@@ -2198,6 +2199,122 @@ static const struct {
 #undef SA_ISA
 };
 
+/* The GEMM-form scores (prefill, float32 K): K packed in the table's
+ * panels (exactly the panels the keys span, the rest of the last one zero),
+ * the keys from `first` on: against the portable dot within TOL_DOT_F32,
+ * each (vector, key) bitwise its score computed alone (one vector, one key
+ * at the same place in its panel), nothing written outside s[g][0, n). */
+static void test_scores_f32_panels(const sa_kernels *kern)
+{
+    const int NT = kern->panel_keys;
+    check(NT >= 1 && NT <= 64, "panel_keys = %d", NT);
+    static const int VECS[] = {1, 2, 3, 5, 6, 7, 12, 13, 17, 30};
+    for (kcase c = {0}; kcase_next(&c, 0);) {
+        if (c.strided)
+            continue;
+        const int D = c.D, n = c.n, G = VECS[c.head_i % LEN(VECS)];
+        /* a call from a panel's first key, and from its last (the keys of
+         * the first panel before it are read, not stored) */
+        for (int first = 0; first < NT; first += NT > 1 ? NT - 1 : 1) {
+            const int panels = (first + n + NT - 1) / NT;
+            float *q = operand_alloc((size_t)G * D * sizeof(float));
+            fill_gauss(q, (size_t)G * D);
+            float *k = operand_alloc((size_t)n * D * sizeof(float));
+            fill_gauss(k, (size_t)n * D);
+            float *kt = operand_alloc((size_t)panels * D * NT * sizeof(float));
+            for (int p = 0; p < panels; p++)
+                for (int d = 0; d < D; d++)
+                    for (int j = 0; j < NT; j++) {
+                        const int key = p * NT + j - first; /* keys before `first`: others */
+                        kt[((size_t)p * D + d) * NT + j] =
+                            key >= 0 && key < n ? k[(size_t)key * D + d] : (float)(j + 1);
+                    }
+            float **ref = rows_new(G, n), **got = rows_new(G, n);
+            REF->scores_f32(q, G, D, k, D, n, ref, NULL);
+            kern->scores_f32_panels(q, G, D, kt, first, n, got);
+            double worst = 0.0;
+            int same = 1;
+            for (int g = 0; g < G; g++)
+                for (int t = 0; t < n; t++) {
+                    double mag = 0.0;
+                    for (int i = 0; i < D; i++)
+                        mag += fabs((double)q[g * D + i] * k[(size_t)t * D + i]);
+                    worst = fmax(worst, fabs((double)got[g][t] - ref[g][t]) / fmax(mag, DBL_MIN));
+                    const int at = first + t;
+                    float one, *op = &one;
+                    kern->scores_f32_panels(q + (size_t)g * D, 1, D, kt + (size_t)(at / NT) * D * NT,
+                                            at % NT, 1, &op);
+                    same &= memcmp(&one, &got[g][t], sizeof one) == 0;
+                }
+            char what[120];
+            snprintf(what, sizeof what, "scores_f32_panels D=%d vectors=%d n=%d first=%d", D, G,
+                     n, first);
+            check_kernel(what, worst, TOL_DOT_F32, same, "a (vector, key) pair scored alone");
+            rows_free(ref, G), rows_free(got, G);
+            operand_free(kt), operand_free(k), operand_free(q);
+        }
+    }
+}
+
+/* The GEMM-form q8 scores (prefill, q8 K), where the table has them: K
+ * packed in its panels (as prefill.c packs them; slots outside the keys hold
+ * other values), for every group size that is a multiple of 4: bitwise the
+ * table's own scores_q8 (the same group terms in the same order; so a q8
+ * prefill row stays dense decode), nothing written outside s[g][0, n). */
+static void test_scores_q8_panels(const sa_kernels *kern)
+{
+    if (!kern->scores_q8_panels) {
+        check(kern->q8_panel_keys == 0, "no q8 panels but q8_panel_keys = %d",
+              kern->q8_panel_keys);
+        return;
+    }
+    const int NT = kern->q8_panel_keys;
+    check(NT >= 1 && NT <= 64, "q8_panel_keys = %d", NT);
+    static const int VECS[] = {1, 2, 3, 4, 5, 6, 9, 11, 17, 30};
+    for (kcase c = {0}; kcase_next(&c, 1);) {
+        if (c.strided || c.gs % 4)
+            continue;
+        const int D = c.D, gs = c.gs, ng = c.ng, n = c.n, G = VECS[c.head_i % LEN(VECS)];
+        for (int mode = 0; mode < Q8_MODES; mode++)
+            for (int first = 0; first < NT; first += NT > 1 ? NT - 1 : 1) {
+                if (mode != Q8_RANDOM && first > 0) /* values and offsets are independent */
+                    break;
+                const int panels = (first + n + NT - 1) / NT;
+                int8_t *qq = operand_alloc((size_t)G * D);
+                float *qd = operand_alloc((size_t)G * ng * sizeof(float));
+                fill_q8(qq, (size_t)G * D, mode, 1);
+                fill_scales(qd, (size_t)G * ng);
+                int8_t *k = operand_alloc((size_t)n * D);
+                float *kd = operand_alloc((size_t)n * ng * sizeof(float));
+                fill_q8(k, (size_t)n * D, mode, 0);
+                fill_scales(kd, (size_t)n * ng);
+                int8_t *k8 = operand_alloc((size_t)panels * D * NT);
+                float *kd8 = operand_alloc((size_t)panels * ng * NT * sizeof(float));
+                for (int p = 0; p < panels; p++)
+                    for (int j = 0; j < NT; j++) {
+                        const int key = p * NT + j - first, in = key >= 0 && key < n;
+                        for (int i = 0; i < D; i++)
+                            k8[((size_t)p * D + (i & ~3)) * NT + 4 * j + (i & 3)] =
+                                in ? k[(size_t)key * D + i] : (int8_t)(j + 1);
+                        for (int grp = 0; grp < ng; grp++)
+                            kd8[((size_t)p * ng + grp) * NT + j] =
+                                in ? kd[(size_t)key * ng + grp] : 1e30f;
+                    }
+                float **ref = rows_new(G, n), **got = rows_new(G, n);
+                kern->scores_q8(qq, qd, G, D, gs, k, kd, D, ng, n, ref, NULL);
+                kern->scores_q8_panels(qq, qd, G, D, gs, k8, kd8, first, n, got);
+                int same = 1;
+                for (int g = 0; g < G; g++)
+                    same &= memcmp(ref[g], got[g], (size_t)n * sizeof(float)) == 0;
+                check(same, "scores_q8_panels D=%d gs=%d vectors=%d n=%d first=%d %s: not "
+                      "bitwise the table's scores_q8", D, gs, G, n, first, Q8_MODE_NAME[mode]);
+                rows_free(ref, G), rows_free(got, G);
+                operand_free(kd8), operand_free(k8), operand_free(kd), operand_free(k);
+                operand_free(qd), operand_free(qq);
+            }
+    }
+}
+
 static const sa_kernels *table_named(const char *name)
 {
     for (int i = 0; i < LEN(TABLES); i++)
@@ -2208,9 +2325,9 @@ static const sa_kernels *table_named(const char *name)
 
 /* One test per kernel of the table, each against the portable kernel. */
 static void (*const KERNEL_TESTS[])(const sa_kernels *) = {
-    test_scores_f32,    test_scores_q8,      test_softmax,    test_accumulate_f32,
-    test_accumulate_q8, test_dequantize,     test_minmax,     test_channel_scores,
-    test_stream_sum,
+    test_scores_f32,     test_scores_f32_panels, test_scores_q8,  test_scores_q8_panels,
+    test_softmax,        test_accumulate_f32,    test_accumulate_q8, test_dequantize,
+    test_minmax,         test_channel_scores,    test_stream_sum,
 };
 
 /* Whether name is one of the comma-separated names of list. */
@@ -2277,7 +2394,8 @@ int main(int argc, char **argv)
                    name ? name : "NULL"))
             continue;
         check(i > 0 || strcmp(name, "portable") == 0, "the first ISA is not portable");
-        if (!check(table->scores_f32 && table->scores_q8 && table->softmax_exp &&
+        if (!check(table->scores_f32 && table->scores_f32_panels && table->scores_q8 &&
+                   table->softmax_exp &&
                    table->accumulate_v_f32 && table->accumulate_v_q8 &&
                    table->dequantize_rows && table->minmax_scores && table->channel_scores &&
                    table->stream_sum,
