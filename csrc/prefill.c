@@ -20,8 +20,8 @@
  * its softmax is taken once over the exact maximum and V is added in key
  * order.  On q8 K a row's arithmetic is dense decode's at seq_len =
  * position + 1, bit for bit up to one decode chunk (q8 V rows are
- * dequantised once per tile, and accumulate_v_q8 dequantises the same way,
- * kernels.h).  On float32 K the scores run in GEMM form
+ * dequantised once per worker and KV head, and accumulate_v_q8 dequantises
+ * the same way, kernels.h).  On float32 K the scores run in GEMM form
  * (scores_f32_panels): each worker packs a KV head's keys into the table's
  * panels once per call and every tile reads them, so no score of a tile
  * needs a horizontal sum; a row then agrees with decode within rounding
@@ -82,7 +82,8 @@ typedef struct {
     float *rep;          /* [G, D] mean query rows of a block (sparse) */
     float *colsum;       /* [max_tok] one head's importance in a tile */
     float *w;            /* [rows] 1 / z of one head's rows */
-    float *dq;           /* [DQ_ROWS, D] dequantised q8 V rows */
+    float *vf;           /* q8 V: a KV head's rows [0, S) dequantised */
+    int *vf_head;        /* [blocks of DQ_ROWS rows] the KV head + 1 each holds, 0 none */
     int32_t *reserve;    /* [n_sel] the importance reserve of a block */
     int *all;            /* [G] 0 .. G-1 */
     int sel_kh, sel_block; /* whose choice sel->chosen holds (-1: none) */
@@ -117,8 +118,10 @@ static float *out_row(const prefill_ctx *c, int kh, const tile *tl, int i)
                         c->k->head_dim;
 }
 
-/* s->op[j] += sum_t s->pp[j][t] * V[kh, row + t], t < n; q8 V is
- * dequantised DQ_ROWS rows at a time and added as float rows. */
+/* s->op[j] += sum_t s->pp[j][t] * V[kh, row + t], t < n.  q8 V is read as
+ * float rows: the worker's copy of KV head kh's V, dequantised DQ_ROWS rows
+ * at a time when a tile first reads them (the same bits as accumulate_v_q8,
+ * kernels.h), then read by every later tile of the worker's items on kh. */
 static void add_values(const prefill_ctx *c, worker *w, int kh, int cnt, int row, int n)
 {
     sa_scratch *s = w->att;
@@ -128,20 +131,19 @@ static void add_values(const prefill_ctx *c, worker *w, int kh, int cnt, int row
         return;
     }
     const int D = v->head_dim, ng = D / v->group_size;
-    for (int done = 0; done < n;) {
-        const int m = sa_min(DQ_ROWS, n - done);
-        c->kern->dequantize_rows(sa_kv_q8_row(v, kh, row + done),
-                                 sa_kv_scale_row(v, kh, row + done), D, v->group_size, m, D, ng,
-                                 w->dq);
-        const sa_kv view = {.dtype = SA_DTYPE_F32, .n_kv_heads = 1, .head_stride = m,
-                            .n_rows = m, .head_dim = D, .group_size = 1, .f32 = w->dq};
-        sa_accumulate_rows(c->kern, s, &view, 0, cnt, 0, m, NULL);
-        for (int j = 0; j < cnt; j++)
-            s->pp[j] += m;
-        done += m;
+    if (n <= 0)
+        return;
+    for (int b = row / DQ_ROWS; b <= (row + n - 1) / DQ_ROWS; b++) {
+        if (w->vf_head[b] == kh + 1)
+            continue;
+        const int r0 = b * DQ_ROWS, m = sa_min(DQ_ROWS, c->S - r0);
+        c->kern->dequantize_rows(sa_kv_q8_row(v, kh, r0), sa_kv_scale_row(v, kh, r0), D,
+                                 v->group_size, m, D, ng, w->vf + (ptrdiff_t)r0 * D);
+        w->vf_head[b] = kh + 1;
     }
-    for (int j = 0; j < cnt; j++)
-        s->pp[j] -= n;
+    const sa_kv view = {.dtype = SA_DTYPE_F32, .n_kv_heads = 1, .head_stride = c->S,
+                        .n_rows = c->S, .head_dim = D, .group_size = 1, .f32 = w->vf};
+    sa_accumulate_rows(c->kern, s, &view, 0, cnt, row, n, NULL);
 }
 
 /* Keys [row, row + n) for the rows of the nh heads hs of a tile: their
@@ -413,20 +415,21 @@ static void make_slices(const tile *tiles, int n_tiles, const sa_select_params *
 /* Carve one worker's buffers out of one allocation (NULL on overflow or
  * no memory); `panels` of packed K of panel_bytes each (0: none). */
 static char *worker_buffers(worker *w, int m, int G, int D, int max_tok, int rows, int n_sel,
-                            int panels, size_t panel_bytes)
+                            int panels, size_t panel_bytes, int v_blocks)
 {
     size_t lines = ((size_t)D + 15) / 16;
     lines += !(lines & 1);
     w->ot_stride = (ptrdiff_t)(lines * 16);
-    enum { N = 10 };
+    enum { N = 11 };
     size_t off = 0, sizes[N];
     const size_t counts[N][2] = {
         {(size_t)m * D, sizeof(float)},   {(size_t)m * lines * 16, sizeof(float)},
         {(size_t)G * D, sizeof(float)},
         {(size_t)max_tok, sizeof(float)}, {(size_t)rows, sizeof(float)},
-        {(size_t)DQ_ROWS * D, sizeof(float)}, {(size_t)(n_sel > 0 ? n_sel : 1), sizeof(int32_t)},
-        {(size_t)G, sizeof(int)},
-        {(size_t)panels, panel_bytes}, {(size_t)panels, sizeof(int)}};
+        {(size_t)v_blocks * DQ_ROWS, (size_t)D * sizeof(float)},
+        {(size_t)(n_sel > 0 ? n_sel : 1), sizeof(int32_t)}, {(size_t)G, sizeof(int)},
+        {(size_t)panels, panel_bytes}, {(size_t)panels, sizeof(int)},
+        {(size_t)v_blocks, sizeof(int)}};
     for (int i = 0; i < N; i++) {
         if (__builtin_mul_overflow(counts[i][0], counts[i][1], &sizes[i]) ||
             __builtin_add_overflow(sizes[i], (size_t)63, &sizes[i]))
@@ -444,12 +447,14 @@ static char *worker_buffers(worker *w, int m, int G, int D, int max_tok, int row
     w->rep = (float *)p, p += sizes[2];
     w->colsum = (float *)p, p += sizes[3];
     w->w = (float *)p, p += sizes[4];
-    w->dq = (float *)p, p += sizes[5];
+    w->vf = (float *)p, p += sizes[5];
     w->reserve = (int32_t *)p, p += sizes[6];
     w->all = (int *)p, p += sizes[7];
     w->kt.data = p, p += sizes[8];
-    w->kt.head = (int *)p;
+    w->kt.head = (int *)p, p += sizes[9];
     memset(w->kt.head, 0, sizes[9]);
+    w->vf_head = (int *)p;
+    memset(w->vf_head, 0, sizes[10]);
     for (int g = 0; g < G; g++)
         w->all[g] = g;
     w->sel_kh = w->sel_block = -1;
@@ -569,7 +574,8 @@ static int prefill_run(const float *q, int n_heads, int qT, int q0, const sa_kv 
         c.w[i].att = att[i];
         c.w[i].sel = sel ? sel[i] : NULL;
         if (!(bufs[i] = worker_buffers(&c.w[i], m, G, D, max_tok, rows, n_sel, panels.count,
-                                       sa_panel_bytes(&panels))))
+                                       sa_panel_bytes(&panels),
+                                       v->dtype == SA_DTYPE_Q8 ? sa_ceil_div(S, DQ_ROWS) : 0)))
             goto done;
     }
     rc = sa_parallel_for(items, workers, prefill_item, &c);
