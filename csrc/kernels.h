@@ -175,6 +175,28 @@ typedef struct sa_kernels {
     uint64_t (*stream_sum)(const uint64_t *buf, size_t n_words);
 } sa_kernels;
 
+/* The walk of the GEMM-form scores over a call's panels (keys from `first`
+ * of panel 0, n of them) and its G query vectors in blocks of R, then 4, 2
+ * and 1 (constant sizes, so each block unrolls): BLOCK(g, HB, p, at) scores
+ * vectors g .. g+HB-1 against panel p, whose key 0 is key `at` of the call
+ * (negative in panel 0 when first > 0). */
+#define SA_PANEL_WALK(NT, R, G, first, n, BLOCK)                                  \
+    do {                                                                          \
+        const int64_t end_ = (int64_t)(first) + (n);                              \
+        for (int64_t p_ = 0; p_ * (NT) < end_; p_++) {                             \
+            const ptrdiff_t at_ = (ptrdiff_t)(p_ * (NT) - (first));                \
+            int g_ = 0;                                                           \
+            for (; g_ + (R) <= (G); g_ += (R))                                    \
+                BLOCK(g_, (R), p_, at_);                                          \
+            for (; g_ + 4 <= (G); g_ += 4)                                        \
+                BLOCK(g_, 4, p_, at_);                                            \
+            for (; g_ + 2 <= (G); g_ += 2)                                        \
+                BLOCK(g_, 2, p_, at_);                                            \
+            if (g_ < (G))                                                         \
+                BLOCK(g_, 1, p_, at_);                                            \
+        }                                                                         \
+    } while (0)
+
 /* In a file that defines SA_ISA_ID (a family body shared by several ISA
  * files, like arm/neon_common.h): the name <kernel>_<SA_ISA_ID>. */
 #define SA_CAT_(a, b) a##_##b

@@ -440,29 +440,15 @@ SA_INLINE void q8_panel_block(const int8_t *qq, const float *qd, int HB, int D, 
         store_keys(s[h], at, n, res[h]);
 }
 
-/* Panel by panel: blocks of SA_Q8P_ROWS vectors, then 4, 2 and 1. */
+/* Panel by panel. */
 static void scores_q8_panels_avx2(const int8_t *qq, const float *qd, int G, int D, int gs,
                                   const int8_t *k8, const float *kd, int first, int n,
                                   float *const *s)
 {
     const int ng = D / gs;
-    const int64_t end = (int64_t)first + n;
-    for (int64_t p = 0; p * 8 < end; p++) {
-        const int8_t *kp = k8 + (ptrdiff_t)p * D * 8;
-        const float *dp = kd + (ptrdiff_t)p * ng * 8;
-        const ptrdiff_t at = (ptrdiff_t)(p * 8 - first);
-        int g = 0;
-#define SA_Q8P(HB)                                                                         \
-    q8_panel_block(qq + (ptrdiff_t)g * D, qd + (ptrdiff_t)g * ng, (HB), D, gs, kp, dp, s + g, \
-                   at, n)
-        for (; g + SA_Q8P_ROWS <= G; g += SA_Q8P_ROWS)
-            SA_Q8P(SA_Q8P_ROWS);
-        for (; g + 4 <= G; g += 4)
-            SA_Q8P(4);
-        for (; g + 2 <= G; g += 2)
-            SA_Q8P(2);
-        if (g < G)
-            SA_Q8P(1);
-#undef SA_Q8P
-    }
+#define SA_BLOCK(g, HB, p, at)                                                              \
+    q8_panel_block(qq + (ptrdiff_t)(g) * D, qd + (ptrdiff_t)(g) * ng, (HB), D, gs,            \
+                   k8 + (ptrdiff_t)(p) * D * 8, kd + (ptrdiff_t)(p) * ng * 8, s + (g), (at), n)
+    SA_PANEL_WALK(8, SA_Q8P_ROWS, G, first, n, SA_BLOCK);
+#undef SA_BLOCK
 }

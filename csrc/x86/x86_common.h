@@ -232,25 +232,15 @@ SA_INLINE void panel_block(const float *q, int HB, int D, const float *kp, float
     }
 }
 
-/* Panel by panel (it stays in L1 while every block of vectors reads it):
- * blocks of SA_P_ROWS vectors, then 4, 2 and 1. */
+/* Panel by panel (it stays in L1 while every block of vectors reads it). */
 static void SA_FN(scores_f32_panels)(const float *q, int G, int D, const float *kt, int first,
                                      int n, float *const *s)
 {
-    const int64_t end = (int64_t)first + n;
-    for (int64_t p = 0; p * SA_PANEL < end; p++) {
-        const float *kp = kt + (ptrdiff_t)p * D * SA_PANEL;
-        const ptrdiff_t at = (ptrdiff_t)(p * SA_PANEL - first);
-        int g = 0;
-        for (; g + SA_P_ROWS <= G; g += SA_P_ROWS)
-            panel_block(q + (ptrdiff_t)g * D, SA_P_ROWS, D, kp, s + g, at, n);
-        for (; g + 4 <= G; g += 4)
-            panel_block(q + (ptrdiff_t)g * D, 4, D, kp, s + g, at, n);
-        for (; g + 2 <= G; g += 2)
-            panel_block(q + (ptrdiff_t)g * D, 2, D, kp, s + g, at, n);
-        if (g < G)
-            panel_block(q + (ptrdiff_t)g * D, 1, D, kp, s + g, at, n);
-    }
+#define SA_BLOCK(g, HB, p, at)                                                             \
+    panel_block(q + (ptrdiff_t)(g) * D, (HB), D, kt + (ptrdiff_t)(p) * D * SA_PANEL, s + (g), \
+                (at), n)
+    SA_PANEL_WALK(SA_PANEL, SA_P_ROWS, G, first, n, SA_BLOCK);
+#undef SA_BLOCK
 }
 
 static void SA_FN(scores_q8)(const int8_t *qq, const float *qd, int G, int D, int gs,

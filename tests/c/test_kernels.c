@@ -379,6 +379,15 @@ static void check_kernel(const char *what, double worst, double tol, int same, c
     check(same, "%s: %s differs bitwise from the batched call", what, alone);
 }
 
+/* sum_i |a[i] * b[i]|: the scale a float dot's rounding error is relative to. */
+static double dot_magnitude(const float *a, const float *b, int D)
+{
+    double mag = 0.0;
+    for (int i = 0; i < D; i++)
+        mag += fabs((double)a[i] * b[i]);
+    return mag;
+}
+
 static void test_scores_f32(const sa_kernels *kern)
 {
     for (kcase c = {0}; kcase_next(&c, 0);) {
@@ -400,9 +409,7 @@ static void test_scores_f32(const sa_kernels *kern)
         int same = 1;
         for (int g = 0; g < G; g++)
             for (int t = 0; t < n; t++) {
-                double mag = 0.0;
-                for (int i = 0; i < D; i++)
-                    mag += fabs((double)q[g * D + i] * kf[t * rs + i]);
+                const double mag = dot_magnitude(q + g * D, kf + t * rs, D);
                 const double err = fabs((double)got[g][t] - ref[g][t]);
                 worst = fmax(worst, err / fmax(mag, DBL_MIN));
                 /* The same pair alone: one head, one token. */
@@ -2236,9 +2243,7 @@ static void test_scores_f32_panels(const sa_kernels *kern)
             int same = 1;
             for (int g = 0; g < G; g++)
                 for (int t = 0; t < n; t++) {
-                    double mag = 0.0;
-                    for (int i = 0; i < D; i++)
-                        mag += fabs((double)q[g * D + i] * k[(size_t)t * D + i]);
+                    const double mag = dot_magnitude(q + (size_t)g * D, k + (size_t)t * D, D);
                     worst = fmax(worst, fabs((double)got[g][t] - ref[g][t]) / fmax(mag, DBL_MIN));
                     const int at = first + t;
                     float one, *op = &one;
