@@ -413,7 +413,8 @@ static void make_slices(const tile *tiles, int n_tiles, const sa_select_params *
 }
 
 /* Carve one worker's buffers out of one allocation (NULL on overflow or
- * no memory); `panels` of packed K of panel_bytes each (0: none). */
+ * no memory): `panels` of packed K of panel_bytes each (0: none), and
+ * v_blocks blocks of DQ_ROWS dequantised q8 V rows (0 for float32 V). */
 static char *worker_buffers(worker *w, int m, int G, int D, int max_tok, int rows, int n_sel,
                             int panels, size_t panel_bytes, int v_blocks)
 {
