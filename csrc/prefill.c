@@ -21,12 +21,14 @@
  * order.  On q8 K a row's arithmetic is dense decode's at seq_len =
  * position + 1, bit for bit up to one decode chunk (q8 V rows are
  * dequantised once per worker and KV head, and accumulate_v_q8 dequantises
- * the same way, kernels.h).  On float32 K the scores run in GEMM form
- * (scores_f32_panels): each worker packs a KV head's keys into the table's
- * panels once per call and every tile reads them, so no score of a tile
- * needs a horizontal sum; a row then agrees with decode within rounding
- * (spec §3).  A score's arithmetic never depends on the tile, so sparse
- * prefill's exact rows and the exact tail stay exact prefill's bit for bit.
+ * the same way, kernels.h).  A call with PACK_VECTORS query vectors per KV
+ * head or more scores in GEMM form (panels.c): each worker packs a KV
+ * head's keys into the table's panels once per call and every tile reads
+ * them, so no score needs a horizontal sum; q8 scores keep their bits, a
+ * float32 row then agrees with decode within rounding (spec §3).  A score's
+ * arithmetic never depends on the tile, and the form is the call's, so
+ * sparse prefill's exact rows and the exact tail stay exact prefill's bit
+ * for bit.
  * The tile's rows are capped so that one worker's scores stay within
  * SCORE_BYTES.
  *
@@ -65,6 +67,9 @@
 #define SCORE_BYTES ((size_t)2 << 20)   /* one worker's score rows, at most */
 #define DQ_ROWS 64                      /* q8 V rows dequantised at a time */
 #define ITEMS_TARGET 32                 /* work items per call, about */
+#define PACK_VECTORS 256                /* query vectors per KV head that repay a
+                                         * worker's copy of the head's keys
+                                         * (spec §3; panels.c) */
 
 typedef struct {
     int p0, p1; /* query positions [p0, p1) */
@@ -82,8 +87,8 @@ typedef struct {
     float *rep;          /* [G, D] mean query rows of a block (sparse) */
     float *colsum;       /* [max_tok] one head's importance in a tile */
     float *w;            /* [rows] 1 / z of one head's rows */
-    float *vf;           /* q8 V: a KV head's rows [0, S) dequantised */
-    int *vf_head;        /* [blocks of DQ_ROWS rows] the KV head + 1 each holds, 0 none */
+    float *vf;           /* q8 V dequantised: a KV head's rows [0, S) (v_whole), else DQ_ROWS */
+    int *vf_head;        /* v_whole: [blocks of DQ_ROWS rows] the KV head + 1 each holds */
     int32_t *reserve;    /* [n_sel] the importance reserve of a block */
     int *all;            /* [G] 0 .. G-1 */
     int sel_kh, sel_block; /* whose choice sel->chosen holds (-1: none) */
@@ -107,6 +112,7 @@ typedef struct {
     double *imp;                /* [items, S] */
     worker *w;
     sa_panels panels;           /* K's layout for the GEMM-form scores */
+    int v_whole;                /* q8 V: a worker keeps a KV head's V dequantised */
 } prefill_ctx;
 
 enum { SCORES, VALUES };
@@ -119,9 +125,10 @@ static float *out_row(const prefill_ctx *c, int kh, const tile *tl, int i)
 }
 
 /* s->op[j] += sum_t s->pp[j][t] * V[kh, row + t], t < n.  q8 V is read as
- * float rows: the worker's copy of KV head kh's V, dequantised DQ_ROWS rows
- * at a time when a tile first reads them (the same bits as accumulate_v_q8,
- * kernels.h), then read by every later tile of the worker's items on kh. */
+ * float rows (the same bits as accumulate_v_q8, kernels.h): from the
+ * worker's copy of KV head kh's V, dequantised DQ_ROWS rows at a time when a
+ * tile first reads them, when the call's tiles repay it (c->v_whole); else
+ * DQ_ROWS rows at a time into a small buffer, for this run only. */
 static void add_values(const prefill_ctx *c, worker *w, int kh, int cnt, int row, int n)
 {
     sa_scratch *s = w->att;
@@ -130,15 +137,31 @@ static void add_values(const prefill_ctx *c, worker *w, int kh, int cnt, int row
         sa_accumulate_rows(c->kern, s, v, kh, cnt, row, n, NULL);
         return;
     }
-    const int D = v->head_dim, ng = D / v->group_size;
+    const int D = v->head_dim, gs = v->group_size, ng = D / gs;
     if (n <= 0)
         return;
+    if (!c->v_whole) {
+        for (int done = 0; done < n;) {
+            const int m = sa_min(DQ_ROWS, n - done);
+            c->kern->dequantize_rows(sa_kv_q8_row(v, kh, row + done),
+                                     sa_kv_scale_row(v, kh, row + done), D, gs, m, D, ng, w->vf);
+            const sa_kv view = {.dtype = SA_DTYPE_F32, .n_kv_heads = 1, .head_stride = m,
+                                .n_rows = m, .head_dim = D, .group_size = 1, .f32 = w->vf};
+            sa_accumulate_rows(c->kern, s, &view, 0, cnt, 0, m, NULL);
+            for (int j = 0; j < cnt; j++)
+                s->pp[j] += m;
+            done += m;
+        }
+        for (int j = 0; j < cnt; j++)
+            s->pp[j] -= n;
+        return;
+    }
     for (int b = row / DQ_ROWS; b <= (row + n - 1) / DQ_ROWS; b++) {
         if (w->vf_head[b] == kh + 1)
             continue;
         const int r0 = b * DQ_ROWS, m = sa_min(DQ_ROWS, c->S - r0);
-        c->kern->dequantize_rows(sa_kv_q8_row(v, kh, r0), sa_kv_scale_row(v, kh, r0), D,
-                                 v->group_size, m, D, ng, w->vf + (ptrdiff_t)r0 * D);
+        c->kern->dequantize_rows(sa_kv_q8_row(v, kh, r0), sa_kv_scale_row(v, kh, r0), D, gs, m,
+                                 D, ng, w->vf + (ptrdiff_t)r0 * D);
         w->vf_head[b] = kh + 1;
     }
     const sa_kv view = {.dtype = SA_DTYPE_F32, .n_kv_heads = 1, .head_stride = c->S,
@@ -414,9 +437,10 @@ static void make_slices(const tile *tiles, int n_tiles, const sa_select_params *
 
 /* Carve one worker's buffers out of one allocation (NULL on overflow or
  * no memory): `panels` of packed K of panel_bytes each (0: none), and
- * v_blocks blocks of DQ_ROWS dequantised q8 V rows (0 for float32 V). */
+ * v_blocks blocks of DQ_ROWS dequantised q8 V rows (0 for float32 V), each
+ * with a tag when tagged. */
 static char *worker_buffers(worker *w, int m, int G, int D, int max_tok, int rows, int n_sel,
-                            int panels, size_t panel_bytes, int v_blocks)
+                            int panels, size_t panel_bytes, int v_blocks, int tagged)
 {
     size_t lines = ((size_t)D + 15) / 16;
     lines += !(lines & 1);
@@ -429,8 +453,8 @@ static char *worker_buffers(worker *w, int m, int G, int D, int max_tok, int row
         {(size_t)max_tok, sizeof(float)}, {(size_t)rows, sizeof(float)},
         {(size_t)v_blocks * DQ_ROWS, (size_t)D * sizeof(float)},
         {(size_t)(n_sel > 0 ? n_sel : 1), sizeof(int32_t)}, {(size_t)G, sizeof(int)},
-        {(size_t)panels, panel_bytes}, {(size_t)panels, sizeof(int)},
-        {(size_t)v_blocks, sizeof(int)}};
+        {(size_t)panels, panel_bytes}, {(size_t)(tagged ? panels : 0), sizeof(int)},
+        {(size_t)(tagged ? v_blocks : 0), sizeof(int)}};
     for (int i = 0; i < N; i++) {
         if (__builtin_mul_overflow(counts[i][0], counts[i][1], &sizes[i]) ||
             __builtin_add_overflow(sizes[i], (size_t)63, &sizes[i]))
@@ -502,10 +526,12 @@ static int check_prefill(const float *q, int n_heads, int T, const sa_kv *k, con
 
 /* One run of tiles over the query positions [start, S) of a call whose q
  * and out hold qT rows per head from position q0: exact (params NULL) or
- * sparse.  Adds the run's importance to acc[0, S), work item by work item. */
+ * sparse.  Adds the run's importance to acc[0, S), work item by work item.
+ * `amortized`: the call packs K in panels (panels.h). */
 static int prefill_run(const float *q, int n_heads, int qT, int q0, const sa_kv *k,
                        const sa_kv *v, int start, int S, const sa_select_params *params,
-                       const float *prior, float scale, float *out, double *acc, int threads)
+                       const float *prior, float scale, float *out, double *acc, int amortized,
+                       int threads)
 {
     int rc;
     const int Hkv = k->n_kv_heads, G = n_heads / Hkv, D = k->head_dim;
@@ -522,7 +548,9 @@ static int prefill_run(const float *q, int n_heads, int qT, int q0, const sa_kv 
     const int m = rows * G, n_sel = params ? params->k_blocks - 1 : 0;
     /* the table once: the panels are laid out for its kernels */
     const sa_kernels *kern = sa_active_kernels();
-    const sa_panels panels = sa_panels_layout(kern, k, S);
+    const sa_panels panels = sa_panels_layout(kern, k, S, amortized);
+    const int v_whole = v->dtype == SA_DTYPE_Q8 && amortized;
+    const int v_blocks = v->dtype != SA_DTYPE_Q8 ? 0 : v_whole ? sa_ceil_div(S, DQ_ROWS) : 1;
 
     const int n_tiles = make_tiles(start, S, rows, params, NULL);
     const int slices = sa_max(1, sa_min(sa_ceil_div(ITEMS_TARGET, Hkv), n_tiles));
@@ -536,7 +564,7 @@ static int prefill_run(const float *q, int n_heads, int qT, int q0, const sa_kv 
 
     prefill_ctx c = {.kern = kern, .q = q, .G = G, .qT = qT, .q0 = q0,
                      .start = start, .S = S, .k = k, .v = v, .sp = params, .scale = scale,
-                     .out = out, .slices = slices, .panels = panels};
+                     .out = out, .slices = slices, .panels = panels, .v_whole = v_whole};
     tile *tiles = malloc((size_t)n_tiles * sizeof(tile));
     int *slice_tile = malloc((size_t)(slices + 1) * sizeof(int));
     double *prior_sums = params && prior ? malloc((size_t)NB * sizeof(double)) : NULL;
@@ -575,8 +603,7 @@ static int prefill_run(const float *q, int n_heads, int qT, int q0, const sa_kv 
         c.w[i].att = att[i];
         c.w[i].sel = sel ? sel[i] : NULL;
         if (!(bufs[i] = worker_buffers(&c.w[i], m, G, D, max_tok, rows, n_sel, panels.count,
-                                       sa_panel_bytes(&panels),
-                                       v->dtype == SA_DTYPE_Q8 ? sa_ceil_div(S, DQ_ROWS) : 0)))
+                                       sa_panel_bytes(&panels), v_blocks, amortized)))
             goto done;
     }
     rc = sa_parallel_for(items, workers, prefill_item, &c);
@@ -624,12 +651,20 @@ int sa_prefill(const float *q, int n_heads, int T, const sa_kv *k, const sa_kv *
     if (!acc)
         return SA_ERR_NOMEM;
     rc = SA_OK;
+    /* GEMM-form scores from panels when the call's query vectors per KV head
+     * repay a worker's copy of a head's keys (spec §3): decided for the whole
+     * call, so the exact tail's rows are the call's exact prefill rows bit
+     * for bit.  Float32 K also needs the call's rows to be a quarter of its
+     * keys or more: a short chunk after a long context (512 rows after 32K
+     * keys) ran 8-14% slower from panels, prompts 0.8-1.0x the time. */
+    const int amortized = (int64_t)T * (n_heads / k->n_kv_heads) >= PACK_VECTORS &&
+                          (k->dtype == SA_DTYPE_Q8 || 4 * (int64_t)T >= S);
     if (split > start)
         rc = prefill_run(q, n_heads, T, start, k, v, start, split, params, prior, scale, out,
-                         acc, threads);
+                         acc, amortized, threads);
     if (rc == SA_OK && split < S)
         rc = prefill_run(q, n_heads, T, start, k, v, split, S, NULL, NULL, scale, out, acc,
-                         threads);
+                         amortized, threads);
     if (rc == SA_OK)
         for (int j = 0; j < S; j++)
             importance[j] = (float)acc[j];

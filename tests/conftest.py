@@ -42,3 +42,9 @@ def make_kv(rng, n_kv_heads, seq, head_dim, dtype="float32", group_size=32):
     if dtype == "q8":
         return sa.quantize_q8(k, group_size), sa.quantize_q8(v, group_size)
     return k, v
+
+
+def gemm_form(T, start, H, Hkv):
+    """spec §3: whether a prefill call scores float32 K in GEMM form (at least
+    256 query vectors per KV head, its rows a quarter of its keys or more)."""
+    return T * (H // Hkv) >= 256 and 4 * T >= start + T

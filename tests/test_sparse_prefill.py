@@ -6,7 +6,7 @@ import pytest
 
 import sparse_attn as sa
 from sparse_attn import reference as ref
-from conftest import make_kv, rel_err, rtol_for
+from conftest import gemm_form, make_kv, rel_err, rtol_for
 
 POLICIES = [
     dict(policy="seed"),
@@ -151,8 +151,10 @@ def test_long_rows_match_the_reference(isa, rng):
 @pytest.mark.parametrize("dtype", ["float32", "q8"])
 def test_block_aligned_chunks_add_up(rng, dtype):
     """Sparse prefill in chunks that end on block boundaries, without a
-    prior, gives one-shot prefill's outputs bitwise and its importance when
-    the chunks' importance is added up."""
+    prior, gives one-shot prefill's outputs (bitwise for q8, and for float32
+    chunks that take the one-shot call's GEMM form, spec §3; within
+    tolerance for the others) and its importance when the chunks'
+    importance is added up."""
     H, Hkv, D, bs, S = 4, 2, 32, 16, 200
     k, v = make_kv(rng, Hkv, S, D, dtype)
     q = rng.standard_normal((H, S, D), dtype=np.float32)
@@ -161,9 +163,12 @@ def test_block_aligned_chunks_add_up(rng, dtype):
     for a, b in [(0, 48), (48, 64), (64, 200)]:
         out, part = sa.prefill(np.ascontiguousarray(q[:, a:b]), k, v, start=a, k_blocks=3,
                                block_size=bs)
-        np.testing.assert_array_equal(out, whole[:, a:b])
+        if dtype == "q8" or gemm_form(b - a, a, H, Hkv):
+            np.testing.assert_array_equal(out, whole[:, a:b])
+        else:
+            assert rel_err(out, whole[:, a:b]) < 1e-5
         imp[:b] += part
-    assert rel_err(imp, whole_imp) < 1e-6
+    assert rel_err(imp, whole_imp) < 1e-5
 
 
 @pytest.mark.parametrize("knobs", [dict(policy="seed"), dict(policy="fast")])
