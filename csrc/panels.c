@@ -23,11 +23,9 @@
 sa_panels sa_panels_layout(const sa_kernels *kern, const sa_kv *k, int keys, int amortized)
 {
     int nt = 0;
-    if (!amortized)
-        nt = 0;
-    else if (k->dtype == SA_DTYPE_F32)
+    if (amortized && k->dtype == SA_DTYPE_F32)
         nt = kern->panel_keys;
-    else if (kern->scores_q8_panels && k->group_size % 4 == 0)
+    else if (amortized && kern->scores_q8_panels && k->group_size % 4 == 0)
         nt = kern->q8_panel_keys;
     return (sa_panels){.kern = kern, .k = k, .keys = keys, .nt = nt,
                        .count = nt ? sa_ceil_div(keys, nt) : 0};
@@ -44,16 +42,15 @@ size_t sa_panel_bytes(const sa_panels *pl)
 
 /* Panel p of KV head kh's keys as the kernels read them (kernels.h:
  * float32 channel by channel; q8 four channels of each key together, the
- * scales after every panel's bytes), into the buffer's panel `at`; keys past
- * pl->keys zero. */
-static void pack_panel(const sa_panels *pl, sa_panel_buf *buf, int kh, int p, int at)
+ * scales after every panel's bytes), keys past pl->keys zero. */
+static void pack_panel(const sa_panels *pl, sa_panel_buf *buf, int kh, int p)
 {
     const sa_kv *k = pl->k;
     const int NT = pl->nt, D = k->head_dim;
     const int ng = k->dtype == SA_DTYPE_Q8 ? D / k->group_size : 0;
-    float *dst = (float *)buf->data + (ptrdiff_t)at * D * NT;
-    int8_t *k8 = (int8_t *)buf->data + (ptrdiff_t)at * D * NT;
-    float *kd = (float *)(buf->data + (ptrdiff_t)pl->count * D * NT) + (ptrdiff_t)at * ng * NT;
+    float *dst = (float *)buf->data + (ptrdiff_t)p * D * NT;
+    int8_t *k8 = (int8_t *)buf->data + (ptrdiff_t)p * D * NT;
+    float *kd = (float *)(buf->data + (ptrdiff_t)pl->count * D * NT) + (ptrdiff_t)p * ng * NT;
     for (int j = 0; j < NT; j++) {
         const int64_t key = (int64_t)p * NT + j;
         const int in = key < pl->keys;
@@ -77,8 +74,8 @@ static void pack_panel(const sa_panels *pl, sa_panel_buf *buf, int kh, int p, in
     }
 }
 
-/* The kernel call on keys [row, row + n), whose panels start at the
- * buffer's panel `at`. */
+/* The kernel call on keys [row, row + n), from the buffer's panel `at`
+ * (the one holding key `row`) on. */
 static void panel_call(const sa_panels *pl, const sa_panel_buf *buf, sa_scratch *s,
                        const float *q, const int8_t *qq, const float *qd, int cnt, int row,
                        int n, int at)
@@ -130,7 +127,7 @@ void sa_panel_scores(const sa_panels *pl, sa_panel_buf *buf, sa_scratch *s, cons
     const int p0 = row / NT, p1 = (int)(((int64_t)row + n - 1) / NT);
     for (int p = p0; p <= p1; p++)
         if (buf->head[p] != kh + 1) {
-            pack_panel(pl, buf, kh, p, p);
+            pack_panel(pl, buf, kh, p);
             buf->head[p] = kh + 1;
         }
     panel_call(pl, buf, s, q, qq, qd, cnt, row, n, p0);
