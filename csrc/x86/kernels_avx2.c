@@ -254,20 +254,17 @@ SA_INLINE void scores_q8_tokens(const int8_t *qq, const float *qd, int HB, int D
  * softmax_exp: the exponent's steps
  * ---------------------------------------------------------------------- */
 
-#define vf_round(x) _mm256_round_ps((x), _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC)
-
-/* y * 2^n for n in [-150, 128]: 2^n = 2^n1 * 2^n2 with both halves normal,
- * so results down to the subnormals (and 0 below them) come out with a
- * single rounding. */
-SA_INLINE __m256 vf_mul_exp2(__m256 y, __m256 n)
+/* 2^n + poly * 2^n, one rounding: 2^n's bits are (n + 127) << 23, and z
+ * holds n in its low mantissa bits (exp_ps), so they shift straight into
+ * the exponent field (valid for -126 <= n <= 127); lanes where x is below
+ * ln(FLT_MIN) (-inf included) are 0.  NaN stays NaN (the compare is false). */
+SA_INLINE __m256 vf_exp_finish(__m256 poly, __m256 z, __m256 x)
 {
-    const __m256i ni = _mm256_cvtps_epi32(n);
-    const __m256i n1 = _mm256_srai_epi32(ni, 1);
-    const __m256i n2 = _mm256_sub_epi32(ni, n1);
-    const __m256i bias = _mm256_set1_epi32(127);
-    const __m256 p1 = _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_add_epi32(n1, bias), 23));
-    const __m256 p2 = _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_add_epi32(n2, bias), 23));
-    return _mm256_mul_ps(_mm256_mul_ps(y, p1), p2);
+    const __m256i e = _mm256_slli_epi32(_mm256_add_epi32(_mm256_castps_si256(z),
+                                                         _mm256_set1_epi32(127)), 23);
+    const __m256 two_n = _mm256_castsi256_ps(e);
+    const __m256 y = _mm256_fmadd_ps(poly, two_n, two_n);
+    return _mm256_andnot_ps(_mm256_cmp_ps(x, _mm256_set1_ps(SA_LN_FLT_MIN), _CMP_LT_OQ), y);
 }
 
 /* -------------------------------------------------------------------------

@@ -341,10 +341,18 @@ SA_INLINE void scores_q8_tokens(const int8_t *qq, const float *qd, int HB, int D
  * softmax_exp: the exponent's steps
  * ---------------------------------------------------------------------- */
 
-#define vf_round(x) _mm512_roundscale_ps((x), _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC)
-
-/* vscalefps: y * 2^n with a single rounding (subnormals, 0 and inf). */
-#define vf_mul_exp2(y, n) _mm512_scalef_ps((y), (n))
+/* As the AVX2 file's: 2^n + poly * 2^n with 2^n's bits shifted out of z,
+ * 0 where x is below ln(FLT_MIN) (the compare is true for NaN, which the
+ * FMA keeps). */
+SA_INLINE __m512 vf_exp_finish(__m512 poly, __m512 z, __m512 x)
+{
+    const __m512i e = _mm512_slli_epi32(_mm512_add_epi32(_mm512_castps_si512(z),
+                                                         _mm512_set1_epi32(127)), 23);
+    const __m512 two_n = _mm512_castsi512_ps(e);
+    const __m512 y = _mm512_fmadd_ps(poly, two_n, two_n);
+    return _mm512_maskz_mov_ps(_mm512_cmp_ps_mask(x, _mm512_set1_ps(SA_LN_FLT_MIN), _CMP_NLT_UQ),
+                               y);
+}
 
 /* Heads per V accumulation block: 4 heads x 4 vectors of a q8 tile are 16
  * accumulators. */

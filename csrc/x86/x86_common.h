@@ -22,8 +22,8 @@
  *                             in a fixed order
  *   vd_add_ps(s0, s1, x)      x's low and high halves added in double into
  *                             *s0 and *s1
- *   vf_round(x), vf_mul_exp2(y, n)  round to the nearest integer; y * 2^n
- *                             with one rounding (exp_ps)
+ *   vf_exp_finish(poly, z, x)  exp_ps's last step: 2^n (1 + poly) with n
+ *                             in z's low bits, 0 where x < SA_LN_FLT_MIN
  *   SA_S_HEADS                heads per score block, at most
  *   SA_P_ROWS                 query vectors per block of the GEMM-form
  *                             scores (scores_f32_panels)
@@ -304,29 +304,30 @@ static void SA_FN(scores_q8)(const int8_t *qq, const float *qd, int G, int D, in
  * softmax_exp
  * ---------------------------------------------------------------------- */
 
-/* exp(x) for a vector: x = n ln2 + r with |r| <= ln2/2 (Cody-Waite, two
- * constants), e^r by the Cephes expf polynomial (< 1 ulp on that range),
- * then times 2^n with a single rounding (vf_mul_exp2: subnormals, 0 and inf
- * come out right).  x is clamped to [-104, 89] first so r stays small:
- * e^-104 rounds to 0 and e^89 overflows to inf; never NaN for finite x,
- * NaN for NaN. */
+/* exp(x) for x <= 0 (softmax's scale * (s - max)) or NaN, as the NEON
+ * files take it: x = n ln2 + r with n = round(x / ln2) by the 1.5 * 2^23
+ * shift (z's low mantissa bits are then n), |r| <= ln2/2 (Cody-Waite, two
+ * constants), exp(r) - 1 by the degree-5 minimax polynomial of Arm's
+ * optimized-routines (v_expf), then 2^n (1 + that) in one FMA
+ * (vf_exp_finish); under 2 ulp.  Below ln(FLT_MIN) the result is 0 (the
+ * true one is subnormal: a weight that small is 0 beside the maximum's 1),
+ * and NaN stays NaN.  No clamp: every lane that leaves the range is one
+ * vf_exp_finish zeroes or a NaN. */
 SA_INLINE sa_vf exp_ps(sa_vf x)
 {
-    /* constant first: maxps/minps return their second operand when one is
-     * NaN, so a NaN x stays NaN (and its softmax sum NaN, as in portable). */
-    x = SA_MM(min_ps)(SA_MM(set1_ps)(89.0f), SA_MM(max_ps)(SA_MM(set1_ps)(-104.0f), x));
-    const sa_vf n = vf_round(SA_MM(mul_ps)(x, SA_MM(set1_ps)(1.44269504088896341f)));
-    sa_vf r = SA_MM(fnmadd_ps)(n, SA_MM(set1_ps)(0.693359375f), x);
-    r = SA_MM(fnmadd_ps)(n, SA_MM(set1_ps)(-2.12194440e-4f), r);
-    sa_vf y = SA_MM(set1_ps)(1.9875691500e-4f);
-    y = SA_MM(fmadd_ps)(y, r, SA_MM(set1_ps)(1.3981999507e-3f));
-    y = SA_MM(fmadd_ps)(y, r, SA_MM(set1_ps)(8.3334519073e-3f));
-    y = SA_MM(fmadd_ps)(y, r, SA_MM(set1_ps)(4.1665795894e-2f));
-    y = SA_MM(fmadd_ps)(y, r, SA_MM(set1_ps)(1.6666665459e-1f));
-    y = SA_MM(fmadd_ps)(y, r, SA_MM(set1_ps)(5.0000001201e-1f));
-    y = SA_MM(fmadd_ps)(y, SA_MM(mul_ps)(r, r), r);
-    y = SA_MM(add_ps)(y, SA_MM(set1_ps)(1.0f));
-    return vf_mul_exp2(y, n);
+    const sa_vf shift = SA_MM(set1_ps)(0x1.8p23f);
+    const sa_vf z = SA_MM(fmadd_ps)(x, SA_MM(set1_ps)(0x1.715476p+0f), shift);
+    const sa_vf n = SA_MM(sub_ps)(z, shift);
+    sa_vf r = SA_MM(fnmadd_ps)(n, SA_MM(set1_ps)(0x1.62e4p-1f), x);    /* ln2, high */
+    r = SA_MM(fnmadd_ps)(n, SA_MM(set1_ps)(0x1.7f7d1cp-20f), r);       /* ln2, low */
+    const sa_vf r2 = SA_MM(mul_ps)(r, r);
+    const sa_vf p = SA_MM(fmadd_ps)(SA_MM(set1_ps)(0x1.0e4020p-7f), r,
+                                    SA_MM(set1_ps)(0x1.573e2ep-5f));
+    sa_vf poly = SA_MM(fmadd_ps)(SA_MM(set1_ps)(0x1.555e66p-3f), r,
+                                 SA_MM(set1_ps)(0x1.fffdb6p-2f));
+    poly = SA_MM(fmadd_ps)(p, r2, poly);
+    poly = SA_MM(fmadd_ps)(poly, r2, SA_MM(mul_ps)(r, SA_MM(set1_ps)(0x1.ffffecp-1f)));
+    return vf_exp_finish(poly, z, x);
 }
 
 /* Two passes: the max, then exp(scale * (s - max)) written back while the
@@ -339,19 +340,28 @@ static float SA_FN(softmax_exp)(float *s, int n, float scale, float *max_out)
     const int nv = n & ~(SA_VT - 1), rem = n & (SA_VT - 1);
     const sa_vmask tm = vf_tail(rem);
     sa_vf mv = SA_MM(set1_ps)(-__builtin_inff());
-    sa_vnan nan = vnan_none();
-    for (int t = 0; t < nv; t += SA_VT) {
-        const sa_vf x = SA_MM(loadu_ps)(s + t);
-        mv = SA_MM(max_ps)(mv, x);
-        nan = vnan_add(nan, x);
-    }
-    if (rem) {
-        mv = vf_max_tail(mv, s + nv, tm);
-        nan = vnan_add(nan, vf_load_tail(s + nv, tm)); /* unused lanes load 0 */
+    int any_nan = 0;
+    if (max_out) { /* maxps drops NaN, so the NaNs are counted beside it */
+        sa_vnan nan = vnan_none();
+        for (int t = 0; t < nv; t += SA_VT) {
+            const sa_vf x = SA_MM(loadu_ps)(s + t);
+            mv = SA_MM(max_ps)(mv, x);
+            nan = vnan_add(nan, x);
+        }
+        if (rem) {
+            mv = vf_max_tail(mv, s + nv, tm);
+            nan = vnan_add(nan, vf_load_tail(s + nv, tm)); /* unused lanes load 0 */
+        }
+        any_nan = vnan_any(nan);
+    } else { /* a NaN score makes its exp, so the sum, NaN anyway */
+        for (int t = 0; t < nv; t += SA_VT)
+            mv = SA_MM(max_ps)(mv, SA_MM(loadu_ps)(s + t));
+        if (rem)
+            mv = vf_max_tail(mv, s + nv, tm);
     }
     const float m = hmax_ps(mv);
     if (max_out)
-        *max_out = vnan_any(nan) ? __builtin_nanf("") : m;
+        *max_out = any_nan ? __builtin_nanf("") : m;
 
     const sa_vf vs = SA_MM(set1_ps)(scale), vm = SA_MM(set1_ps)(m);
     sa_vd sum0 = SA_MM(setzero_pd)(), sum1 = SA_MM(setzero_pd)();

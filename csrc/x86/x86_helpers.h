@@ -9,6 +9,9 @@
 
 #define SA_INLINE static inline __attribute__((always_inline))
 
+/* ln(FLT_MIN): below it exp_ps gives 0. */
+#define SA_LN_FLT_MIN (-0x1.5d589ep+6f)
+
 /* Keep a loaded vector in a register: without it GCC folds the load into
  * every FMA that uses it, so a row shared by several heads is loaded once
  * per head, and the tiles below become bound by loads instead of FMAs. */
