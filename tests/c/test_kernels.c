@@ -551,6 +551,26 @@ static void test_softmax(const sa_kernels *kern)
         free(x), free(r), operand_free(y), operand_free(y2);
     }
 
+    /* Equal scores: every weight is exactly 1 and the sum exactly n, for
+     * every n across the runs the sum is taken in (a run of vectors in
+     * float, then double): each score enters it once. */
+    {
+        static const int long_n[] = {4096 + 1, 100003};
+        float *e = xmalloc(100003 * sizeof(float));
+        for (int c = 0; c < 300 + LEN(long_n); c++) {
+            const int n = c < 300 ? c + 1 : long_n[c - 300];
+            for (int t = 0; t < n; t++)
+                e[t] = -2.5f;
+            const float z = kern->softmax_exp(e, n, 0.125f, NULL);
+            int ones = 1;
+            for (int t = 0; t < n; t++)
+                ones &= e[t] == 1.0f;
+            check(ones && z == (float)n,
+                  "softmax_exp n=%d of equal scores: sum %.9g, weights all 1: %d", n, z, ones);
+        }
+        free(e);
+    }
+
     /* The exp itself: with max 0 and scale 1 the argument is exactly s[t]. */
     enum { N_EXP = 4099 };
     float *s = xmalloc(N_EXP * sizeof(float)), *x = xmalloc(N_EXP * sizeof(float));
