@@ -311,8 +311,10 @@ static void SA_FN(scores_q8)(const int8_t *qq, const float *qd, int G, int D, in
  * optimized-routines (v_expf), then 2^n (1 + that) in one FMA
  * (vf_exp_finish); under 2 ulp.  Below ln(FLT_MIN) the result is 0 (the
  * true one is subnormal: a weight that small is 0 beside the maximum's 1),
- * and NaN stays NaN.  No clamp: every lane that leaves the range is one
- * vf_exp_finish zeroes or a NaN. */
+ * and NaN stays NaN.  No clamp: below the range (-inf included) a lane is
+ * one vf_exp_finish zeroes, and NaN stays NaN.  x > 0 is outside the
+ * domain (2^n would not fit the exponent field): softmax_exp's only such
+ * lanes are a short last vector's unused ones, which it masks to 0. */
 SA_INLINE sa_vf exp_ps(sa_vf x)
 {
     const sa_vf shift = SA_MM(set1_ps)(0x1.8p23f);
