@@ -464,8 +464,22 @@ static float SA_FN(softmax_exp)(float *s, int n, float scale, float *max_out)
     int t = 0;
     float m = s[0];
     if (n >= 4) {
+        /* four running maxima, not one chain of fmax latencies; fmax is
+         * commutative (NaN in, NaN out; max(-0, +0) = +0), so the order
+         * changes nothing */
         float32x4_t vm = vld1q_f32(s);
-        for (t = 4; t <= n - 4; t += 4)   /* not t + 4 <= n: n may be INT_MAX */
+        t = 4;
+        if (n >= 16) {
+            float32x4_t m1 = vld1q_f32(s + 4), m2 = vld1q_f32(s + 8), m3 = vld1q_f32(s + 12);
+            for (t = 16; t <= n - 16; t += 16) {  /* not t + 16 <= n: n may be INT_MAX */
+                vm = vmaxq_f32(vm, vld1q_f32(s + t));
+                m1 = vmaxq_f32(m1, vld1q_f32(s + t + 4));
+                m2 = vmaxq_f32(m2, vld1q_f32(s + t + 8));
+                m3 = vmaxq_f32(m3, vld1q_f32(s + t + 12));
+            }
+            vm = vmaxq_f32(vmaxq_f32(vm, m1), vmaxq_f32(m2, m3));
+        }
+        for (; t <= n - 4; t += 4)
             vm = vmaxq_f32(vm, vld1q_f32(s + t));
         m = vmaxvq_f32(vm);
     }

@@ -345,33 +345,51 @@ static float SA_FN(softmax_exp)(float *s, int n, float scale, float *max_out)
         return 0.0f;
     const int nv = n & ~(SA_VT - 1), rem = n & (SA_VT - 1);
     const sa_vmask tm = vf_tail(rem);
-    sa_vf mv = SA_MM(set1_ps)(-__builtin_inff());
-    int any_nan = 0;
-    if (max_out) { /* maxps drops NaN, so the NaNs are counted beside it */
-        sa_vnan nan = vnan_none();
-        for (int t = 0; t < nv; t += SA_VT) {
-            const sa_vf x = SA_MM(loadu_ps)(s + t);
-            mv = SA_MM(max_ps)(mv, x);
-            nan = vnan_add(nan, x);
-        }
-        if (rem) {
-            mv = vf_max_tail(mv, s + nv, tm);
-            nan = vnan_add(nan, vf_load_tail(s + nv, tm)); /* unused lanes load 0 */
-        }
-        any_nan = vnan_any(nan);
-    } else { /* a NaN score makes its exp, so the sum, NaN anyway */
-        for (int t = 0; t < nv; t += SA_VT)
-            mv = SA_MM(max_ps)(mv, SA_MM(loadu_ps)(s + t));
-        if (rem)
-            mv = vf_max_tail(mv, s + nv, tm);
+    /* four running maxima: one would be a chain of maxps latencies (a
+     * quarter of the softmax on a Xeon Emerald Rapids); the max of finite
+     * values is the same whatever the order.  maxps drops NaN, so when the
+     * caller asks for the maximum the NaNs are counted beside it; else a
+     * NaN score makes its exp, so the sum, NaN anyway. */
+    sa_vf mv = SA_MM(set1_ps)(-__builtin_inff()), m1 = mv, m2 = mv, m3 = mv;
+    sa_vnan nan = vnan_none();
+    const int n4 = n & ~(4 * SA_VT - 1);
+    int t = 0;
+#define SA_MAX4(count)                                                                        \
+    for (; t < n4; t += 4 * SA_VT) {                                                          \
+        const sa_vf x0 = SA_MM(loadu_ps)(s + t), x1 = SA_MM(loadu_ps)(s + t + SA_VT);         \
+        const sa_vf x2 = SA_MM(loadu_ps)(s + t + 2 * SA_VT);                                  \
+        const sa_vf x3 = SA_MM(loadu_ps)(s + t + 3 * SA_VT);                                  \
+        mv = SA_MM(max_ps)(mv, x0);                                                           \
+        m1 = SA_MM(max_ps)(m1, x1);                                                           \
+        m2 = SA_MM(max_ps)(m2, x2);                                                           \
+        m3 = SA_MM(max_ps)(m3, x3);                                                           \
+        if (count)                                                                            \
+            nan = vnan_add(vnan_add(vnan_add(vnan_add(nan, x0), x1), x2), x3);                 \
     }
+    if (max_out) {
+        SA_MAX4(1)
+    } else {
+        SA_MAX4(0)
+    }
+#undef SA_MAX4
+    for (; t < nv; t += SA_VT) {
+        const sa_vf x = SA_MM(loadu_ps)(s + t);
+        mv = SA_MM(max_ps)(mv, x);
+        nan = vnan_add(nan, x);
+    }
+    if (rem) {
+        mv = vf_max_tail(mv, s + nv, tm);
+        nan = vnan_add(nan, vf_load_tail(s + nv, tm)); /* unused lanes load 0 */
+    }
+    mv = SA_MM(max_ps)(SA_MM(max_ps)(mv, m1), SA_MM(max_ps)(m2, m3));
+    const int any_nan = max_out && vnan_any(nan);
     const float m = hmax_ps(mv);
     if (max_out)
         *max_out = any_nan ? __builtin_nanf("") : m;
 
     const sa_vf vs = SA_MM(set1_ps)(scale), vm = SA_MM(set1_ps)(m);
     sa_vd sum0 = SA_MM(setzero_pd)(), sum1 = SA_MM(setzero_pd)();
-    for (int t = 0; t < nv;) {
+    for (t = 0; t < nv;) {
         const int end = nv - t > SUM_VECS * SA_VT ? t + SUM_VECS * SA_VT : nv;
         sa_vf run = SA_MM(setzero_ps)();
         for (; t < end; t += SA_VT) {
