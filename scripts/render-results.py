@@ -105,14 +105,19 @@ def render_prefill(d):
 
 
 def render_model(d):
-    out = ["| tokens | config | TTFT s (vs sdpa) | decode ms/token | per round vs sdpa: median "
-           "[min–max] | attention ms | KV MB | needle |",
+    out = ["| tokens | config | TTFT s (vs sdpa) | decode ms/token | decode per round vs sdpa: "
+           "median [min–max] | attention ms | KV MB | needle |",
            "|---|---|---|---|---|---|---|---|"]
     sdpa = {r["tokens"]: r for r in d["rows"] if r["kind"] == "sdpa"}
     for r in d["rows"]:
         ref = sdpa.get(r["tokens"])
         ttft = f"{r['ttft_s']:.2f}"
-        if ref is not None and ref is not r:
+        rounds = len(r.get("ttft_rounds_s") or ())
+        if rounds > 1 and r.get("ttft_vs_sdpa_paired") is not None:
+            # --prefill-rounds: the median of each round's ratio, and its range
+            lo, hi = r["ttft_vs_sdpa_paired_range"]
+            ttft += f" ({r['ttft_vs_sdpa_paired']:.2f}x [{lo:.2f}–{hi:.2f}], {rounds} rounds)"
+        elif ref is not None and ref is not r:
             ttft += f" ({r['ttft_s'] / ref['ttft_s']:.2f}x)"
         paired = ""
         if r.get("vs_sdpa_paired") is not None:
@@ -187,11 +192,27 @@ def render_arm(d):
                   f"{max(a55['calibrated_ms']):.0f} ms" if a55 else "")
                + f"; the memory floor {max(step['floor_ms']['ms']):.1f}-"
                f"{min(step['floor_ms']['ms']):.1f} ms at an assumed {lo:g}-{hi:g} GB/s.")
+    pf = step.get("prefill")
+    if pf and pf.get("a76_x4"):
+        pa, pl = pf["a76_x4"], pf["a55_x1"]
+        y = pa["cycles_per_vector_key"]
+        cal_ms = pa.get("calibrated_ms") or [pa["model_ms"]]
+        out.append(f"\nExact q8 prefill of the same prompt, attention only "
+                   f"({pf['vector_key_pairs'] / 1e6:.0f}M (query vector, key) pairs): "
+                   f"{y['total']:.1f} cycles per pair on the A76 model (scores {y['scores']:.1f}, "
+                   f"softmax {y['softmax']:.1f}, V {y['v']:.1f}), four A76 cores "
+                   f"{min(cal_ms) / 1e3:.1f}-{max(cal_ms) / 1e3:.1f} s calibrated"
+                   + (f"; one A55 {pl['cycles_per_vector_key']['total']:.0f} cycles per pair, "
+                      f"{min(pl.get('calibrated_ms') or [pl['model_ms']]) / 1e3:.0f}-"
+                      f"{max(pl.get('calibrated_ms') or [pl['model_ms']]) / 1e3:.0f} s" if pl
+                      else "") + ".")
     f = cal["factor"]
+    pfac = cal.get("prefill_factor")
     out.append(f"\nThe method, run over the {cal['isa']} build on the host ({d['machine']['host']}; "
                f"{d['machine']['host_model']}) against its measured in-cache time: measured / "
                f"predicted {f['min']:.2f}-{f['max']:.2f} over the six shapes (below 1: the model is "
-               f"optimistic).\n\n```\n{d['command']}\n```")
+               f"optimistic)" + (f"; prefill's kernels {pfac['min']:.2f}-{pfac['max']:.2f}"
+                                 if pfac else "") + f".\n\n```\n{d['command']}\n```")
     return "\n".join(out) + "\n"
 
 

@@ -84,7 +84,7 @@ def test_configurations_taking_turns_decode_what_each_decodes_alone(tmp_path):
     configurations on transformers' own cache each keep a channel copy and
     an importance record on the same modules), so every configuration's
     tokens are those it generates run alone, and each row gets its per-round
-    ratio to sdpa's steps."""
+    ratio to sdpa's steps (and, with --prefill-rounds, to sdpa's prefills)."""
     def run(*extra):
         out = tmp_path / f"m{len(extra)}.json"
         assert bench.main(["model", "--lengths", "400", "--new-tokens", "8", "--threads", "2",
@@ -104,3 +104,17 @@ def test_configurations_taking_turns_decode_what_each_decodes_alone(tmp_path):
             assert 0 < lo <= r["vs_sdpa_paired"] <= hi
             assert "vs_sdpa_paired" not in alone[config]
     assert turns["k=2"]["meta_mb"] > 0 and turns["k=3 policy=seed"]["meta_mb"] == 0
+    # --prefill-rounds: every configuration prefilled three times, taking
+    # turns; the TTFT is the median, the paired ratio that of each round's
+    # pair, and the tokens after the last round's prefill are the same
+    rounds = run("--prefill-rounds", "3")
+    for config, r in rounds.items():
+        assert r["text"] == alone[config]["text"]
+        assert len(r["ttft_rounds_s"]) == 3 and r["ttft_s"] == sorted(r["ttft_rounds_s"])[1]
+        if config == "sdpa":
+            assert "ttft_vs_sdpa_paired" not in r
+            continue
+        pairs = sorted(a / b for a, b in zip(r["ttft_rounds_s"], rounds["sdpa"]["ttft_rounds_s"]))
+        assert r["ttft_vs_sdpa_paired"] == pairs[1]
+        assert r["ttft_vs_sdpa_paired_range"] == [pairs[0], pairs[2]]
+    assert all(len(r["ttft_rounds_s"]) == 1 for r in turns.values())

@@ -16,7 +16,10 @@ what earlier configurations left in the allocator moves it, so compare
 memory with one configuration per run), the KV cache's bytes, and whether
 the needle's answer came out.
 
-The prefills run one configuration after another; the decode steps then
+The prefills run one configuration after another (``--prefill-rounds N``:
+N rounds of them, the order reversed each round; TTFT is the median, and
+each round's TTFT over sdpa's of the same round gives ``ttft_vs_sdpa_paired``);
+the decode steps then
 take turns (``--sequential``: each configuration's steps in one go): one
 step of every configuration per round, the order reversed each round, each
 configuration on its own cache and its own backend state.  On a shared
@@ -406,25 +409,42 @@ def batch_prompts(tokenizer, length, args):
 
 def run_length(model, tokenizer, batch, args, clock):
     """Every configuration on one prompt; returns their rows.  Each
-    configuration's prefill runs alone (its TTFT); then, unless
+    configuration's prefill runs alone (its TTFT), ``args.prefill_rounds``
+    times: one prefill of every configuration per round, the order reversed
+    every round, each row's ``ttft_s`` the median over its rounds and
+    ``ttft_vs_sdpa_paired`` the median (and range) of its prefill / sdpa's
+    prefill of the same round; the last round's runs are kept.  Then, unless
     ``args.sequential``, the decode steps take turns: one step of each
     configuration per round, the order reversed every round, so a slow
     spell of a shared machine falls on all of them, and each row gets
     ``vs_sdpa_paired``, the median over the rounds of its step / sdpa's
     step of the same round."""
-    rows, runs = [], []
     steps = args.new_tokens - 1
-    for conf in args.configs:
-        run = _Run(model, tokenizer, batch, conf, args, clock)
+    rounds = args.prefill_rounds
+    order = list(range(len(args.configs)))
+    ttfts = [[] for _ in order]
+    for _ in range(rounds - 1):
+        for i in order:
+            run = _Run(model, tokenizer, batch, args.configs[i], args, clock)
+            ttfts[i].append(run.ttft)
+            run.park()
+            del run
+            _release_freed_memory()
+        order.reverse()
+    runs = [None] * len(order)
+    rows = [None] * len(order)
+    for i in order:
+        run = _Run(model, tokenizer, batch, args.configs[i], args, clock)
+        ttfts[i].append(run.ttft)
         if args.sequential:
             for _ in range(steps):
                 run.step()
             run.park()
-            rows.append(run.row())
+            rows[i] = run.row()
             continue
         run.park()
-        runs.append(run)
-    if runs:
+        runs[i] = run
+    if not args.sequential:
         order = list(runs)
         for _ in range(steps):
             for run in order:
@@ -436,11 +456,22 @@ def run_length(model, tokenizer, batch, args, clock):
         ref = next((r for r in rows if r["kind"] == "sdpa"), None)
         for r in rows:
             if ref is not None and r is not ref:
-                pairs = [a / b for a, b in zip(r["step_ms"], ref["step_ms"])]
-                r["vs_sdpa_paired"] = float(np.median(pairs)) if pairs else math.nan
-                r["vs_sdpa_paired_range"] = [float(min(pairs)), float(max(pairs))] \
-                    if pairs else None
+                r.update(_paired(r["step_ms"], ref["step_ms"], "vs_sdpa_paired"))
+    ref = next((i for i, r in enumerate(rows) if r["kind"] == "sdpa"), None)
+    for i, r in enumerate(rows):
+        r["ttft_rounds_s"] = [float(t) for t in ttfts[i]]
+        r["ttft_s"] = float(np.median(ttfts[i]))
+        if ref is not None and i != ref:
+            r.update(_paired(ttfts[i], ttfts[ref], "ttft_vs_sdpa_paired"))
     return rows
+
+
+def _paired(mine, ref, name):
+    """The median and range of mine[j] / ref[j], as ``name`` and
+    ``name_range``."""
+    pairs = [a / b for a, b in zip(mine, ref)]
+    return {name: float(np.median(pairs)) if pairs else math.nan,
+            name + "_range": [float(min(pairs)), float(max(pairs))] if pairs else None}
 
 
 def _warm_up(model, tokenizer, needle, args):
@@ -504,6 +535,11 @@ def add_arguments(ap):
                     help="tokens generated (default 16, at least 2): the first, then a timed "
                          "decode step each, past the answer's end-of-sequence token (the text "
                          "stops there)")
+    ap.add_argument("--prefill-rounds", type=flag.int_in(1, 100), default=1,
+                    help="prefills of each configuration (default 1), one of every "
+                         "configuration per round, the order reversed each round: TTFT is "
+                         "the median, and each round's TTFT over sdpa's of the same round "
+                         "gives the paired ratio")
     ap.add_argument("--sequential", action="store_true",
                     help="decode each configuration's tokens in one go, one configuration "
                          "after another (default: the configurations' decode steps take "

@@ -27,7 +27,10 @@ def print_model_table(model, rows, args):
                                   " decode = ms per step of the whole batch (per sequence: "
                                   "/ batch), needle = sequences that answered"
                                   if args.batch > 1 else ""))
-    print("TTFT = prefill of the prompt and the first token; decode = ms per generated token, "
+    rounds = args.prefill_rounds
+    print("TTFT = prefill of the prompt and the first token" +
+          (f" (median of {rounds} rounds of prefills, the configurations taking turns)"
+           if rounds > 1 else "") + "; decode = ms per generated token, "
           "median [min–max]; attn = time inside attention per token, all layers (share of "
           "the step); glue = the backend's Python per layer and token outside the C core "
           "(the attention call and, with a SparseKVCache, its update; median over the "
@@ -63,6 +66,10 @@ def print_model_table(model, rows, args):
             if r.get("vs_sdpa_paired_range"):
                 lo, hi = r["vs_sdpa_paired_range"]
                 part += f" (decode per round {r['vs_sdpa_paired']:.2f}x [{lo:.2f}–{hi:.2f}])"
+            if r.get("ttft_vs_sdpa_paired_range") and len(r["ttft_rounds_s"]) > 1:
+                lo, hi = r["ttft_vs_sdpa_paired_range"]
+                part += (f" (TTFT per round {r['ttft_vs_sdpa_paired']:.2f}x "
+                         f"[{lo:.2f}–{hi:.2f}] over {len(r['ttft_rounds_s'])})")
             parts.append(part)
         print(f"{length} tokens, decode / TTFT against sdpa: " + ", ".join(parts))
     if any("vs_sdpa_paired" in r for r in rows):
