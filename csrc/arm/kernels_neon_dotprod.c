@@ -35,6 +35,9 @@ static inline int32x4_t q8_dot8(int32x4_t acc, int8x8_t a, int8x8_t b)
 /* acc + per lane j the 4 products a[4j + i] * b[4j + i] (prefill's q8
  * panels: one lane per key). */
 #define SA_Q8_DOT4(acc, a, b) vdotq_s32((acc), (a), (b))
+/* The same with b's 4 bytes taken from 32-bit lane `lane` of a 16-byte
+ * vector (the by-element sdot: no broadcast). */
+#define SA_Q8_DOT4_LANE(acc, a, b, lane) vdotq_laneq_s32((acc), (a), (b), (lane))
 
 #include "neon_common.h"
 

@@ -523,104 +523,99 @@ static float SA_FN(softmax_exp)(float *s, int n, float scale, float *max_out)
 /* accumulate_v_f32 / accumulate_v_q8                                   */
 /* ------------------------------------------------------------------ */
 
-/* o + w[0]*r0 + w[1]*r1 + w[2]*r2 + w[3]*r3, one fma per token, in token order. */
-SA_INLINE float32x4_t fma_4tokens(float32x4_t o, float32x4_t w, float32x4_t r0,
-                                  float32x4_t r1, float32x4_t r2, float32x4_t r3)
+/* A tile of HB heads (1-4) x NV vectors (1 or 4, constant) of out from
+ * column d, kept in registers over all n tokens: per token its NV vectors
+ * of V, one multiply-add into each of the tile's HB x NV accumulators, the
+ * heads' weights four tokens at a time (by lane).  Every accumulator takes
+ * one fma per token in token order, as a head's row of out always does, so
+ * the loop order changes no bits; but the HB x NV chains are independent,
+ * where an output vector loaded, advanced four tokens and stored per head
+ * made one chain of four dependent fmas at a time (the in-order A55 waited
+ * out each one's latency: 167 cycles per (vector, key) at D=128 by llvm-mca,
+ * now 53; the A76 model 24.5 -> 21.6).  hint: the call's prefetch, spread
+ * over the first tile's 4-token steps. */
+#define SA_V_STEP(lane)                                                                      \
+    do {                                                                                     \
+        const float *row = v + (t + (lane)) * row_stride + d;                                \
+        float32x4_t r[4];                                                                    \
+        for (int i = 0; i < NV; i++)                                                         \
+            r[i] = vld1q_f32(row + 4 * i);                                                   \
+        for (int h = 0; h < HB; h++)                                                         \
+            for (int i = 0; i < NV; i++)                                                     \
+                acc[h][i] = vfmaq_laneq_f32(acc[h][i], r[i], w[h], (lane));                  \
+    } while (0)
+SA_INLINE void v_f32_tile(float *const *out, const float *const *p, const int HB, const int NV,
+                          int d, const float *v, ptrdiff_t row_stride, int n,
+                          const sa_prefetch *hint)
 {
-    o = vfmaq_laneq_f32(o, r0, w, 0);
-    o = vfmaq_laneq_f32(o, r1, w, 1);
-    o = vfmaq_laneq_f32(o, r2, w, 2);
-    return vfmaq_laneq_f32(o, r3, w, 3);
-}
-
-/* out[g][d .. d + 4*NV) for every head, from NV (1, 2 or 4, constant)
- * vectors of each of the four tokens t .. t+3 (f[j]: token t+j), loaded
- * once for all heads: the heads' weights of the four tokens in one
- * register, fma_4tokens. */
-SA_INLINE void add_4tokens(float *const *out, const float *const *p, int G, int t, int d, int NV,
-                           float32x4_t f[4][4])
-{
-    for (int g = 0; g < G; g++) {
-        const float32x4_t w = vld1q_f32(p[g] + t);
-        float *o = out[g] + d;
+    const int parts = (n + 3) / 4;
+    float32x4_t acc[4][4];
+    for (int h = 0; h < HB; h++)
         for (int i = 0; i < NV; i++)
-            vst1q_f32(o + 4 * i, fma_4tokens(vld1q_f32(o + 4 * i), w, f[0][i], f[1][i], f[2][i],
-                                             f[3][i]));
+            acc[h][i] = vld1q_f32(out[h] + d + 4 * i);
+    int t = 0;
+    for (; t + 4 <= n; t += 4) {
+        sa_prefetch_part(hint, t / 4, parts);
+        float32x4_t w[4];
+        for (int h = 0; h < HB; h++)
+            w[h] = vld1q_f32(p[h] + t);
+        SA_V_STEP(0);
+        SA_V_STEP(1);
+        SA_V_STEP(2);
+        SA_V_STEP(3);
     }
-}
-
-/* The same for the single token t: one fma per element. */
-SA_INLINE void add_1token(float *const *out, const float *const *p, int G, int t, int d, int NV,
-                          float32x4_t f[4])
-{
-    for (int g = 0; g < G; g++) {
-        const float w = p[g][t];
-        float *o = out[g] + d;
+    if (t < n)
+        sa_prefetch_part(hint, t / 4, parts);
+    for (; t < n; t++) {
+        const float *row = v + t * row_stride + d;
+        for (int i = 0; i < NV; i++) {
+            const float32x4_t r = vld1q_f32(row + 4 * i);
+            for (int h = 0; h < HB; h++)
+                acc[h][i] = vfmaq_n_f32(acc[h][i], r, p[h][t]);
+        }
+    }
+    for (int h = 0; h < HB; h++)
         for (int i = 0; i < NV; i++)
-            vst1q_f32(o + 4 * i, vfmaq_n_f32(vld1q_f32(o + 4 * i), f[i], w));
-    }
+            vst1q_f32(out[h] + d + 4 * i, acc[h][i]);
 }
+#undef SA_V_STEP
 
-/* NV (1 or 4, constant) vectors of a float row from column d. */
-SA_INLINE void f32_load(const float *row, int d, int NV, float32x4_t f[4])
+/* HB (1-4) heads' tiles over all of D: 16 columns, then 4, then single
+ * columns (scalar fmas in token order: the same operations). */
+SA_INLINE void v_f32_heads(float *const *out, const float *const *p, const int HB, int D,
+                           const float *v, ptrdiff_t row_stride, int n, const sa_prefetch **hint)
 {
-    for (int i = 0; i < NV; i++)
-        f[i] = vld1q_f32(row + d + 4 * i);
+    int d = 0;
+    for (; d + 16 <= D; d += 16, *hint = NULL)
+        v_f32_tile(out, p, HB, 4, d, v, row_stride, n, *hint);
+    for (; d + 4 <= D; d += 4, *hint = NULL)
+        v_f32_tile(out, p, HB, 1, d, v, row_stride, n, *hint);
+    for (; d < D; d++)
+        for (int h = 0; h < HB; h++) {
+            float o = out[h][d];
+            for (int t = 0; t < n; t++)
+                o = fmaf(p[h][t], v[t * row_stride + d], o);
+            out[h][d] = o;
+        }
 }
 
-/* Blocks of four tokens: 16 columns of the four V rows are loaded once into
- * 16 registers and serve every head (out stays in L1, it is G*D floats);
- * then 4-column steps, then scalar columns; then the remaining tokens one
- * at a time with the same per-element operations. */
+/* Heads four at a time (then the last one to three), each tile's outputs
+ * in registers for the whole call. */
 static void SA_FN(accumulate_v_f32)(float *const *out, const float *const *p, int G, int D,
                                     const float *v, ptrdiff_t row_stride, int n,
                                     const sa_prefetch *pf)
 {
-    const int parts = (n + 3) / 4;
-    int t = 0;
-    for (; t + 4 <= n; t += 4) {
-        sa_prefetch_part(pf, t / 4, parts);
-        const float *r[4] = {v + t * row_stride, v + (t + 1) * row_stride,
-                             v + (t + 2) * row_stride, v + (t + 3) * row_stride};
-        float32x4_t f[4][4];
-        int d = 0;
-        for (; d + 16 <= D; d += 16) {
-            for (int j = 0; j < 4; j++)
-                f32_load(r[j], d, 4, f[j]);
-            add_4tokens(out, p, G, t, d, 4, f);
-        }
-        for (; d + 4 <= D; d += 4) {
-            for (int j = 0; j < 4; j++)
-                f32_load(r[j], d, 1, f[j]);
-            add_4tokens(out, p, G, t, d, 1, f);
-        }
-        for (; d < D; d++)
-            for (int g = 0; g < G; g++) {
-                const float *w = p[g] + t;
-                float o = out[g][d];
-                o = fmaf(w[0], r[0][d], o);
-                o = fmaf(w[1], r[1][d], o);
-                o = fmaf(w[2], r[2][d], o);
-                out[g][d] = fmaf(w[3], r[3][d], o);
-            }
-    }
-    if (t < n)
-        sa_prefetch_part(pf, t / 4, parts);
-    for (; t < n; t++) {
-        const float *row = v + t * row_stride;
-        float32x4_t f[4];
-        int d = 0;
-        for (; d + 16 <= D; d += 16) {
-            f32_load(row, d, 4, f);
-            add_1token(out, p, G, t, d, 4, f);
-        }
-        for (; d + 4 <= D; d += 4) {
-            f32_load(row, d, 1, f);
-            add_1token(out, p, G, t, d, 1, f);
-        }
-        for (; d < D; d++)
-            for (int g = 0; g < G; g++)
-                out[g][d] = fmaf(p[g][t], row[d], out[g][d]);
+    if (n <= 0)
+        return;
+    const sa_prefetch *hint = pf;
+    int g = 0;
+    for (; g + 4 <= G; g += 4)
+        v_f32_heads(out + g, p + g, 4, D, v, row_stride, n, &hint);
+    switch (G - g) {
+    case 3: v_f32_heads(out + g, p + g, 3, D, v, row_stride, n, &hint); break;
+    case 2: v_f32_heads(out + g, p + g, 2, D, v, row_stride, n, &hint); break;
+    case 1: v_f32_heads(out + g, p + g, 1, D, v, row_stride, n, &hint); break;
+    default: break;
     }
 }
 
@@ -954,14 +949,18 @@ SA_INLINE void channel_weights8(float *dst, float qv, const float *sc)
 #ifdef SA_Q8_DOT4
 /* Panels of 8 keys, two vectors of 4 keys' 4 bytes per 4 channels; per
  * vector of a block 2 int32 and 2 float accumulators (4 vectors: 16, with
- * the keys and the broadcast query bytes 20 of the 32 registers). */
+ * the keys and the query bytes 22 of the 32 registers). */
 #define SA_Q8P_ROWS 4
 enum { SA_FN(q8_panel_keys) = 8 };
 
 /* HB query vectors x one panel: per 4 channels the 8 keys' bytes loaded
- * once, each vector's 4 bytes replicated to every lane and dotted with
- * them (one int32 lane per key, exact); per group the term added as
- * scores_q8 adds it here, fused: acc + isum * (kd * qd). */
+ * once and dotted with each vector's 4 bytes (one int32 lane per key,
+ * exact): by lane from 16 query bytes loaded at once where the includer
+ * has the by-element dot (SA_Q8_DOT4_LANE: a group of 16 channels or
+ * more), else replicated to every lane; per group the term added as
+ * scores_q8 adds it here, fused: acc + isum * (kd * qd).  By lane the
+ * A76 model (llvm-mca, LLVM 19's Neoverse N1) takes 8.5 cycles per
+ * (vector, key) at D=128 instead of 10.0 (the A55's 38.6, 37.2 before). */
 SA_INLINE void q8_panel_block(const int8_t *qq, const float *qd, int HB, int D, int gs,
                               const int8_t *kp, const float *dp, float *const *s,
                               ptrdiff_t at, int n)
@@ -974,7 +973,31 @@ SA_INLINE void q8_panel_block(const int8_t *qq, const float *qd, int HB, int D, 
         int32x4_t i0[SA_Q8P_ROWS], i1[SA_Q8P_ROWS];
         for (int h = 0; h < HB; h++)
             i0[h] = i1[h] = vdupq_n_s32(0);
-        for (int c4 = grp * per; c4 < (grp + 1) * per; c4++) {
+        int c4 = grp * per;
+#ifdef SA_Q8_DOT4_LANE
+        /* 16 channels a step: each vector's 16 query bytes in one register,
+         * each 4 of them dotted by lane (the same exact int32 sums) */
+        for (; c4 + 4 <= (grp + 1) * per; c4 += 4) {
+            int8x16_t qv[SA_Q8P_ROWS];
+            for (int h = 0; h < HB; h++)
+                qv[h] = vld1q_s8(qq + (ptrdiff_t)h * D + 4 * c4);
+#define SA_Q8P_STEP(j)                                                                       \
+    do {                                                                                     \
+        const int8x16_t k0 = vld1q_s8(kp + (ptrdiff_t)(c4 + (j)) * 32);                      \
+        const int8x16_t k1 = vld1q_s8(kp + (ptrdiff_t)(c4 + (j)) * 32 + 16);                 \
+        for (int h = 0; h < HB; h++) {                                                       \
+            i0[h] = SA_Q8_DOT4_LANE(i0[h], k0, qv[h], (j));                                  \
+            i1[h] = SA_Q8_DOT4_LANE(i1[h], k1, qv[h], (j));                                  \
+        }                                                                                    \
+    } while (0)
+            SA_Q8P_STEP(0);
+            SA_Q8P_STEP(1);
+            SA_Q8P_STEP(2);
+            SA_Q8P_STEP(3);
+#undef SA_Q8P_STEP
+        }
+#endif
+        for (; c4 < (grp + 1) * per; c4++) {
             const int8x16_t k0 = vld1q_s8(kp + (ptrdiff_t)c4 * 32);
             const int8x16_t k1 = vld1q_s8(kp + (ptrdiff_t)c4 * 32 + 16);
             for (int h = 0; h < HB; h++) {
