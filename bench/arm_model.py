@@ -19,7 +19,9 @@ What it does, all from the sources in csrc/ as they are now:
    sa_dense_decode (1 thread, one KV head, 2061 tokens) -> instructions per
    KV byte; one scores_q8 call and one accumulate_v_q8 call of 32 rows as
    rows.c makes them (rows 32..63, with the next rows' prefetch hint); one
-   softmax_exp over the 2061 scores of one head.
+   softmax_exp over the 2061 scores of one head; and exact q8 prefill's
+   kernels on one tile (32 rows x G heads of query vectors) against 32
+   keys: the scores through the table's q8 panels and V over float rows.
 3. Expands each call's block sequence through llvm-objdump into its dynamic
    instruction trace (the loop nest as executed for that G and D: every
    loop's trip count, the per-4-token and per-call work, the prefetches) and
@@ -39,7 +41,10 @@ What it does, all from the sources in csrc/ as they are now:
 5. Predicts the RK3588 step of the article's case (Qwen3-VL-2B shape: 16 query
    heads, 8 KV heads, D=128, q8, 2061 tokens, 28 layers, ~133 MB) on the four
    A76 cores at 2.4 GHz and on one A55 at 1.8 GHz, against a memory floor of
-   10-14 GB/s (an assumption, not a measurement).
+   10-14 GB/s (an assumption, not a measurement); and the exact q8 prefill of
+   that prompt's attention from the prefill kernels' cycles per (query
+   vector, key), calibrated the same way (compute-bound: a tile's keys are
+   read from cache).
 
 Limits: llvm-mca assumes every load hits L1, perfect branch prediction and
 an ideal front end beyond its dispatch width; Neoverse N1 stands in for the
@@ -313,10 +318,11 @@ def run_trace(binary, t, plugin, isa, G, D, n, tmp):
             a, k = line.split()
             windows[-1].append((int(a, 16), int(k)))
     out.unlink()
-    if len(windows) != 4:
-        raise RuntimeError(f"expected 4 trace windows, got {len(windows)}")
+    if len(windows) != 6:
+        raise RuntimeError(f"expected 6 trace windows, got {len(windows)}")
     # drop the driver's own code (the marker, the call's return into main)
-    return [[(a, k) for a, k in w if not DRIVER_FUNCS.match(binary.symbol(a))] for w in windows]
+    return info, [[(a, k) for a, k in w if not DRIVER_FUNCS.match(binary.symbol(a))]
+                  for w in windows]
 
 
 def count_insns(binary, blocks):
@@ -390,8 +396,9 @@ def analyse(binary, t, plugin, isa, shapes, models, pool, mca, tmp):
     traces = dict(zip(shapes, pool.map(
         lambda s: run_trace(binary, t, plugin, isa, s[0], s[1], N_TRACE, tmp), shapes)))
     counts, jobs = [], {}
-    for (G, D), w in traces.items():
-        decode, sc, v, sm = w
+    infos = {shape: info for shape, (info, _) in traces.items()}
+    for (G, D), (info, w) in traces.items():
+        decode, sc, v, sm, psc, pv = w
         kinds = {}
         for kind, win in (("scores", sc), ("v", v), ("softmax", sm)):
             for name in count_insns(binary, win):
@@ -411,11 +418,16 @@ def analyse(binary, t, plugin, isa, shapes, models, pool, mca, tmp):
             "non_kernel_share": round(1 - kernel / total, 4),
             "call_instructions": {"scores_q8_32_rows": sum(k for _, k in sc),
                                   "accumulate_v_q8_32_rows": sum(k for _, k in v),
-                                  f"softmax_exp_{N_TRACE}": sum(k for _, k in sm)},
+                                  f"softmax_exp_{N_TRACE}": sum(k for _, k in sm),
+                                  "prefill_scores_tile_32_keys": sum(k for _, k in psc),
+                                  "prefill_v_tile_32_keys": sum(k for _, k in pv)},
+            "prefill_tile": {"vectors": info["prefill_vectors"], "keys": info["prefill_keys"],
+                             "q8_panels": bool(info["q8_panels"])},
             "hot_blocks": {"scores_q8": hot_blocks(binary, sc),
                            "accumulate_v_q8": hot_blocks(binary, v)},
         })
-        for kind, win in (("scores", sc), ("v", v), ("softmax", sm)):
+        for kind, win in (("scores", sc), ("v", v), ("softmax", sm), ("prefill_scores", psc),
+                          ("prefill_v", pv)):
             lines = binary.expand(win)
             for m in models:
                 jobs[(G, D, kind, m.key)] = mca.submit(m, lines)
@@ -424,6 +436,7 @@ def analyse(binary, t, plugin, isa, shapes, models, pool, mca, tmp):
     for m in models:
         for (G, D) in shapes:
             r = {k: jobs[(G, D, k, m.key)].result() for k in ("scores", "v", "softmax")}
+            pr = {k: jobs[(G, D, f"prefill_{k}", m.key)].result() for k in ("scores", "v")}
             # per token and KV head: a 32-row call's cycles / 32; softmax is
             # one head's pass over N_TRACE scores, times G heads
             cyc = {"scores": r["scores"]["cycles"] / CALL, "v": r["v"]["cycles"] / CALL,
@@ -445,8 +458,22 @@ def analyse(binary, t, plugin, isa, shapes, models, pool, mca, tmp):
                                     "total": round(2 * kb / cyc["total"], 4)},
                 "ipc": {k: round(r[k]["ipc"], 2) for k in r},
                 "qemu_instructions_per_kv_byte": ipb[(G, D)],
+                "prefill_cycles_per_vector_key": prefill_cycles(
+                    {k: pr[k]["cycles"] for k in pr}, r["softmax"]["cycles"], infos[(G, D)]),
+                "prefill_resource_bound_cycles_per_vector_key": prefill_cycles(
+                    {k: pr[k]["bound"] for k in pr}, r["softmax"]["bound"], infos[(G, D)]),
             })
     return counts, cycles
+
+
+def prefill_cycles(tile, softmax, info):
+    """Exact q8 prefill per (query vector, key): the tile's scores and V
+    calls (its vectors x 32 keys), and one element of a row's softmax (the
+    decode softmax's pass over N_TRACE scores is the same kernel)."""
+    per = info["prefill_vectors"] * info["prefill_keys"]
+    out = {"scores": tile["scores"] / per, "softmax": softmax / N_TRACE, "v": tile["v"] / per}
+    out["total"] = out["scores"] + out["softmax"] + out["v"]
+    return {k: round(x, 4) for k, x in out.items()}
 
 
 # ------------------------------------------------------------ x86 timing
@@ -485,6 +512,14 @@ def calibrate(x86_cycles, runs, clocks, host_model):
         meas = {k: [r[f"{k}_ns"] * ghz for r in rs] for k in ("scores", "v", "softmax")}
         meas["total"] = [(r["scores_ns"] + r["v_ns"] + r["softmax_ns"]) * ghz for r in rs]
         meas["sa_dense_decode"] = [r["decode_ns"] * ghz for r in rs]
+        # prefill per (vector, key): the tile's scores and V, one element
+        # of softmax (the decode timing's softmax is G rows per token)
+        pmeas = {"scores": [r["prefill_scores_ns"] * ghz for r in rs],
+                 "v": [r["prefill_v_ns"] * ghz for r in rs],
+                 "softmax": [r["softmax_ns"] / G * ghz for r in rs]}
+        pmeas["total"] = [a + b + c for a, b, c in zip(pmeas["scores"], pmeas["v"],
+                                                      pmeas["softmax"])]
+        pmed = {k: statistics.median(v) for k, v in pmeas.items()}
         kb = kv_bytes_per_token(D)
         med = {k: statistics.median(v) for k, v in meas.items()}
         measured.append({
@@ -498,20 +533,25 @@ def calibrate(x86_cycles, runs, clocks, host_model):
                                                 round(2 * kb / min(meas["total"]), 4)],
                                 "sa_dense_decode": round(2 * kb / med["sa_dense_decode"], 4)},
             "GBps_per_core": round(2 * kb / med["total"] * ghz, 2),
-            "_med": med, "_all": meas["total"],
+            "prefill_cycles_per_vector_key": {k: [round(min(v), 4), round(pmed[k], 4),
+                                                  round(max(v), 4)] for k, v in pmeas.items()},
+            "_med": med, "_all": meas["total"], "_pmed": pmed,
         })
     per_model = {}
     for c in x86_cycles:
         per_model.setdefault(c["model"], {})[(c["G"], c["D"])] = c
     factors = {}
     for key, pred in per_model.items():
-        rows, tot = [], []
+        rows, tot, ptot = [], [], []
         for m in measured:
             p = pred[(m["G"], m["D"])]["cycles_per_token_kv_head"]
             # measured / predicted bytes per cycle = predicted / measured cycles
             f = {k: round(p[k] / m["_med"][k], 3) for k in ("scores", "v", "softmax", "total")}
             f["total_range"] = [round(p["total"] / max(m["_all"]), 3),
                                 round(p["total"] / min(m["_all"]), 3)]
+            pp = pred[(m["G"], m["D"])]["prefill_cycles_per_vector_key"]
+            f["prefill"] = round(pp["total"] / m["_pmed"]["total"], 3)
+            ptot.append(f["prefill"])
             rows.append({"G": m["G"], "D": m["D"], "predicted_cycles_per_token_kv_head":
                          {k: p[k] for k in ("scores", "v", "softmax", "total")},
                          "predicted_bytes_per_cycle": pred[(m["G"], m["D"])]["bytes_per_cycle"]
@@ -519,9 +559,11 @@ def calibrate(x86_cycles, runs, clocks, host_model):
             tot.append(f["total"])
         factors[key] = {"shapes": rows, "total": {"min": min(tot), "median":
                                                   round(statistics.median(tot), 3),
-                                                  "max": max(tot)}}
+                                                  "max": max(tot)},
+                        "prefill": {"min": min(ptot), "median": round(statistics.median(ptot), 3),
+                                    "max": max(ptot)}}
     for m in measured:
-        del m["_med"], m["_all"]
+        del m["_med"], m["_all"], m["_pmed"]
     return {
         "isa": X86_ISA, "tokens": N_TIME, "host_model": host_model,
         "clock_ghz": {"used": round(ghz, 4), "min": round(min(ghz_all), 4),
@@ -536,10 +578,13 @@ def calibrate(x86_cycles, runs, clocks, host_model):
         "measured": measured,
         "factors": factors,
         "factor": factors.get(host_model, {}).get("total"),
+        "prefill_factor": factors.get(host_model, {}).get("prefill"),
         "factor_note": "measured / predicted bytes per cycle of scores_q8 + softmax_exp + "
                        "accumulate_v_q8 (median of the runs), per shape; 'factor' is the host "
                        "model's min / median / max over the six shapes; < 1: llvm-mca is "
-                       "optimistic",
+                       "optimistic; 'prefill_factor' the same for exact q8 prefill's kernels "
+                       "per (vector, key): a tile's scores (q8 panels) and V (float rows) over "
+                       f"{N_TIME} keys in cache, and the softmax",
     }
 
 
@@ -601,6 +646,7 @@ def predict_step(arm_cycles, arm_counts, calib, a76_model, a76_alts):
             "the DRAM range is assumed, not measured",
         ],
     }
+    res["prefill"] = predict_prefill(per_model, calib, a76_model)
     a = res["a76_x4"]
     if a:
         # the DRAM bandwidth at which the cores' time equals the memory's:
@@ -617,6 +663,45 @@ def predict_step(arm_cycles, arm_counts, calib, a76_model, a76_alts):
             f"memory-bound if the board streams less than {even[0]}-{even[-1]} GB/s (what "
             f"the cores keep up with), compute-bound above")
     return res
+
+
+def predict_prefill(per_model, calib, a76_model):
+    """The article's prompt prefilled exactly on the q8 cache: every query
+    vector against its causal keys (T (T + 1) / 2 per head and layer), at the
+    kernels' modelled cycles per (vector, key), the cores splitting the work
+    evenly; compute-bound (each tile reads its keys from cache)."""
+    T = STEP["tokens"]
+    pairs = STEP["q_heads"] * STEP["layers"] * T * (T + 1) // 2
+    f = calib.get("prefill_factor") if calib else None
+
+    def core(key, cores, ghz):
+        c = per_model.get(key)
+        if c is None:
+            return None
+        cyc = c["prefill_cycles_per_vector_key"]
+        ms = cyc["total"] * pairs / (cores * ghz * 1e9) * 1e3
+        out = {"model": key, "cores": cores, "ghz": ghz,
+               "cycles_per_vector_key": cyc, "model_ms": round(ms, 1)}
+        if f:
+            out["calibrated_ms"] = [round(ms / f["max"], 1), round(ms / f["median"], 1),
+                                    round(ms / f["min"], 1)]
+        return out
+
+    a76, a55 = BOARD["a76"], BOARD["a55"]
+    return {
+        "vector_key_pairs": pairs,
+        "a76_x4": core(a76_model, a76["cores"], a76["ghz"]) if a76_model else None,
+        "a55_x1": core(A55_MODEL, a55["cores"], a55["ghz"]),
+        "assumptions": [
+            "attention only (the model's linear layers are not modelled)",
+            "a tile's scores, softmax and V only: K's packing into panels, V's dequantisation "
+            "(once per worker and KV head), the importance sums and the tiles' bookkeeping "
+            "are left out (a few percent of a prefill on x86)",
+            "the cores split the work evenly and scale perfectly; the keys a tile reads stay "
+            "in cache",
+            "the x86 prefill factor carries over to the Arm cores (unverified)",
+        ],
+    }
 
 
 # ------------------------------------------------------------ main
@@ -705,6 +790,11 @@ def run(quick=False, json_path=None, repeats=5, keep=None):
                       "(softmax: / tokens x G); resource_bound = llvm-mca's Block RThroughput "
                       "on the same scale",
             "bytes": "per token and KV head: K = D int8 + 4 bytes per 32 values, V the same",
+            "prefill": "exact q8 prefill's kernels as prefill.c calls them: one tile (32 rows x "
+                       "G heads of query vectors) scored against 32 keys (scores_q8_panels over "
+                       "K in the table's panels, else scores_q8 over the rows), its V for those "
+                       "keys (accumulate_v_f32 over float rows), and one element of the "
+                       "softmax (the decode trace's pass); cycles per (vector, key)",
             "instructions": f"exact guest instruction count of one sa_dense_decode (1 thread, "
                             f"1 KV head, {N_TRACE} tokens, after a warm-up call), split by the "
                             "functions each traced kernel call ran; qemu -cpu cortex-a76 for "
@@ -787,6 +877,16 @@ def print_summary(r):
                       (f", calibrated {cal_ms[0]}-{cal_ms[2]} ms" if cal_ms else ""))
         if "a76_x4_bound" in p:
             print(f"  four A76: {p['a76_x4_bound']}")
+        pf = p.get("prefill")
+        if pf:
+            print(f"  exact q8 prefill of the prompt's attention ({pf['vector_key_pairs']:.3g} "
+                  "(vector, key) pairs), cycles per pair scores + softmax + V:")
+            for label, c in (("4x A76", pf["a76_x4"]), ("1x A55", pf["a55_x1"])):
+                if c:
+                    y, cal_ms = c["cycles_per_vector_key"], c.get("calibrated_ms")
+                    print(f"  {label:34s} {c['model']:22s} {y['scores']:.2f} + {y['softmax']:.2f}"
+                          f" + {y['v']:.2f} = {y['total']:.2f}, model {c['model_ms']} ms" +
+                          (f", calibrated {cal_ms[0]}-{cal_ms[2]} ms" if cal_ms else ""))
     print(f"\n({r['seconds']} s)")
 
 

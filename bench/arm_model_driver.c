@@ -13,12 +13,21 @@
  *                 32..63 of a longer run, the next 32 rows' prefetch hint)
  *       window 2: one accumulate_v_q8 call, likewise
  *       window 3: one softmax_exp call over the N scores of one head
+ *       window 4: exact q8 prefill's scores of one tile (TILE_ROWS rows x G
+ *                 heads = PV query vectors) against CALL keys: the table's
+ *                 scores_q8_panels over K in its panels (panels.c), else
+ *                 scores_q8 over the rows in place, as prefill calls them
+ *       window 5: prefill's V for the same tile: one accumulate_v_f32 call
+ *                 of CALL float rows (q8 V dequantised once per worker and
+ *                 KV head, prefill.c) for the PV vectors
  *   arm_model_driver time ISA G D N REPS
  *       in-cache timing on this CPU, one thread: the kernel calls of a
  *       dense decode (scores_q8 / softmax_exp / accumulate_v_q8 in 32-row
  *       calls with prefetch hints, as rows.c and attend.c make them) and
- *       sa_dense_decode itself, best of REPS passes each; prints one JSON
- *       object (ns per token and KV head).
+ *       sa_dense_decode itself, best of REPS passes each; then prefill's
+ *       scores and V kernels over N keys for one tile's PV vectors; prints
+ *       one JSON object (ns per token and KV head; prefill: ns per
+ *       (vector, key)).
  *   arm_model_driver clock
  *       x86-64 only: the core clock in GHz, from chains of dependent adds
  *       and multiplies of known latency, best of several tries (for a VM
@@ -37,7 +46,7 @@
 #include "kernels.h"
 #include "sparse_attn.h"
 
-enum { GS = 32, CALL = 32, MAX_G = 16 };
+enum { GS = 32, CALL = 32, MAX_G = 16, TILE_ROWS = 32, MAX_PV = TILE_ROWS * MAX_G };
 
 /* The plugin starts a window when the first instruction of sa_model_begin
  * runs and ends it at sa_model_end.  The volatile stores keep the two from
@@ -52,6 +61,12 @@ typedef struct {
     int8_t *k, *v, *qq;
     float *kd, *vd, *qd, *qf, *out;
     float *s[MAX_G], *o[MAX_G];
+    /* prefill: a tile's PV = TILE_ROWS * G query vectors, K in the table's
+     * q8 panels (k8p, kdp; NULL without scores_q8_panels), V as float rows */
+    int pv;
+    int8_t *pqq, *k8p;
+    float *pqd, *kdp, *vf;
+    float *ps[MAX_PV], *po[MAX_PV];
 } shape;
 
 /* rows.c's hint for a call ending at row end of a run of n rows: the next
@@ -121,6 +136,88 @@ static int drv_decode(shape *sh)
     return sa_dense_decode(sh->qf, sh->G, &k, &v, sh->n, 0.088f, sh->out, 1);
 }
 
+/* Prefill's operands: the tile's quantised query vectors, K in the q8
+ * panels (the layout of kernels.h, filled from the rows: any bytes do, the
+ * work does not depend on them), V as float rows, and PV score rows of n. */
+static int drv_setup_prefill(shape *sh)
+{
+    const int D = sh->D, ng = sh->ng, n = sh->n, PV = TILE_ROWS * sh->G;
+    const int nt = sh->kern->q8_panel_keys;
+    const size_t keys = nt ? ((size_t)n + (size_t)nt - 1) / (size_t)nt * (size_t)nt : 0;
+    sh->pv = PV;
+    sh->pqq = malloc((size_t)PV * D);
+    sh->pqd = malloc((size_t)PV * ng * sizeof(float));
+    sh->vf = malloc((size_t)n * D * sizeof(float));
+    if (!sh->pqq || !sh->pqd || !sh->vf)
+        return -1;
+    sh->k8p = NULL, sh->kdp = NULL;
+    if (sh->kern->scores_q8_panels) {
+        sh->k8p = malloc(keys * (size_t)D);
+        sh->kdp = malloc(keys * (size_t)ng * sizeof(float));
+        if (!sh->k8p || !sh->kdp)
+            return -1;
+        for (size_t i = 0; i < keys * (size_t)D; i++)
+            sh->k8p[i] = sh->k[i % ((size_t)n * D)];
+        for (size_t i = 0; i < keys * (size_t)ng; i++)
+            sh->kdp[i] = sh->kd[i % ((size_t)n * ng)];
+    }
+    for (int i = 0; i < PV * D; i++)
+        sh->pqq[i] = (int8_t)(i % 201 - 100);
+    for (int i = 0; i < PV * ng; i++)
+        sh->pqd[i] = 0.01f;
+    for (size_t i = 0; i < (size_t)n * D; i++)
+        sh->vf[i] = sh->vd[i / D * ng + i % D / GS] * (float)sh->v[i];
+    for (int j = 0; j < PV; j++) {
+        sh->ps[j] = malloc((size_t)n * sizeof(float));
+        sh->po[j] = calloc((size_t)D, sizeof(float));
+        if (!sh->ps[j] || !sh->po[j])
+            return -1;
+        for (int t = 0; t < n; t++)
+            sh->ps[j][t] = 0.001f * (float)((t * 7 + j) % 101);
+    }
+    return 0;
+}
+
+/* Prefill's scores of the tile against keys [c, c + m), as panels.c calls
+ * the kernels (one call for the run; scores_q8 in place without panels). */
+static void drv_prefill_scores(shape *sh, int c, int m)
+{
+    const sa_kernels *kern = sh->kern;
+    const int D = sh->D, ng = sh->ng;
+    float *s[MAX_PV];
+    for (int j = 0; j < sh->pv; j++)
+        s[j] = sh->ps[j] + c;
+    if (sh->k8p) {
+        const int nt = kern->q8_panel_keys, p0 = c / nt;
+        kern->scores_q8_panels(sh->pqq, sh->pqd, sh->pv, D, GS, sh->k8p + (size_t)p0 * D * nt,
+                               sh->kdp + (size_t)p0 * ng * nt, c % nt, m, s);
+    } else {
+        kern->scores_q8(sh->pqq, sh->pqd, sh->pv, D, GS, sh->k + (size_t)c * D,
+                        sh->kd + (size_t)c * ng, D, ng, m, s, NULL);
+    }
+}
+
+/* Prefill's V for the tile: keys [c, c + m), float rows. */
+static void drv_prefill_v(shape *sh, int c, int m)
+{
+    const float *p[MAX_PV];
+    for (int j = 0; j < sh->pv; j++)
+        p[j] = sh->ps[j] + c;
+    sh->kern->accumulate_v_f32(sh->po, p, sh->pv, sh->D, sh->vf + (size_t)c * sh->D, sh->D, m,
+                               NULL);
+}
+
+static void drv_prefill_scores_pass(shape *sh)
+{
+    drv_prefill_scores(sh, 0, sh->n);
+}
+
+static void drv_prefill_v_pass(shape *sh)
+{
+    for (int c = 0; c < sh->n; c += CALL)
+        drv_prefill_v(sh, c, sh->n - c < CALL ? sh->n - c : CALL);
+}
+
 /* Random int8 rows with scales near what sa_quantize_q8 gives (the kernels'
  * work does not depend on the values). */
 static int drv_setup(shape *sh, int G, int D, int n)
@@ -160,7 +257,7 @@ static int drv_setup(shape *sh, int G, int D, int n)
     for (int g = 0; g < G; g++)
         for (int t = 0; t < n; t++)
             sh->s[g][t] = 0.001f * (float)((t * 7 + g) % 101);
-    return 0;
+    return drv_setup_prefill(sh);
 }
 
 /* Each window holds one call and nothing else of the driver: the call's
@@ -203,8 +300,17 @@ static int drv_trace(shape *sh)
     sa_model_begin();
     kern->softmax_exp(sh->s[0], sh->n, 0.088f, NULL);
     sa_model_end();
-    printf("{\"isa\": \"%s\", \"G\": %d, \"D\": %d, \"n\": %d}\n", sa_isa_name(), G, D,
-           sh->n);
+    drv_prefill_scores(sh, 0, CALL); /* warm-up */
+    drv_prefill_v(sh, 0, CALL);
+    sa_model_begin();
+    drv_prefill_scores(sh, c, CALL);
+    sa_model_end();
+    sa_model_begin();
+    drv_prefill_v(sh, c, CALL);
+    sa_model_end();
+    printf("{\"isa\": \"%s\", \"G\": %d, \"D\": %d, \"n\": %d, \"prefill_vectors\": %d, "
+           "\"prefill_keys\": %d, \"q8_panels\": %d}\n", sa_isa_name(), G, D, sh->n, sh->pv, CALL,
+           sh->k8p != NULL);
     return 0;
 }
 
@@ -248,9 +354,19 @@ static int drv_time(shape *sh, int reps)
     const double tv = drv_best_of(sh, drv_v_pass, reps);
     const double td = drv_best_of(sh, drv_decode_pass, reps);
     const double per = 1e9 / sh->n;
+    /* prefill: a tile's scores over all n keys in one call, V in CALL-key
+     * calls, per (vector, key) */
+    const int preps = reps / 8 > 2 ? reps / 8 : 2;
+    drv_prefill_scores_pass(sh);
+    drv_prefill_v_pass(sh);
+    const double tps = drv_best_of(sh, drv_prefill_scores_pass, preps);
+    const double tpv = drv_best_of(sh, drv_prefill_v_pass, preps);
+    const double pper = 1e9 / ((double)sh->n * sh->pv);
     printf("{\"isa\": \"%s\", \"G\": %d, \"D\": %d, \"n\": %d, \"reps\": %d, "
-           "\"scores_ns\": %.4f, \"softmax_ns\": %.4f, \"v_ns\": %.4f, \"decode_ns\": %.4f}\n",
-           sa_isa_name(), sh->G, sh->D, sh->n, reps, ts * per, tx * per, tv * per, td * per);
+           "\"scores_ns\": %.4f, \"softmax_ns\": %.4f, \"v_ns\": %.4f, \"decode_ns\": %.4f, "
+           "\"prefill_vectors\": %d, \"prefill_scores_ns\": %.5f, \"prefill_v_ns\": %.5f}\n",
+           sa_isa_name(), sh->G, sh->D, sh->n, reps, ts * per, tx * per, tv * per, td * per,
+           sh->pv, tps * pper, tpv * pper);
     return 0;
 }
 

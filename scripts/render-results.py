@@ -201,7 +201,7 @@ def render_arm(d):
                    f"({pf['vector_key_pairs'] / 1e6:.0f}M (query vector, key) pairs): "
                    f"{y['total']:.1f} cycles per pair on the A76 model (scores {y['scores']:.1f}, "
                    f"softmax {y['softmax']:.1f}, V {y['v']:.1f}), four A76 cores "
-                   f"{min(cal_ms) / 1e3:.1f}-{max(cal_ms) / 1e3:.1f} s calibrated"
+                   f"{min(cal_ms) / 1e3:.2f}-{max(cal_ms) / 1e3:.2f} s calibrated"
                    + (f"; one A55 {pl['cycles_per_vector_key']['total']:.0f} cycles per pair, "
                       f"{min(pl.get('calibrated_ms') or [pl['model_ms']]) / 1e3:.0f}-"
                       f"{max(pl.get('calibrated_ms') or [pl['model_ms']]) / 1e3:.0f} s" if pl

@@ -82,3 +82,31 @@ def test_step_prediction(quick):
     assert a76["model"] == "neoverse-n1@llvm-16" and a76["cores"] == 4
     assert a76["model_ms"] > 0 and a55["model_ms"] > a76["model_ms"]
     assert quick["calibration_x86"] is None  # --quick skips the x86 calibration
+
+
+def test_prefill_tile_and_prediction(quick):
+    """Exact q8 prefill's kernels: one tile (32 rows x G heads) against 32
+    keys through the table's q8 panels and float V, per (vector, key), and
+    the article's prompt from them."""
+    (c,) = quick["qemu_instruction_counts"]
+    assert c["prefill_tile"] == {"vectors": 64, "keys": 32, "q8_panels": True}
+    calls = c["call_instructions"]
+    # 64 vectors x 32 keys x 128 channels: at least one 4-lane multiply-add
+    # instruction per 4 scores' 16 products (sdot), per 4 V products (fmla)
+    assert calls["prefill_scores_tile_32_keys"] > 64 * 32 * 128 / 64
+    assert calls["prefill_v_tile_32_keys"] > 64 * 32 * 128 / 4
+    for m in quick["llvm_mca"]:
+        y = m["prefill_cycles_per_vector_key"]
+        assert all(y[k] > 0 for k in ("scores", "softmax", "v"))
+        assert y["total"] == pytest.approx(y["scores"] + y["softmax"] + y["v"], abs=1e-3)
+        # the softmax element is the decode pass's, per score
+        assert y["softmax"] == pytest.approx(
+            m["cycles_per_token_kv_head"]["softmax"] / m["G"], rel=0.01)
+        assert y["total"] >= 0.99 * m["prefill_resource_bound_cycles_per_vector_key"]["total"]
+    pf = quick["predicted_step"]["prefill"]
+    assert pf["vector_key_pairs"] == 16 * 28 * 2061 * 2062 // 2
+    a76, a55 = pf["a76_x4"], pf["a55_x1"]
+    assert a76["cores"] == 4 and 0 < a76["model_ms"] < a55["model_ms"]
+    assert a76["model_ms"] == pytest.approx(
+        a76["cycles_per_vector_key"]["total"] * pf["vector_key_pairs"] / (4 * 2.4e9) * 1e3,
+        rel=1e-3)
