@@ -94,6 +94,8 @@ CASES = [
     (["bench", "model", "--configs", "sdpa;k=32 frobnicate"], "--configs"),
     (["bench", "model", "--configs", "k=32 policy=turbo"], "--configs"),
     (["bench", "model", "--new-tokens", "1"], "--new-tokens"),
+    (["bench", "model", "--prefill-rounds", "0"], "--prefill-rounds"),
+    (["bench", "model", "--prefill-rounds", "x"], "--prefill-rounds"),
     (["bench", "model", "--new-tokens", BIG], "--new-tokens"),
     (["bench", "model", "--needle", "5"], "--needle"),
     (["bench", "model", "--needle", "-1"], "--needle"),
