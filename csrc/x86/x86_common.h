@@ -346,8 +346,8 @@ static float SA_FN(softmax_exp)(float *s, int n, float scale, float *max_out)
     const int nv = n & ~(SA_VT - 1), rem = n & (SA_VT - 1);
     const sa_vmask tm = vf_tail(rem);
     /* four running maxima: one would be a chain of maxps latencies (a
-     * quarter of the softmax on a Xeon Emerald Rapids); the max of finite
-     * values is the same whatever the order.  maxps drops NaN, so when the
+     * fifth of the AVX2 softmax on a Xeon Emerald Rapids); the max of
+     * finite values is the same whatever the order.  maxps drops NaN, so when the
      * caller asks for the maximum the NaNs are counted beside it; else a
      * NaN score makes its exp, so the sum, NaN anyway. */
     sa_vf mv = SA_MM(set1_ps)(-__builtin_inff()), m1 = mv, m2 = mv, m3 = mv;
