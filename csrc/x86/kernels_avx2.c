@@ -108,8 +108,9 @@ SA_INLINE __m256i dot32_s8(__m256i k, __m256i kabs, __m256i q)
  * lanes, and the 4 rows' lanes are reduced together (the unpack/shuffle
  * tree of reduce4_ps, integer so exact). */
 SA_INLINE void dot_group4_s8(const int8_t *const *qh, int HB, const int8_t *const *rows, int off,
-                             int nc, __m256i *half)
+                             int nc, __m256i *half, sa_pf_walk *w)
 {
+    sa_pf_walk_step(w);
     __m256i acc[2][4];
     for (int i = 0; i < 4; i++) {
         const __m256i k = _mm256_loadu_si256((const __m256i *)(rows[i] + off));
@@ -199,7 +200,7 @@ SA_INLINE void scales_8xng(const float *const *srow, int ng, __m256 *kd)
  * default group of 32, so its dot has no chunk loop. */
 SA_INLINE void scores_q8_group_loop(const int8_t *qq, const float *qd, int HB, int D, int gs,
                                     const int NC, const int8_t *const *rows,
-                                    const float *const *srow, __m256 *res)
+                                    const float *const *srow, __m256 *res, sa_pf_walk *w)
 {
     const int ng = D / gs;
     const int8_t *qh[2] = {qq, qq + (HB > 1 ? D : 0)};
@@ -207,27 +208,33 @@ SA_INLINE void scores_q8_group_loop(const int8_t *qq, const float *qd, int HB, i
     scales_8xng(srow, ng, kd);
     for (int h = 0; h < HB; h++)
         res[h] = _mm256_setzero_ps();
+    sa_pf_walk wl = *w; /* in registers for the loop */
     for (int g = 0; g < ng; g++) {
         __m256i lo[2], hi[2];
-        dot_group4_s8(qh, HB, rows, g * gs, NC, lo);
-        dot_group4_s8(qh, HB, rows + 4, g * gs, NC, hi);
+        dot_group4_s8(qh, HB, rows, g * gs, NC, lo, &wl);
+        dot_group4_s8(qh, HB, rows + 4, g * gs, NC, hi, &wl);
         for (int h = 0; h < HB; h++) {
             const __m256i isum = _mm256_add_epi32(_mm256_permute2x128_si256(lo[h], hi[h], 0x20),
                                                   _mm256_permute2x128_si256(lo[h], hi[h], 0x31));
-            const __m256 w = _mm256_mul_ps(_mm256_set1_ps(qd[h * ng + g]), kd[g]);
-            res[h] = _mm256_add_ps(res[h], _mm256_mul_ps(w, _mm256_cvtepi32_ps(isum)));
+            const __m256 wq = _mm256_mul_ps(_mm256_set1_ps(qd[h * ng + g]), kd[g]);
+            res[h] = _mm256_add_ps(res[h], _mm256_mul_ps(wq, _mm256_cvtepi32_ps(isum)));
         }
     }
+    *w = wl;
 }
 
 SA_INLINE void scores_q8_block(const int8_t *qq, const float *qd, int HB, int D, int gs,
-                               const int8_t *const *rows, const float *const *srow, __m256 *res)
+                               const int8_t *const *rows, const float *const *srow, __m256 *res,
+                               sa_pf_walk *w)
 {
     if (gs == 32)
-        scores_q8_group_loop(qq, qd, HB, D, gs, 1, rows, srow, res);
+        scores_q8_group_loop(qq, qd, HB, D, gs, 1, rows, srow, res, w);
     else
-        scores_q8_group_loop(qq, qd, HB, D, gs, gs / 32, rows, srow, res);
+        scores_q8_group_loop(qq, qd, HB, D, gs, gs / 32, rows, srow, res, w);
 }
+
+/* Prefetch steps per block of heads and tokens: one per half group. */
+#define SA_Q8_S_STEPS(D, gs) (2 * ((D) / (gs)))
 
 /* gs a multiple of 32 (the dot works on 32-byte chunks of one group). */
 SA_INLINE int q8_takes(int gs, int D, ptrdiff_t scale_stride)
@@ -244,10 +251,10 @@ SA_INLINE int q8_takes(int gs, int D, ptrdiff_t scale_stride)
 SA_INLINE void scores_q8_tokens(const int8_t *qq, const float *qd, int HB, int D, int gs,
                                 const int8_t *const *rows, const float *const *srows,
                                 const float *kd_t, ptrdiff_t scale_stride, int cnt,
-                                __m256 *res)
+                                __m256 *res, sa_pf_walk *w)
 {
     (void)kd_t, (void)scale_stride, (void)cnt;
-    scores_q8_block(qq, qd, HB, D, gs, rows, srows, res);
+    scores_q8_block(qq, qd, HB, D, gs, rows, srows, res, w);
 }
 
 /* -------------------------------------------------------------------------
@@ -291,7 +298,8 @@ SA_INLINE __m256 vf_exp_finish(__m256 poly, __m256 z, __m256 x)
  * and a weight stay in the 16 registers. */
 SA_INLINE void accv_q8_tile(float *const *out, const float *const *p, const int HB, const int NV,
                             const int8_t *v, const float *vd, ptrdiff_t row_stride,
-                            ptrdiff_t scale_stride, int t0, int t1, int d, int g)
+                            ptrdiff_t scale_stride, int t0, int t1, int d, int g,
+                            sa_pf_walk *w, const int STEP)
 {
     __m256 a[4][4];
     for (int h = 0; h < HB; h++)
@@ -299,17 +307,24 @@ SA_INLINE void accv_q8_tile(float *const *out, const float *const *p, const int 
             a[h][c] = _mm256_loadu_ps(out[h] + d + 8 * c);
     const int8_t *row = v + (ptrdiff_t)t0 * row_stride + d;
     const float *sc = vd + (ptrdiff_t)t0 * scale_stride + g;
+    sa_pf_walk wl = {0}; /* in registers for the loop */
+    if (STEP)
+        wl = *w;
     for (int t = t0; t < t1; t++, row += row_stride, sc += scale_stride) {
+        if (STEP)
+            sa_pf_walk_step(&wl);
         const __m256 s = _mm256_broadcast_ss(sc);
         __m256 x[4];
         for (int c = 0; c < NV; c++)
             x[c] = _mm256_mul_ps(s, load8_s8_ps(row + 8 * c));
         for (int h = 0; h < HB; h++) {
-            const __m256 w = _mm256_broadcast_ss(p[h] + t);
+            const __m256 wt = _mm256_broadcast_ss(p[h] + t);
             for (int c = 0; c < NV; c++)
-                a[h][c] = _mm256_fmadd_ps(w, x[c], a[h][c]);
+                a[h][c] = _mm256_fmadd_ps(wt, x[c], a[h][c]);
         }
     }
+    if (STEP)
+        *w = wl;
     for (int h = 0; h < HB; h++)
         for (int c = 0; c < NV; c++)
             _mm256_storeu_ps(out[h] + d + 8 * c, a[h][c]);
@@ -320,32 +335,46 @@ SA_INLINE void accv_q8_tile(float *const *out, const float *const *p, const int 
  * The group is counted along, not divided out per tile. */
 SA_INLINE void accv_q8_cols(float *const *out, const float *const *p, const int HB, const int NV,
                             int D, int gs, const int8_t *v, const float *vd,
-                            ptrdiff_t row_stride, ptrdiff_t scale_stride, int t0, int t1)
+                            ptrdiff_t row_stride, ptrdiff_t scale_stride, int t0, int t1,
+                            sa_pf_walk *w)
 {
     int d = 0, g = 0, left = gs;
     for (; d + 8 * NV <= D; d += 8 * NV) {
-        accv_q8_tile(out, p, HB, NV, v, vd, row_stride, scale_stride, t0, t1, d, g);
+        if (w && d % 32 == 0)
+            accv_q8_tile(out, p, HB, NV, v, vd, row_stride, scale_stride, t0, t1, d, g, w, 1);
+        else
+            accv_q8_tile(out, p, HB, NV, v, vd, row_stride, scale_stride, t0, t1, d, g, w, 0);
         if ((left -= 8 * NV) == 0)
             g++, left = gs;
     }
     for (; d < D; d += 8) {
-        accv_q8_tile(out, p, HB, 1, v, vd, row_stride, scale_stride, t0, t1, d, g);
+        if (w && d % 32 == 0)
+            accv_q8_tile(out, p, HB, 1, v, vd, row_stride, scale_stride, t0, t1, d, g, w, 1);
+        else
+            accv_q8_tile(out, p, HB, 1, v, vd, row_stride, scale_stride, t0, t1, d, g, w, 0);
         if ((left -= 8) == 0)
             g++, left = gs;
     }
 }
 
+/* The widest tile (vectors) HB heads' accumulators and the group size
+ * allow. */
+SA_INLINE int accv_q8_nv(int NV, int gs)
+{
+    return NV >= 4 && gs % 32 == 0 ? 4 : NV >= 2 && gs % 16 == 0 ? 2 : 1;
+}
+
 /* HB heads with the widest tile their group size allows. */
 SA_INLINE void accv_q8_heads_avx2(float *const *out, const float *const *p, const int HB,
                                   const int NV, int D, int gs, const int8_t *v, const float *vd,
-                                  ptrdiff_t row_stride, ptrdiff_t scale_stride, int t0, int t1)
+                                  ptrdiff_t row_stride, ptrdiff_t scale_stride, int t0, int t1,
+                                  sa_pf_walk *w)
 {
-    if (NV >= 4 && gs % 32 == 0)
-        accv_q8_cols(out, p, HB, 4, D, gs, v, vd, row_stride, scale_stride, t0, t1);
-    else if (NV >= 2 && gs % 16 == 0)
-        accv_q8_cols(out, p, HB, 2, D, gs, v, vd, row_stride, scale_stride, t0, t1);
-    else
-        accv_q8_cols(out, p, HB, 1, D, gs, v, vd, row_stride, scale_stride, t0, t1);
+    switch (accv_q8_nv(NV, gs)) {
+    case 4: accv_q8_cols(out, p, HB, 4, D, gs, v, vd, row_stride, scale_stride, t0, t1, w); break;
+    case 2: accv_q8_cols(out, p, HB, 2, D, gs, v, vd, row_stride, scale_stride, t0, t1, w); break;
+    default: accv_q8_cols(out, p, HB, 1, D, gs, v, vd, row_stride, scale_stride, t0, t1, w);
+    }
 }
 
 /* Heads in blocks of 4 (two vectors of 16 columns: 8 accumulators), then
@@ -355,27 +384,44 @@ SA_INLINE void accv_q8_heads_avx2(float *const *out, const float *const *p, cons
  * pair-and-one blocks' two and four.  The convert and the scale run on the
  * FMA ports, so that is most of the cost at G = 3: V took 0.67-0.70x the
  * time at G = 3 and 7, 0.93x at G = 2 (in cache, one thread, Xeon Emerald
- * Rapids; bench/arm_model_driver.c `time`, old and new builds alternated). */
+ * Rapids; bench/arm_model_driver.c `time`, old and new builds alternated).
+ * The prefetch walk steps in the last block's tiles that start a 32-column
+ * stretch, D / 32 steps per token: a step in every tile cost a block of 3
+ * heads a third more time in cache (16 tiles per token at G = 7) for
+ * nothing streamed, where the arithmetic, not the memory, is the bound. */
 SA_INLINE void accv_q8_block_avx2(float *const *out, const float *const *p, int G, int D,
                                   int gs, const int8_t *v, const float *vd,
-                                  ptrdiff_t row_stride, ptrdiff_t scale_stride, int t0, int t1)
+                                  ptrdiff_t row_stride, ptrdiff_t scale_stride, int t0, int t1,
+                                  sa_pf_walk *w)
 {
     int g = 0;
     for (; g + 4 <= G; g += 4)
-        accv_q8_heads_avx2(out + g, p + g, 4, 2, D, gs, v, vd, row_stride, scale_stride, t0, t1);
+        accv_q8_heads_avx2(out + g, p + g, 4, 2, D, gs, v, vd, row_stride, scale_stride, t0, t1,
+                           g + 4 == G ? w : NULL);
     switch (G - g) {
     case 3:
-        accv_q8_heads_avx2(out + g, p + g, 3, 2, D, gs, v, vd, row_stride, scale_stride, t0, t1);
+        accv_q8_heads_avx2(out + g, p + g, 3, 2, D, gs, v, vd, row_stride, scale_stride, t0, t1,
+                           w);
         break;
     case 2:
-        accv_q8_heads_avx2(out + g, p + g, 2, 4, D, gs, v, vd, row_stride, scale_stride, t0, t1);
+        accv_q8_heads_avx2(out + g, p + g, 2, 4, D, gs, v, vd, row_stride, scale_stride, t0, t1,
+                           w);
         break;
     case 1:
-        accv_q8_heads_avx2(out + g, p + g, 1, 4, D, gs, v, vd, row_stride, scale_stride, t0, t1);
+        accv_q8_heads_avx2(out + g, p + g, 1, 4, D, gs, v, vd, row_stride, scale_stride, t0, t1,
+                           w);
         break;
     default: break;
     }
 }
+
+/* The prefetch walk's steps per token of accv_q8_block_avx2. */
+SA_INLINE int accv_q8_steps_avx2(int G, int D, int gs)
+{
+    (void)G, (void)gs;
+    return (D + 31) / 32;
+}
+#define SA_Q8_V_STEPS accv_q8_steps_avx2
 #define SA_Q8_V_BLOCK accv_q8_block_avx2
 
 /* -------------------------------------------------------------------------

@@ -217,9 +217,10 @@ SA_INLINE void k_xy(const int8_t *r, __m512i *x, __m512i *y)
  * quads one lane transpose to give [group: 16 tokens]. */
 SA_INLINE void scores_q8_block32(const int8_t *qq, const float *qd, int HB, int D,
                                  const int8_t *const *rows, const float *const *srows,
-                                 __m512 *res)
+                                 __m512 *res, sa_pf_walk *w)
 {
     const int ng = D / 32;
+    sa_pf_walk wl = *w; /* in registers for the loop */
     for (int h = 0; h < HB; h++)
         res[h] = _mm512_setzero_ps();
     for (int b = 0; b < D; b += 128) {
@@ -232,6 +233,7 @@ SA_INLINE void scores_q8_block32(const int8_t *qq, const float *qd, int HB, int 
             bias[h] = _mm512_add_epi32(offset_bias(qx[h]), offset_bias(qy[h]));
         }
         for (int j = 0; j < 4; j++) {
+            sa_pf_walk_step(&wl);
             __m512i acc[SA_Q8_HEADS][4];
             for (int i = 0; i < 4; i++) {
                 __m512i x, y;
@@ -256,6 +258,7 @@ SA_INLINE void scores_q8_block32(const int8_t *qq, const float *qd, int HB, int 
             res[h] = add_group_term(res[h], qdh[3], kdg[3], isum[3]);
         }
     }
+    *w = wl;
 }
 
 /* Any gs that is a multiple of 16 (so D is too).  Per 64-byte segment of a
@@ -266,8 +269,9 @@ SA_INLINE void scores_q8_block32(const int8_t *qq, const float *qd, int HB, int 
  * scores_q8_gemm_many instead.) */
 SA_INLINE void scores_q8_block16(const int8_t *qq, const float *qd, int HB, int D, int gs,
                                  const int8_t *const *rows, const float *kd_t, __m512i idx,
-                                 __m512 *res)
+                                 __m512 *res, sa_pf_walk *w)
 {
+    sa_pf_walk wl = *w; /* in registers for the loop */
     const int ng = D / gs, cpg = gs / 16, nchunk = D / 16;
     const __m512i flip = _mm512_set1_epi8((char)0x80);
     __m512i gsum[SA_Q8_HEADS];
@@ -283,6 +287,7 @@ SA_INLINE void scores_q8_block16(const int8_t *qq, const float *qd, int HB, int 
             bias[h] = offset_bias(qv[h]); /* masked bytes: q = 0, nothing to cancel */
         }
         for (int j = 0; j < 4; j++) {
+            sa_pf_walk_step(&wl);
             __m512i acc[SA_Q8_HEADS][4];
             for (int i = 0; i < 4; i++) {
                 const __m512i z =
@@ -312,6 +317,7 @@ SA_INLINE void scores_q8_block16(const int8_t *qq, const float *qd, int HB, int 
             }
         }
     }
+    *w = wl;
 }
 
 /* gs a multiple of 16; the gathers of the general path index 15 rows of
@@ -325,17 +331,21 @@ SA_INLINE int q8_takes(int gs, int D, ptrdiff_t scale_stride)
 SA_INLINE void scores_q8_tokens(const int8_t *qq, const float *qd, int HB, int D, int gs,
                                 const int8_t *const *rows, const float *const *srows,
                                 const float *kd_t, ptrdiff_t scale_stride, int cnt,
-                                __m512 *res)
+                                __m512 *res, sa_pf_walk *w)
 {
     if (gs == 32 && D % 128 == 0) {
-        scores_q8_block32(qq, qd, HB, D, rows, srows, res);
+        scores_q8_block32(qq, qd, HB, D, rows, srows, res, w);
         return;
     }
     const __m512i lane = _mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15);
     const __m512i idx = _mm512_mullo_epi32(_mm512_min_epi32(lane, _mm512_set1_epi32(cnt - 1)),
                                            _mm512_set1_epi32((int)scale_stride));
-    scores_q8_block16(qq, qd, HB, D, gs, rows, kd_t, idx, res);
+    scores_q8_block16(qq, qd, HB, D, gs, rows, kd_t, idx, res, w);
 }
+
+/* Prefetch steps per block of heads and tokens: one per quad of rows and
+ * 128 (gs 32) or 64 bytes of the row. */
+#define SA_Q8_S_STEPS(D, gs) ((gs) == 32 && (D) % 128 == 0 ? (D) / 32 : ((D) + 63) / 64 * 4)
 
 /* -------------------------------------------------------------------------
  * softmax_exp: the exponent's steps

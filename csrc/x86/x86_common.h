@@ -30,16 +30,20 @@
  *   sum_quads(quad)           the SA_VT / 4 reduce4_ps results of a score
  *                             block -> its SA_VT scores, token order
  *   q8_takes(gs, D, scale_stride)                 1 if the SIMD q8 dot takes it
- *   scores_q8_tokens(qq, qd, HB, D, gs, rows, srows, kd_t, scale_stride, cnt, res)
+ *   scores_q8_tokens(qq, qd, HB, D, gs, rows, srows, kd_t, scale_stride, cnt, res, w)
+ *                             (w: the call's prefetch walk, kernels.h, a step
+ *                             per SA_Q8_S_STEPS(D, gs)-th of the block)
  *   SA_Q8_HEADS               the most heads scores_q8_tokens takes (2 / 3):
  *                             with 3, odd groups end on a block of three
  *   SA_V_HEADS                heads per V accumulation block (2 / 4; from 4,
  *                             q8 V also takes a block of three)
- *   SA_Q8_V_BLOCK(out, p, G, D, gs, v, vd, row_stride, scale_stride, t0, t1)
- *                             optional: q8 V accumulation of tokens [t0, t1)
- *                             for all G heads (gs a multiple of SA_VT), in
- *                             the file's own head blocks and tiles, instead
- *                             of accv_q8_heads' SA_V_HEADS, pairs and one
+ *   SA_Q8_V_BLOCK(out, p, G, D, gs, v, vd, row_stride, scale_stride, t0, t1, w)
+ *   SA_Q8_V_STEPS(G, D, gs)   optional, together: q8 V accumulation of tokens
+ *                             [t0, t1) for all G heads (gs a multiple of
+ *                             SA_VT), in the file's own head blocks and
+ *                             tiles, instead of accv_q8_heads' SA_V_HEADS,
+ *                             pairs and one; its prefetch walk's steps per
+ *                             token
  *   SA_Q8_MANY_HEADS, q8_many_takes(gs, D), scores_q8_many(...)  optional:
  *                             scores_q8 for G >= SA_Q8_MANY_HEADS heads when
  *                             q8_many_takes (the same bits, each K block
@@ -50,7 +54,8 @@
  *
  * and it gets the score blocks (f32), the V tiles (f32 and q8), exp and the
  * softmax, the loops over token blocks and head blocks, the prefetch hints
- * spread over them (kernels.h), the portable fallbacks for shapes the SIMD
+ * spread over them (kernels.h: q8 decode's inner loops step a walk, a
+ * line every few steps; the rest take a part per block), the portable fallbacks for shapes the SIMD
  * steps do not take, the Quest bound (8-lane FMA tiles, the same code and
  * results on both ISAs), the streaming sum, and the table.
  *
@@ -260,24 +265,26 @@ static void SA_FN(scores_q8)(const int8_t *qq, const float *qd, int G, int D, in
     }
 #endif
     const int ng = D / gs, iters = (n + SA_VT - 1) / SA_VT;
-    for (int t = 0, it = 0; t < n; t += SA_VT, it++) {
+#if SA_Q8_HEADS >= 3
+    const int three = G >= 3 && G % 2 == 1; /* the last three heads as one block */
+#else
+    const int three = 0;
+#endif
+    const int head_blocks = (G - 3 * three) / 2 + three + (G - 3 * three) % 2;
+    sa_pf_walk w;
+    sa_pf_walk_start(&w, pf, (long)iters * head_blocks * SA_Q8_S_STEPS(D, gs));
+    for (int t = 0; t < n; t += SA_VT) {
         const int cnt = n - t < SA_VT ? n - t : SA_VT;
         const int8_t *rows[SA_VT];
         const float *srows[SA_VT];
         SA_BLOCK_ROWS(rows, k, t, cnt, row_stride);
         SA_BLOCK_ROWS(srows, kd, t, cnt, scale_stride);
         const float *kd_t = kd + (ptrdiff_t)t * scale_stride;
-        sa_prefetch_part(pf, it, iters);
         int h = 0;
-#if SA_Q8_HEADS >= 3
-        const int three = G >= 3 && G % 2 == 1; /* the last three heads as one block */
-#else
-        const int three = 0;
-#endif
         for (; h + 2 <= G - 3 * three; h += 2) {
             sa_vf res[2];
             scores_q8_tokens(qq + (ptrdiff_t)h * D, qd + (ptrdiff_t)h * ng, 2, D, gs, rows, srows,
-                             kd_t, scale_stride, cnt, res);
+                             kd_t, scale_stride, cnt, res, &w);
             store_scores(s[h] + t, cnt, res[0]);
             store_scores(s[h + 1] + t, cnt, res[1]);
         }
@@ -285,7 +292,7 @@ static void SA_FN(scores_q8)(const int8_t *qq, const float *qd, int G, int D, in
         if (three) {
             sa_vf res[3];
             scores_q8_tokens(qq + (ptrdiff_t)h * D, qd + (ptrdiff_t)h * ng, 3, D, gs, rows, srows,
-                             kd_t, scale_stride, cnt, res);
+                             kd_t, scale_stride, cnt, res, &w);
             for (int j = 0; j < 3; j++)
                 store_scores(s[h + j] + t, cnt, res[j]);
             h += 3;
@@ -294,7 +301,7 @@ static void SA_FN(scores_q8)(const int8_t *qq, const float *qd, int G, int D, in
         if (h < G) {
             sa_vf res[1];
             scores_q8_tokens(qq + (ptrdiff_t)h * D, qd + (ptrdiff_t)h * ng, 1, D, gs, rows, srows,
-                             kd_t, scale_stride, cnt, res);
+                             kd_t, scale_stride, cnt, res, &w);
             store_scores(s[h] + t, cnt, res[0]);
         }
     }
@@ -562,7 +569,7 @@ static void SA_FN(accumulate_v_f32)(float *const *out, const float *const *p, in
  * accumulators stay in registers. */
 SA_INLINE void accv_q8_tile4(float *const *out, const float *const *p, int HB, int gs,
                              const int8_t *v, const float *vd, ptrdiff_t row_stride,
-                             ptrdiff_t scale_stride, int t0, int t1, int d)
+                             ptrdiff_t scale_stride, int t0, int t1, int d, sa_pf_walk *walk)
 {
     const int g0 = d / gs, g1 = (d + SA_VT) / gs, g2 = (d + 2 * SA_VT) / gs;
     const int g3 = (d + 3 * SA_VT) / gs;
@@ -572,7 +579,9 @@ SA_INLINE void accv_q8_tile4(float *const *out, const float *const *p, int HB, i
         a0[h] = SA_MM(loadu_ps)(o), a1[h] = SA_MM(loadu_ps)(o + SA_VT);
         a2[h] = SA_MM(loadu_ps)(o + 2 * SA_VT), a3[h] = SA_MM(loadu_ps)(o + 3 * SA_VT);
     }
+    sa_pf_walk wl = *walk; /* in registers for the loop */
     for (int t = t0; t < t1; t++) {
+        sa_pf_walk_step(&wl);
         const int8_t *row = v + (ptrdiff_t)t * row_stride + d;
         const float *rd = vd + (ptrdiff_t)t * scale_stride;
         const sa_vf v0 = SA_DQ(row, rd, g0), v1 = SA_DQ(row + SA_VT, rd, g1);
@@ -585,6 +594,7 @@ SA_INLINE void accv_q8_tile4(float *const *out, const float *const *p, int HB, i
             a3[h] = SA_MM(fmadd_ps)(w, v3, a3[h]);
         }
     }
+    *walk = wl;
     for (int h = 0; h < HB; h++) {
         float *o = out[h] + d;
         SA_MM(storeu_ps)(o, a0[h]), SA_MM(storeu_ps)(o + SA_VT, a1[h]);
@@ -610,11 +620,11 @@ SA_INLINE void accv_q8_tile1(float *const *out, const float *const *p, int HB, i
 
 SA_INLINE void accv_q8_heads(float *const *out, const float *const *p, int HB, int D, int gs,
                              const int8_t *v, const float *vd, ptrdiff_t row_stride,
-                             ptrdiff_t scale_stride, int t0, int t1)
+                             ptrdiff_t scale_stride, int t0, int t1, sa_pf_walk *w)
 {
     int d = 0;
     for (; d + 4 * SA_VT <= D; d += 4 * SA_VT)
-        accv_q8_tile4(out, p, HB, gs, v, vd, row_stride, scale_stride, t0, t1, d);
+        accv_q8_tile4(out, p, HB, gs, v, vd, row_stride, scale_stride, t0, t1, d, w);
     for (; d < D; d += SA_VT)
         accv_q8_tile1(out, p, HB, gs, v, vd, row_stride, scale_stride, t0, t1, d);
 }
@@ -627,6 +637,22 @@ SA_INLINE void accv_q8_heads(float *const *out, const float *const *p, int HB, i
 #define SA_SCALAR_FN(kernel) kernel##_scalar
 #include "../scalar_kernels.h"
 
+/* Steps (tile passes over one token, each a step of the prefetch walk) of
+ * accv_q8_heads' blocks per token: tiles of 4 vectors, per block of heads. */
+#ifndef SA_Q8_V_STEPS
+static int accv_q8_steps(int G, int D, int gs)
+{
+    (void)gs;
+    int blocks = G / SA_V_HEADS + G % SA_V_HEADS / 2 + G % 2;
+#if SA_V_HEADS >= 4
+    if (G % SA_V_HEADS == 3)
+        blocks = G / SA_V_HEADS + 1; /* accv_q8_split3 */
+#endif
+    return blocks * (D / (4 * SA_VT));
+}
+#define SA_Q8_V_STEPS accv_q8_steps
+#endif
+
 /* accumulate_v_q8 with SA_V_HEADS heads at a time, then pairs, then one
  * (or the file's SA_Q8_V_BLOCK), a block of tokens at a time.  Out of
  * line: a caller below takes the three-head case first, and the loop keeps
@@ -637,27 +663,21 @@ __attribute__((noinline)) static void accv_q8_blocks(float *const *out, const fl
                                                      int G, int D, int gs, const int8_t *v,
                                                      const float *vd, ptrdiff_t row_stride,
                                                      ptrdiff_t scale_stride, int n,
-                                                     const sa_prefetch *pf)
+                                                     sa_pf_walk *w)
 {
-    if (gs % SA_VT != 0) {
-        accumulate_v_q8_scalar(out, p, G, D, gs, v, vd, row_stride, scale_stride, n, pf);
-        return;
-    }
-    const int iters = (n + V_TOKENS - 1) / V_TOKENS;
-    for (int t0 = 0, it = 0; t0 < n; t0 += V_TOKENS, it++) {
+    for (int t0 = 0; t0 < n; t0 += V_TOKENS) {
         const int t1 = n - t0 < V_TOKENS ? n : t0 + V_TOKENS;
-        sa_prefetch_part(pf, it, iters);
 #ifdef SA_Q8_V_BLOCK
-        SA_Q8_V_BLOCK(out, p, G, D, gs, v, vd, row_stride, scale_stride, t0, t1);
+        SA_Q8_V_BLOCK(out, p, G, D, gs, v, vd, row_stride, scale_stride, t0, t1, w);
 #else
         int g = 0;
         for (; g + SA_V_HEADS <= G; g += SA_V_HEADS)
             accv_q8_heads(out + g, p + g, SA_V_HEADS, D, gs, v, vd, row_stride, scale_stride,
-                          t0, t1);
+                          t0, t1, w);
         for (; g + 2 <= G; g += 2)
-            accv_q8_heads(out + g, p + g, 2, D, gs, v, vd, row_stride, scale_stride, t0, t1);
+            accv_q8_heads(out + g, p + g, 2, D, gs, v, vd, row_stride, scale_stride, t0, t1, w);
         if (g < G)
-            accv_q8_heads(out + g, p + g, 1, D, gs, v, vd, row_stride, scale_stride, t0, t1);
+            accv_q8_heads(out + g, p + g, 1, D, gs, v, vd, row_stride, scale_stride, t0, t1, w);
 #endif
     }
 }
@@ -669,22 +689,19 @@ __attribute__((noinline)) static void accv_q8_blocks(float *const *out, const fl
  * in L1 or L2 for them.  Each head's sums are the same operations in the
  * same order whichever pass adds them.  (AVX2 has its own blocks,
  * SA_Q8_V_BLOCK: three heads' four vectors of accumulators do not fit its
- * 16 registers, three heads' two do.) */
+ * 16 registers, three heads' two do.)  One prefetch walk spans both passes. */
 __attribute__((noinline)) static void accv_q8_split3(float *const *out, const float *const *p,
                                                      int G, int D, int gs, const int8_t *v,
                                                      const float *vd, ptrdiff_t row_stride,
                                                      ptrdiff_t scale_stride, int n,
-                                                     const sa_prefetch *pf)
+                                                     sa_pf_walk *w)
 {
     if (G > 3)
-        accv_q8_blocks(out, p, G - 3, D, gs, v, vd, row_stride, scale_stride, n, pf);
-    const sa_prefetch *hint = G > 3 ? NULL : pf; /* the first pass spread it */
-    const int iters = (n + V_TOKENS - 1) / V_TOKENS;
-    for (int t0 = 0, it = 0; t0 < n; t0 += V_TOKENS, it++) {
+        accv_q8_blocks(out, p, G - 3, D, gs, v, vd, row_stride, scale_stride, n, w);
+    for (int t0 = 0; t0 < n; t0 += V_TOKENS) {
         const int t1 = n - t0 < V_TOKENS ? n : t0 + V_TOKENS;
-        sa_prefetch_part(hint, it, iters);
         accv_q8_heads(out + G - 3, p + G - 3, 3, D, gs, v, vd, row_stride, scale_stride, t0,
-                      t1);
+                      t1, w);
     }
 }
 #endif
@@ -694,13 +711,19 @@ static void SA_FN(accumulate_v_q8)(float *const *out, const float *const *p, int
                                    ptrdiff_t row_stride, ptrdiff_t scale_stride, int n,
                                    const sa_prefetch *pf)
 {
+    if (gs % SA_VT != 0) {
+        accumulate_v_q8_scalar(out, p, G, D, gs, v, vd, row_stride, scale_stride, n, pf);
+        return;
+    }
+    sa_pf_walk w;
+    sa_pf_walk_start(&w, pf, (long)n * SA_Q8_V_STEPS(G, D, gs));
 #if SA_V_HEADS >= 4
-    if (G % SA_V_HEADS == 3 && gs % SA_VT == 0) {
-        accv_q8_split3(out, p, G, D, gs, v, vd, row_stride, scale_stride, n, pf);
+    if (G % SA_V_HEADS == 3) {
+        accv_q8_split3(out, p, G, D, gs, v, vd, row_stride, scale_stride, n, &w);
         return;
     }
 #endif
-    accv_q8_blocks(out, p, G, D, gs, v, vd, row_stride, scale_stride, n, pf);
+    accv_q8_blocks(out, p, G, D, gs, v, vd, row_stride, scale_stride, n, &w);
 }
 
 /* -------------------------------------------------------------------------

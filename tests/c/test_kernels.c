@@ -32,6 +32,11 @@
 #include <stdlib.h>
 #include <string.h>
 
+/* The prefetch walk's lines, recorded (test_prefetch_walk). */
+static const void *walk_lines[4096];
+static int walk_count;
+#define SA_PREFETCH_LINE(p) (walk_count < 4096 ? (void)(walk_lines[walk_count++] = (p)) : (void)0)
+
 #include "kernels.h"
 #include "sparse_attn.h"
 
@@ -2373,6 +2378,65 @@ static int isa_listed(const char *list, const char *name)
     return 0;
 }
 
+/* sa_pf_walk (kernels.h): over `steps` steps it issues every line of the
+ * ranges once, in order, none outside them, evenly (after step s, the first
+ * floor((s + 1) * lines / steps) lines; at most ceil(lines / steps) in one
+ * step); steps past the count add nothing; no ranges, no lines. */
+static void test_prefetch_walk(void)
+{
+    static char buf[1 << 16];
+    uint32_t x = 7;
+    for (int trial = 0; trial < 2000; trial++) {
+        sa_prefetch pf;
+        memset(&pf, 0, sizeof pf);
+        const void *expect[4096];
+        int n_expect = 0;
+        for (int r = 0; r < 4; r++) {
+            x = x * 1664525u + 1013904223u;
+            const size_t at = (x >> 8) % 60000, len = (x >> 20) % 3 == 0 ? 0 : (x >> 4) % 1500;
+            if (len == 0 && (x >> 3) % 2) {
+                pf.at[r] = NULL; /* an unused range */
+                continue;
+            }
+            pf.at[r] = buf + at;
+            pf.len[r] = len;
+            for (uintptr_t a = (uintptr_t)(buf + at) & ~(uintptr_t)63;
+                 len && a < (uintptr_t)(buf + at + len); a += 64)
+                expect[n_expect++] = (const void *)a;
+        }
+        x = x * 1664525u + 1013904223u;
+        const long steps = trial % 7 == 0 ? 0 : (long)((x >> 10) % 300);
+        sa_pf_walk w;
+        sa_pf_walk_start(&w, trial % 11 == 0 ? NULL : &pf, steps);
+        const int none = trial % 11 == 0;
+        walk_count = 0;
+        int worst_burst = 0, late = 0;
+        for (long s = 0; s < (steps > 0 ? steps : 1) + 5; s++) {
+            const int before = walk_count;
+            sa_pf_walk_step(&w);
+            worst_burst = walk_count - before > worst_burst ? walk_count - before : worst_burst;
+            if (s < steps && walk_count < n_expect && (long)walk_count * steps < (s + 1) * (long)n_expect - steps)
+                late = 1;
+        }
+        if (none) {
+            check(walk_count == 0, "walk without ranges issued %d lines", walk_count);
+            continue;
+        }
+        check(walk_count == n_expect, "walk issued %d lines of %d (steps %ld, trial %d)",
+              walk_count, n_expect, steps, trial);
+        int same = walk_count == n_expect;
+        for (int i = 0; same && i < n_expect; i++)
+            same = walk_lines[i] == expect[i];
+        check(same, "walk's lines are not the ranges' lines in order (trial %d)", trial);
+        const long s1 = steps > 0 ? steps : 1;
+        check(worst_burst <= (n_expect + s1 - 1) / s1 + 1,
+              "walk issued %d lines in one step (%d lines over %ld steps)", worst_burst,
+              n_expect, s1);
+        check(!late, "walk fell behind an even spread (%d lines over %ld steps, trial %d)",
+              n_expect, steps, trial);
+    }
+}
+
 int main(int argc, char **argv)
 {
     const char *expect = NULL, *only = NULL;
@@ -2468,6 +2532,8 @@ int main(int argc, char **argv)
         set_where("%s api kernels", isas[i]);
         test_api_kernels(isas[i]);
     }
+    set_where("prefetch walk");
+    test_prefetch_walk();
     set_where("quantize");
     test_quantize();
     test_e2e(isas, n_isas);
