@@ -2,7 +2,7 @@
 
     python bench/decode_builds_ab.py OTHER_SRC [--lengths 4096,32768]
         [--layers N] [--threads T] [--rounds R] [--policies dense,seed,balanced]
-        [--shape 16,8,128]
+        [--shape 16,8,128] [--dtype q8|float32]
 
 OTHER_SRC is the folder holding another built checkout's `sparse_attn`
 package (the root of e.g. a `git worktree` of the previous commit, built
@@ -12,7 +12,7 @@ core's init function does not depend on the package's name; cffi registers
 the other core as `sparse_attn._core` too, and this script puts its own back
 in `sys.modules`), so both builds
 run in this process on the same arrays: per policy and length, each build's
-q8 `KVCache`s (`--shape`: query heads, KV heads, head_dim; random K/V and importance,
+`KVCache`s (q8 unless `--dtype float32`) (`--shape`: query heads, KV heads, head_dim; random K/V and importance,
 the probe-row and channel copies kept), one decode step over every layer
 per round, the builds' order swapped every round.  It prints the median and
 minimum step of each and the per-round ratio this/other, and refuses to time
@@ -54,10 +54,10 @@ def load_other(src):
     return sparse_attn_other
 
 
-def decoders(mod, data, policy, threads):
+def decoders(mod, data, policy, threads, dtype="q8"):
     out = []
     for k, v, imp in data:
-        c = mod.KVCache(k.shape[0], k.shape[2], capacity=k.shape[1], dtype="q8",
+        c = mod.KVCache(k.shape[0], k.shape[2], capacity=k.shape[1], dtype=dtype,
                         copy_probe_rows=True,
                         copy_channels=True)
         c.append(k, v)
@@ -107,13 +107,14 @@ def main():
     ap.add_argument("--policies", default="dense,seed,balanced")
     ap.add_argument("--shape", default="16,8,128",
                     help="query heads, KV heads, head_dim (default: Qwen3-VL-2B's layer)")
+    ap.add_argument("--dtype", choices=("q8", "float32"), default="q8")
     args = ap.parse_args()
     H, HKV, D = (int(x) for x in args.shape.split(","))
     other = load_other(args.other_src)
     llc = last_level_cache()[0]
     rng = np.random.default_rng(0)
     for T in (int(x) for x in args.lengths.split(",")):
-        row = D + 4 * D // 32
+        row = D + 4 * D // 32 if args.dtype == "q8" else 4 * D
         per_layer = 2 * HKV * T * row
         # A sparse step reads the same blocks of a layer at every visit, so
         # size the layers by what the sparsest policy reads of one: at most
@@ -130,8 +131,8 @@ def main():
                  rng.random(T, dtype=np.float32)) for _ in range(layers)]
         q = rng.standard_normal((H, D), dtype=np.float32)
         for policy in args.policies.split(","):
-            builds = {"this": decoders(sa, data, policy, args.threads),
-                      "other": decoders(other, data, policy, args.threads)}
+            builds = {"this": decoders(sa, data, policy, args.threads, args.dtype),
+                      "other": decoders(other, data, policy, args.threads, args.dtype)}
             outs = {name: first(ds[0](q)) for name, ds in builds.items()}
             if not np.array_equal(outs["this"], outs["other"]):
                 print(f"{T} {policy}: the builds' outputs differ; not timed")

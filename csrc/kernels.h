@@ -83,11 +83,13 @@ static inline void sa_prefetch_part(const sa_prefetch *pf, int i, int n)
  * streams from DRAM this is what lets its loads overlap the arithmetic: a
  * burst of prefetches holds the L1's fill buffers for a DRAM round trip,
  * and the kernel's own loads (of rows already in L2) queue behind them.
- * Measured on a Xeon (Emerald Rapids), one thread, K and V streamed
- * (bench/kernel_costs.c): the q8 V pass of a G = 2 head took 22.7 ns per
- * token with a burst per 16 tokens, 15.9 with a line every other step
- * (docs/design.md).  A step past the announced count prefetches nothing
- * more than the ranges hold; fewer steps leave lines to the hardware. */
+ * Measured on a Xeon (Emerald Rapids), AVX2, one thread, K and V streamed
+ * (bench/kernel_costs.c): the q8 V pass of a G = 2 head took 20.5 ns per
+ * token with a burst per 16 tokens, 15.7-16.5 with the walk (docs/design.md).
+ * A step past the announced count prefetches nothing more than the ranges
+ * hold; fewer steps leave lines to the hardware.  The x86 decode kernels
+ * walk; the other kernels take sa_prefetch_part per block. */
+
 /* One line to L2 (a C test defines it to record the walk's lines). */
 #ifndef SA_PREFETCH_LINE
 #define SA_PREFETCH_LINE(p) __builtin_prefetch((p), 0, 2)

@@ -117,10 +117,13 @@ SA_INLINE sa_vf reduce4_ps(sa_vf a0, sa_vf a1, sa_vf a2, sa_vf a3)
  * independent FMA chains (prefill, where many query rows share the keys);
  * the arithmetic of one (head, token) is the same for any HB. */
 SA_INLINE void scores_f32_block(const float *q, int HB, int D, const float *const *rows,
-                                sa_vf *res)
+                                sa_vf *res, sa_pf_walk *w, const int STEP)
 {
     const int dv = D & ~(SA_VT - 1), rem = D & (SA_VT - 1);
     const sa_vmask tm = vf_tail(rem);
+    sa_pf_walk wl = {0}; /* in registers for the loop */
+    if (STEP)
+        wl = *w;
     sa_vf quad[SA_S_HEADS][SA_VT / 4];
     for (int j = 0; j < SA_VT / 4; j++) {
         const float *const *r = rows + 4 * j;
@@ -129,6 +132,8 @@ SA_INLINE void scores_f32_block(const float *q, int HB, int D, const float *cons
             for (int i = 0; i < 4; i++)
                 acc[h][i] = SA_MM(setzero_ps)();
         for (int d = 0; d < dv; d += SA_VT) {
+            if (STEP)
+                sa_pf_walk_step(&wl);
             sa_vf qv[SA_S_HEADS];
             for (int h = 0; h < HB; h++) {
                 qv[h] = SA_MM(loadu_ps)(q + (ptrdiff_t)h * D + d);
@@ -154,40 +159,59 @@ SA_INLINE void scores_f32_block(const float *q, int HB, int D, const float *cons
         for (int h = 0; h < HB; h++)
             quad[h][j] = reduce4_ps(acc[h][0], acc[h][1], acc[h][2], acc[h][3]);
     }
+    if (STEP)
+        *w = wl;
     for (int h = 0; h < HB; h++)
         res[h] = sum_quads(quad[h]);
 }
 
-/* Heads g .. g+HB-1 of one block of SA_VT rows. */
+/* Heads g .. g+HB-1 of one block of SA_VT rows; the prefetch walk w
+ * steps when STEP (a constant). */
 SA_INLINE void scores_f32_heads(const float *q, int HB, int g, int D, const float *const *rows,
-                                float *const *s, int t, int cnt)
+                                float *const *s, int t, int cnt, sa_pf_walk *w, const int STEP)
 {
     sa_vf res[SA_S_HEADS];
-    scores_f32_block(q + (ptrdiff_t)g * D, HB, D, rows, res);
+    scores_f32_block(q + (ptrdiff_t)g * D, HB, D, rows, res, w, STEP);
     for (int h = 0; h < HB; h++)
         store_scores(s[g + h] + t, cnt, res[h]);
+}
+
+/* scores_f32's blocks; the walk (STEP) steps per SA_VT channels of each
+ * quad of the last block of heads. */
+SA_INLINE void scores_f32_rows(const float *q, int G, int D, const float *k,
+                               ptrdiff_t row_stride, int n, float *const *s, sa_pf_walk *w,
+                               const int STEP)
+{
+    for (int t = 0; t < n; t += SA_VT) {
+        const int cnt = n - t < SA_VT ? n - t : SA_VT;
+        const float *rows[SA_VT];
+        SA_BLOCK_ROWS(rows, k, t, cnt, row_stride);
+        int g = 0;
+        for (; g + SA_S_HEADS < G; g += SA_S_HEADS)
+            scores_f32_heads(q, SA_S_HEADS, g, D, rows, s, t, cnt, w, 0);
+        switch (G - g) { /* constant head counts, so each block is unrolled */
+#if SA_S_HEADS >= 4
+        case 4: scores_f32_heads(q, 4, g, D, rows, s, t, cnt, w, STEP); break;
+#endif
+        case 3: scores_f32_heads(q, 3, g, D, rows, s, t, cnt, w, STEP); break;
+        case 2: scores_f32_heads(q, 2, g, D, rows, s, t, cnt, w, STEP); break;
+        case 1: scores_f32_heads(q, 1, g, D, rows, s, t, cnt, w, STEP); break;
+        default: break;
+        }
+    }
 }
 
 static void SA_FN(scores_f32)(const float *q, int G, int D, const float *k,
                               ptrdiff_t row_stride, int n, float *const *s,
                               const sa_prefetch *pf)
 {
-    const int iters = (n + SA_VT - 1) / SA_VT;
-    for (int t = 0, it = 0; t < n; t += SA_VT, it++) {
-        const int cnt = n - t < SA_VT ? n - t : SA_VT;
-        const float *rows[SA_VT];
-        SA_BLOCK_ROWS(rows, k, t, cnt, row_stride);
-        sa_prefetch_part(pf, it, iters);
-        int g = 0;
-        for (; g + SA_S_HEADS <= G; g += SA_S_HEADS)
-            scores_f32_heads(q, SA_S_HEADS, g, D, rows, s, t, cnt);
-        switch (G - g) { /* constant head counts, so each block is unrolled */
-        case 3: scores_f32_heads(q, 3, g, D, rows, s, t, cnt); break;
-        case 2: scores_f32_heads(q, 2, g, D, rows, s, t, cnt); break;
-        case 1: scores_f32_heads(q, 1, g, D, rows, s, t, cnt); break;
-        default: break;
-        }
+    if (!pf) {
+        scores_f32_rows(q, G, D, k, row_stride, n, s, NULL, 0);
+        return;
     }
+    sa_pf_walk w;
+    sa_pf_walk_start(&w, pf, (long)((n + SA_VT - 1) / SA_VT) * (SA_VT / 4) * (D / SA_VT));
+    scores_f32_rows(q, G, D, k, row_stride, n, s, &w, 1);
 }
 
 /* -------------------------------------------------------------------------
@@ -437,14 +461,19 @@ static float SA_FN(softmax_exp)(float *s, int n, float scale, float *max_out)
  * The last vector is masked by tm when `masked`. */
 SA_INLINE void accv_f32_tile(float *const *out, const float *const *p, int HB, int NC,
                              int masked, sa_vmask tm, const float *v, ptrdiff_t row_stride,
-                             int t0, int t1, int d)
+                             int t0, int t1, int d, sa_pf_walk *walk, const int STEP)
 {
+    sa_pf_walk wl = {0}; /* in registers for the loop */
+    if (STEP)
+        wl = *walk;
     sa_vf acc[SA_V_HEADS][4];
     for (int h = 0; h < HB; h++)
         for (int c = 0; c < NC; c++)
             acc[h][c] = masked && c == NC - 1 ? vf_load_tail(out[h] + d + SA_VT * c, tm)
                                               : SA_MM(loadu_ps)(out[h] + d + SA_VT * c);
     for (int t = t0; t < t1; t++) {
+        if (STEP)
+            sa_pf_walk_step(&wl);
         const float *row = v + (ptrdiff_t)t * row_stride + d;
         sa_vf vv[4];
         for (int c = 0; c < NC; c++)
@@ -456,6 +485,8 @@ SA_INLINE void accv_f32_tile(float *const *out, const float *const *p, int HB, i
                 acc[h][c] = SA_MM(fmadd_ps)(w, vv[c], acc[h][c]);
         }
     }
+    if (STEP)
+        *walk = wl;
     for (int h = 0; h < HB; h++)
         for (int c = 0; c < NC; c++) {
             if (masked && c == NC - 1)
@@ -466,31 +497,41 @@ SA_INLINE void accv_f32_tile(float *const *out, const float *const *p, int HB, i
 }
 
 /* Columns [d, D) for HB heads: tiles of 4 vectors, then single vectors,
- * then the masked remainder. */
+ * then the masked remainder.  The prefetch walk steps in the 4-vector
+ * tiles when STEP (a constant). */
 SA_INLINE void accv_f32_cols(float *const *out, const float *const *p, int HB, int d, int D,
-                             const float *v, ptrdiff_t row_stride, int t0, int t1)
+                             const float *v, ptrdiff_t row_stride, int t0, int t1,
+                             sa_pf_walk *w, const int STEP)
 {
     const sa_vmask none = vf_tail(0); /* unused by the unmasked tiles */
     for (; d + 4 * SA_VT <= D; d += 4 * SA_VT)
-        accv_f32_tile(out, p, HB, 4, 0, none, v, row_stride, t0, t1, d);
+        accv_f32_tile(out, p, HB, 4, 0, none, v, row_stride, t0, t1, d, w, STEP);
     for (; d + SA_VT <= D; d += SA_VT)
-        accv_f32_tile(out, p, HB, 1, 0, none, v, row_stride, t0, t1, d);
+        accv_f32_tile(out, p, HB, 1, 0, none, v, row_stride, t0, t1, d, w, 0);
     if (d < D)
-        accv_f32_tile(out, p, HB, 1, 1, vf_tail(D - d), v, row_stride, t0, t1, d);
+        accv_f32_tile(out, p, HB, 1, 1, vf_tail(D - d), v, row_stride, t0, t1, d, w, 0);
 }
 
 /* Heads [0, G) over columns [d, D): SA_V_HEADS at a time, then pairs, then
- * one. */
+ * one; the walk steps (STEP) in the last block's tiles only, so a call
+ * takes D / (4 * SA_VT) steps per token whatever G is. */
 SA_INLINE void accv_f32_heads(float *const *out, const float *const *p, int G, int d, int D,
-                              const float *v, ptrdiff_t row_stride, int t0, int t1)
+                              const float *v, ptrdiff_t row_stride, int t0, int t1,
+                              sa_pf_walk *w, const int STEP)
 {
     int g = 0;
-    for (; g + SA_V_HEADS <= G; g += SA_V_HEADS)
-        accv_f32_cols(out + g, p + g, SA_V_HEADS, d, D, v, row_stride, t0, t1);
-    for (; g + 2 <= G; g += 2)
-        accv_f32_cols(out + g, p + g, 2, d, D, v, row_stride, t0, t1);
-    if (g < G)
-        accv_f32_cols(out + g, p + g, 1, d, D, v, row_stride, t0, t1);
+    for (; g + SA_V_HEADS < G; g += SA_V_HEADS)
+        accv_f32_cols(out + g, p + g, SA_V_HEADS, d, D, v, row_stride, t0, t1, w, 0);
+    if (G - g == SA_V_HEADS) {
+        accv_f32_cols(out + g, p + g, SA_V_HEADS, d, D, v, row_stride, t0, t1, w, STEP);
+        return;
+    }
+    for (; g + 2 < G; g += 2)
+        accv_f32_cols(out + g, p + g, 2, d, D, v, row_stride, t0, t1, w, 0);
+    if (G - g == 2)
+        accv_f32_cols(out + g, p + g, 2, d, D, v, row_stride, t0, t1, w, STEP);
+    else if (g < G)
+        accv_f32_cols(out + g, p + g, 1, d, D, v, row_stride, t0, t1, w, STEP);
 }
 
 #ifdef SA_V_WIDE
@@ -539,18 +580,29 @@ static void SA_FN(accumulate_v_f32)(float *const *out, const float *const *p, in
 {
     const int bt = G >= V_MANY_HEADS ? V_TOKENS_MANY : V_TOKENS;
     const int iters = (n + bt - 1) / bt;
+    /* decode (few heads): the walk, in the last head block's tiles;
+     * prefill's many heads: a part per block */
+    sa_pf_walk w, *walk = NULL;
+    if (pf && G < V_MANY_HEADS) {
+        sa_pf_walk_start(&w, pf, (long)n * (D / (4 * SA_VT)));
+        walk = &w;
+    }
     for (int t0 = 0, it = 0; t0 < n; t0 += bt, it++) {
         const int t1 = n - t0 < bt ? n : t0 + bt;
-        sa_prefetch_part(pf, it, iters);
+        if (!walk)
+            sa_prefetch_part(pf, it, iters);
         int g = 0;
 #ifdef SA_V_WIDE
         for (; g + SA_V_WIDE <= G; g += SA_V_WIDE) {
             const int d = accv_f32_wide(out + g, p + g, D, v, row_stride, t0, t1);
             if (d < D)
-                accv_f32_heads(out + g, p + g, SA_V_WIDE, d, D, v, row_stride, t0, t1);
+                accv_f32_heads(out + g, p + g, SA_V_WIDE, d, D, v, row_stride, t0, t1, NULL, 0);
         }
 #endif
-        accv_f32_heads(out + g, p + g, G - g, 0, D, v, row_stride, t0, t1);
+        if (walk)
+            accv_f32_heads(out + g, p + g, G - g, 0, D, v, row_stride, t0, t1, walk, 1);
+        else
+            accv_f32_heads(out + g, p + g, G - g, 0, D, v, row_stride, t0, t1, NULL, 0);
     }
 }
 
