@@ -357,24 +357,18 @@ SA_INLINE void accv_q8_cols(float *const *out, const float *const *p, const int 
     }
 }
 
-/* The widest tile (vectors) HB heads' accumulators and the group size
- * allow. */
-SA_INLINE int accv_q8_nv(int NV, int gs)
-{
-    return NV >= 4 && gs % 32 == 0 ? 4 : NV >= 2 && gs % 16 == 0 ? 2 : 1;
-}
-
 /* HB heads with the widest tile their group size allows. */
 SA_INLINE void accv_q8_heads_avx2(float *const *out, const float *const *p, const int HB,
                                   const int NV, int D, int gs, const int8_t *v, const float *vd,
                                   ptrdiff_t row_stride, ptrdiff_t scale_stride, int t0, int t1,
                                   sa_pf_walk *w)
 {
-    switch (accv_q8_nv(NV, gs)) {
-    case 4: accv_q8_cols(out, p, HB, 4, D, gs, v, vd, row_stride, scale_stride, t0, t1, w); break;
-    case 2: accv_q8_cols(out, p, HB, 2, D, gs, v, vd, row_stride, scale_stride, t0, t1, w); break;
-    default: accv_q8_cols(out, p, HB, 1, D, gs, v, vd, row_stride, scale_stride, t0, t1, w);
-    }
+    if (NV >= 4 && gs % 32 == 0)
+        accv_q8_cols(out, p, HB, 4, D, gs, v, vd, row_stride, scale_stride, t0, t1, w);
+    else if (NV >= 2 && gs % 16 == 0)
+        accv_q8_cols(out, p, HB, 2, D, gs, v, vd, row_stride, scale_stride, t0, t1, w);
+    else
+        accv_q8_cols(out, p, HB, 1, D, gs, v, vd, row_stride, scale_stride, t0, t1, w);
 }
 
 /* Heads in blocks of 4 (two vectors of 16 columns: 8 accumulators), then

@@ -54,10 +54,11 @@
  *
  * and it gets the score blocks (f32), the V tiles (f32 and q8), exp and the
  * softmax, the loops over token blocks and head blocks, the prefetch hints
- * spread over them (kernels.h: q8 decode's inner loops step a walk, a
- * line every few steps; the rest take a part per block), the portable fallbacks for shapes the SIMD
- * steps do not take, the Quest bound (8-lane FMA tiles, the same code and
- * results on both ISAs), the streaming sum, and the table.
+ * spread over them (kernels.h: decode's inner loops step a walk, a line
+ * every few steps; prefill's many heads take a part per block), the
+ * portable fallbacks for shapes the SIMD steps do not take, the Quest bound
+ * (8-lane FMA tiles, the same code and results on both ISAs), the
+ * streaming sum, and the table.
  *
  * Batching rule (kernels.h): the steps may share loads between heads and
  * tokens, but the operations that produce one (head, token) result never
