@@ -23,7 +23,6 @@
 #ifndef SA_KERNELS_H
 #define SA_KERNELS_H
 
-#include <limits.h>
 #include <stddef.h>
 #include <stdint.h>
 

@@ -2415,8 +2415,9 @@ static void test_prefetch_walk(void)
             const int before = walk_count;
             sa_pf_walk_step(&w);
             worst_burst = walk_count - before > worst_burst ? walk_count - before : worst_burst;
-            if (s < steps && walk_count < n_expect && (long)walk_count * steps < (s + 1) * (long)n_expect - steps)
-                late = 1;
+            if (s < steps && walk_count < n_expect &&
+                (long)walk_count * steps < (s + 1) * (long)n_expect - steps)
+                late = 1; /* more than one line behind an even spread */
         }
         if (none) {
             check(walk_count == 0, "walk without ranges issued %d lines", walk_count);
