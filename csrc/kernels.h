@@ -192,11 +192,13 @@ typedef struct sa_kernels {
                              const float *v, ptrdiff_t row_stride, int n,
                              const sa_prefetch *pf);
 
-    /* The same with q8 V, dequantised on the fly: each element is first
-     * v[t][d] = vd[t][d/gs] * (float)vq[t][d] (one rounding), then added
-     * exactly as accumulate_v_f32 adds a float row.  So this kernel equals
-     * dequantize_rows followed by accumulate_v_f32 of the same ISA, bit for
-     * bit, which is how prefill (many query rows per V row) reads q8 V. */
+    /* The same with q8 V (spec §4): per head, token and group the weight
+     * p[g][t] * vd[t][grp] (one rounding), then per element that weight
+     * times (float)vq[t][d] (exact), added exactly as accumulate_v_f32 adds
+     * a float row.  So this kernel equals accumulate_v_f32 of the same ISA
+     * over each group's columns of the rows converted to float, with those
+     * weights, bit for bit; no element is scaled (the products are one per
+     * head, token and group). */
     void (*accumulate_v_q8)(float *const *out, const float *const *p, int G, int D,
                             int gs, const int8_t *v, const float *vd,
                             ptrdiff_t row_stride, ptrdiff_t scale_stride, int n,
@@ -206,7 +208,8 @@ typedef struct sa_kernels {
      * values (out compact, n x dim; the inputs row_stride / scale_stride
      * elements apart): one rounding per element, the same bits on every
      * ISA.  Prefill reads each q8 V row for many query rows, so it
-     * dequantises the rows once and adds them as float rows. */
+     * dequantises the rows once and adds them as float rows (a q8 prefill
+     * row's V sums round differently from accumulate_v_q8's, spec §3). */
     void (*dequantize_rows)(const int8_t *q, const float *scales, int dim, int gs, int n,
                             ptrdiff_t row_stride, ptrdiff_t scale_stride, float *out);
 

@@ -9,8 +9,8 @@
  *                         roundings in the portable file; fmaf, one, in the
  *                         SIMD files, whose vector paths fuse it, so that a
  *                         fallback keeps the promises of kernels.h (q8 V
- *                         accumulation is bitwise dequantisation followed by
- *                         the float accumulation of the same ISA)
+ *                         accumulation is bitwise the float accumulation of
+ *                         the same ISA, with the weights times the scales)
  *   SA_SCALAR_FN(kernel)  the name of its copy of <kernel>
  *
  * Integer group sums are exact; every float operation is spelled out, in
@@ -67,8 +67,9 @@ __attribute__((unused)) static void SA_SCALAR_FN(dequantize_rows)(
     }
 }
 
-/* Per element the dequantised value scale * (float)q (one rounding, as
- * dequantize_rows), then weighted by p[g][t] into out, tokens in order. */
+/* Per (head, token, group) the weight p[g][t] * scale (one rounding), then
+ * per element that weight times (float)q (exact) added into out, tokens in
+ * order: accumulate_v_f32's arithmetic with those weights (kernels.h). */
 __attribute__((unused)) static void SA_SCALAR_FN(accumulate_v_q8)(
     float *const *out, const float *const *p, int G, int D, int gs, const int8_t *v,
     const float *vd, ptrdiff_t row_stride, ptrdiff_t scale_stride, int n, const sa_prefetch *pf)
@@ -81,9 +82,9 @@ __attribute__((unused)) static void SA_SCALAR_FN(accumulate_v_q8)(
             const float w = p[g][t];
             float *o = out[g];
             for (int d0 = 0, grp = 0; d0 < D; d0 += gs, grp++) {
-                const float sc = rd[grp];
+                const float wd = w * rd[grp];
                 for (int d = d0; d < d0 + gs; d++)
-                    o[d] = SA_MULADD(w, sc * (float)row[d], o[d]);
+                    o[d] = SA_MULADD(wd, (float)row[d], o[d]);
             }
         }
     }

@@ -44,6 +44,15 @@ def make_kv(rng, n_kv_heads, seq, head_dim, dtype="float32", group_size=32):
     return k, v
 
 
+def pow2_scales(x):
+    """q8 x with each scale rounded to a power of two.  Then p * d and d * q
+    are exact, so decode's order of q8 V's products (the weight p * d times
+    q) and prefill's (p times the dequantised d * q) give the same bits
+    (spec §4): with such V a q8 prefill row is dense decode bit for bit."""
+    return sa.Q8(x.data, (2.0 ** np.round(np.log2(x.scales))).astype(np.float32),
+                 x.group_size)
+
+
 def gemm_form(T, start, H, Hkv):
     """spec §3: whether a prefill call scores float32 K in GEMM form (at least
     256 query vectors per KV head, its rows a quarter of its keys or more)."""

@@ -5,7 +5,7 @@ import pytest
 import sparse_attn as sa
 from sparse_attn import reference as ref
 
-from conftest import gemm_form, make_kv, rel_err, rtol_for
+from conftest import gemm_form, make_kv, pow2_scales, rel_err, rtol_for
 
 # (n_heads, n_kv_heads, head_dim, seq, dtype, group_size): GQA 1/2/3/4/7/8,
 # head_dim 64/128/256 and odd sizes, partial last blocks.
@@ -87,23 +87,32 @@ def test_prefill_matches_reference(isa, rng, dtype, start, T):
 @pytest.mark.parametrize("dtype", ["float32", "q8"])
 @pytest.mark.parametrize("D,T", [(64, 6), (64, 20), (128, 20), (64, 128), (128, 130)])
 def test_prefill_row_is_dense_decode(isa, rng, dtype, D, T):
-    """A prefill row is dense decode over the keys it sees (spec §3): bit for
-    bit on q8 K (with 40 query vectors per tile, the q8 scores of prefill
-    take the AVX-512 path that prepares each K block once for many heads;
-    from 256 per KV head, the panels), and on float32 K below 256 query
-    vectors per KV head; from there float32 scores run in GEMM form (one
-    multiply-add chain over the channels, not decode's lanes): within §5's
-    tolerance."""
+    """A prefill row is dense decode over the keys it sees (spec §3): on q8
+    the same scores and weights bit for bit (with 40 query vectors per tile,
+    the q8 scores of prefill take the AVX-512 path that prepares each K
+    block once for many heads; from 256 per KV head, the panels) and V's
+    products in another order (spec §4), so the same bits where V's scales
+    are powers of two and within rounding otherwise; on float32 K bit for
+    bit below 256 query vectors per KV head; from there float32 scores run
+    in GEMM form (one multiply-add chain over the channels, not decode's
+    lanes): within §5's tolerance."""
     H, Hkv, start = 4, 2, 50
     k, v = make_kv(rng, Hkv, start + T, D, dtype)
     q = rng.standard_normal((H, T, D), dtype=np.float32)
     out, _ = sa.prefill(q, k, v, start=start)
     gemm = dtype == "float32" and gemm_form(T, start, H, Hkv)
+    v2 = pow2_scales(v) if dtype == "q8" else v
+    out2 = sa.prefill(q, k, v2, start=start)[0] if dtype == "q8" else out
     for t in range(0, T, max(1, T // 7)):
-        row = sa.dense_decode(np.ascontiguousarray(q[:, t]), k, v, seq_len=start + t + 1)
+        q_t = np.ascontiguousarray(q[:, t])
+        row = sa.dense_decode(q_t, k, v, seq_len=start + t + 1)
         want = np.ascontiguousarray(out[:, t])
         if gemm:
             assert 0 < rel_err(row, want) < 1e-5
+        elif dtype == "q8":
+            assert rel_err(row, want) < 1e-6
+            row2 = sa.dense_decode(q_t, k, v2, seq_len=start + t + 1)
+            assert row2.tobytes() == np.ascontiguousarray(out2[:, t]).tobytes()
         else:
             assert row.tobytes() == want.tobytes()
 
@@ -112,8 +121,8 @@ def test_prefill_row_is_dense_decode(isa, rng, dtype, D, T):
 def test_prefill_q8_groups_and_panels(isa, rng, D, gs):
     """q8 prefill for group sizes the GEMM-form scores take (multiples of 4,
     K packed in panels) and those they do not (read in place): the reference
-    within tolerance, each row dense decode bit for bit, the same bits on 1
-    and 3 threads."""
+    within tolerance, each row dense decode (bit for bit with V's scales
+    powers of two, spec §4), the same bits on 1 and 3 threads."""
     H, Hkv, start, T = 6, 2, 45, 37
     k, v = make_kv(rng, Hkv, start + T + 9, D, "q8", gs)
     q = rng.standard_normal((H, T, D), dtype=np.float32)
@@ -123,9 +132,14 @@ def test_prefill_q8_groups_and_panels(isa, rng, D, gs):
     assert rel_err(imp, want_imp) < rtol_for(k)
     one, one_imp = sa.prefill(q, k, v, start=start, threads=1)
     assert one.tobytes() == out.tobytes() and one_imp.tobytes() == imp.tobytes()
+    v2 = pow2_scales(v)
+    out2, _ = sa.prefill(q, k, v2, start=start, threads=3)
     for t in (0, 17, T - 1):
-        row = sa.dense_decode(np.ascontiguousarray(q[:, t]), k, v, seq_len=start + t + 1)
-        assert row.tobytes() == np.ascontiguousarray(out[:, t]).tobytes()
+        q_t = np.ascontiguousarray(q[:, t])
+        row = sa.dense_decode(q_t, k, v, seq_len=start + t + 1)
+        assert rel_err(row, out[:, t]) < 1e-6
+        row2 = sa.dense_decode(q_t, k, v2, seq_len=start + t + 1)
+        assert row2.tobytes() == np.ascontiguousarray(out2[:, t]).tobytes()
 
 
 @pytest.mark.parametrize("dtype", ["float32", "q8"])

@@ -10,7 +10,7 @@ import sparse_attn as sa
 from sparse_attn import _core
 from sparse_attn import reference as ref
 
-from conftest import make_kv, rel_err, rtol_for
+from conftest import make_kv, pow2_scales, rel_err, rtol_for
 
 CHUNK = _core.lib.SA_DECODE_CHUNK_ROWS
 THREADS = (1, 2, 3, 7, 64)
@@ -84,10 +84,13 @@ def test_chunked_outputs_agree_with_the_reference(isa, rng, dtype, S):
 @pytest.mark.parametrize("dtype", ["q8", "float32"])
 def test_one_chunk_is_the_one_pass_formula(rng, dtype):
     """At most CHUNK rows: the bits of a q8 prefill row (one pass over its
-    keys); beyond, and on float32 K (GEMM-form scores), prefill and decode
-    agree within tolerance only (spec §3)."""
+    keys; V's scales powers of two, so decode's and prefill's orders of V's
+    products agree, spec §4); beyond, and on float32 K (GEMM-form scores),
+    prefill and decode agree within tolerance only (spec §3)."""
     H, Hkv, D = 4, 2, 64
     k, v = make_kv(rng, Hkv, CHUNK + 40, D, dtype)
+    if dtype == "q8":
+        v = pow2_scales(v)
     q = rng.standard_normal((H, 40, D), dtype=np.float32)
     out, _ = sa.prefill(q, k, v, start=CHUNK - 20)
     for t in range(40):

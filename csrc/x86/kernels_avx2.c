@@ -33,12 +33,7 @@ typedef __m256d sa_vd;
 typedef __m256i sa_vmask; /* a lane is on when its sign bit is set (vmaskmov) */
 
 /* The first r (0..8) lanes set. */
-static const int32_t tail_tab[16] = {-1, -1, -1, -1, -1, -1, -1, -1, 0, 0, 0, 0, 0, 0, 0, 0};
-
-SA_INLINE __m256i vf_tail(int r)
-{
-    return _mm256_loadu_si256((const __m256i *)(tail_tab + 8 - r));
-}
+#define vf_tail tail8
 
 /* vmaskmov never touches the masked lanes' memory. */
 #define vf_load_tail(p, m) _mm256_maskload_ps((p), (m))
@@ -290,15 +285,16 @@ SA_INLINE __m256 vf_exp_finish(__m256 poly, __m256 z, __m256 x)
  * accumulate_v_q8: one block of tokens for all the heads (SA_Q8_V_BLOCK)
  * ---------------------------------------------------------------------- */
 
-/* out[h][d .. d + 8*NV) for HB heads over tokens [t0, t1), all in q8 group
- * g: each token's 8*NV values are widened, converted and scaled once for
- * the HB heads (one rounding, as dequantize_rows), then added by one FMA
- * per head and vector in token order, as accumulate_v_f32 adds a float row.
- * HB and NV are constants at every call: HB * NV accumulators, NV values
- * and a weight stay in the 16 registers. */
-SA_INLINE void accv_q8_tile(float *const *out, const float *const *p, const int HB, const int NV,
-                            const int8_t *v, const float *vd, ptrdiff_t row_stride,
-                            ptrdiff_t scale_stride, int t0, int t1, int d, int g,
+/* out[h][d .. d + 8*NV) for HB heads over tokens [t0, t1), all in one q8
+ * group, whose weights (q8_v_weights: the token's weight times its group
+ * scale) are wq[(t - t0) * HB * SA_QV_GROUPS + h * SA_QV_GROUPS]: each
+ * token's 8*NV values are widened and converted once for the HB heads
+ * (exact), then added by one FMA per head and vector in token order, as
+ * accumulate_v_f32 adds a float row with those weights.  HB and NV are
+ * constants at every call: HB * NV accumulators and NV values stay in the
+ * 16 registers, the weights are broadcast from memory. */
+SA_INLINE void accv_q8_tile(float *const *out, const float *wq, const int HB, const int NV,
+                            const int8_t *v, ptrdiff_t row_stride, int t0, int t1, int d,
                             sa_pf_walk *w, const int STEP)
 {
     __m256 a[4][4];
@@ -306,19 +302,17 @@ SA_INLINE void accv_q8_tile(float *const *out, const float *const *p, const int 
         for (int c = 0; c < NV; c++)
             a[h][c] = _mm256_loadu_ps(out[h] + d + 8 * c);
     const int8_t *row = v + (ptrdiff_t)t0 * row_stride + d;
-    const float *sc = vd + (ptrdiff_t)t0 * scale_stride + g;
     sa_pf_walk wl = {0}; /* in registers for the loop */
     if (STEP)
         wl = *w;
-    for (int t = t0; t < t1; t++, row += row_stride, sc += scale_stride) {
+    for (int t = t0; t < t1; t++, row += row_stride, wq += HB * SA_QV_GROUPS) {
         if (STEP)
             sa_pf_walk_step(&wl);
-        const __m256 s = _mm256_broadcast_ss(sc);
         __m256 x[4];
         for (int c = 0; c < NV; c++)
-            x[c] = _mm256_mul_ps(s, load8_s8_ps(row + 8 * c));
+            x[c] = load8_s8_ps(row + 8 * c);
         for (int h = 0; h < HB; h++) {
-            const __m256 wt = _mm256_broadcast_ss(p[h] + t);
+            const __m256 wt = _mm256_broadcast_ss(wq + h * SA_QV_GROUPS);
             for (int c = 0; c < NV; c++)
                 a[h][c] = _mm256_fmadd_ps(wt, x[c], a[h][c]);
         }
@@ -330,55 +324,64 @@ SA_INLINE void accv_q8_tile(float *const *out, const float *const *p, const int 
             _mm256_storeu_ps(out[h] + d + 8 * c, a[h][c]);
 }
 
-/* All of D for HB heads: tiles of NV vectors while they fit (gs a multiple
- * of 8 * NV, so a tile never straddles two groups), then single vectors.
- * The group is counted along, not divided out per tile. */
-SA_INLINE void accv_q8_cols(float *const *out, const float *const *p, const int HB, const int NV,
-                            int D, int gs, const int8_t *v, const float *vd,
-                            ptrdiff_t row_stride, ptrdiff_t scale_stride, int t0, int t1,
-                            sa_pf_walk *w)
+/* Columns [d0, d1) (whole groups from group g0, whose weights wq holds) for
+ * HB heads: tiles of NV vectors while they fit (gs a multiple of 8 * NV, so
+ * a tile never straddles two groups), then single vectors.  The group is
+ * counted along, not divided out per tile. */
+SA_INLINE void accv_q8_cols(float *const *out, const float *wq, const int HB, const int NV,
+                            int d0, int d1, int gs, const int8_t *v, ptrdiff_t row_stride,
+                            int t0, int t1, sa_pf_walk *w)
 {
-    int d = 0, g = 0, left = gs;
-    for (; d + 8 * NV <= D; d += 8 * NV) {
+    int d = d0, g = 0, left = gs;
+    for (; d + 8 * NV <= d1; d += 8 * NV) {
         if (w && d % 32 == 0)
-            accv_q8_tile(out, p, HB, NV, v, vd, row_stride, scale_stride, t0, t1, d, g, w, 1);
+            accv_q8_tile(out, wq + g, HB, NV, v, row_stride, t0, t1, d, w, 1);
         else
-            accv_q8_tile(out, p, HB, NV, v, vd, row_stride, scale_stride, t0, t1, d, g, w, 0);
+            accv_q8_tile(out, wq + g, HB, NV, v, row_stride, t0, t1, d, w, 0);
         if ((left -= 8 * NV) == 0)
             g++, left = gs;
     }
-    for (; d < D; d += 8) {
+    for (; d < d1; d += 8) {
         if (w && d % 32 == 0)
-            accv_q8_tile(out, p, HB, 1, v, vd, row_stride, scale_stride, t0, t1, d, g, w, 1);
+            accv_q8_tile(out, wq + g, HB, 1, v, row_stride, t0, t1, d, w, 1);
         else
-            accv_q8_tile(out, p, HB, 1, v, vd, row_stride, scale_stride, t0, t1, d, g, w, 0);
+            accv_q8_tile(out, wq + g, HB, 1, v, row_stride, t0, t1, d, w, 0);
         if ((left -= 8) == 0)
             g++, left = gs;
     }
 }
 
-/* HB heads with the widest tile their group size allows. */
+/* HB heads with the widest tile their group size allows, SA_QV_GROUPS
+ * groups at a time: their weights first, then their columns. */
 SA_INLINE void accv_q8_heads_avx2(float *const *out, const float *const *p, const int HB,
                                   const int NV, int D, int gs, const int8_t *v, const float *vd,
                                   ptrdiff_t row_stride, ptrdiff_t scale_stride, int t0, int t1,
                                   sa_pf_walk *w)
 {
-    if (NV >= 4 && gs % 32 == 0)
-        accv_q8_cols(out, p, HB, 4, D, gs, v, vd, row_stride, scale_stride, t0, t1, w);
-    else if (NV >= 2 && gs % 16 == 0)
-        accv_q8_cols(out, p, HB, 2, D, gs, v, vd, row_stride, scale_stride, t0, t1, w);
-    else
-        accv_q8_cols(out, p, HB, 1, D, gs, v, vd, row_stride, scale_stride, t0, t1, w);
+    float wq[SA_QV_TOKENS * 4 * SA_QV_GROUPS] __attribute__((aligned(32)));
+    const int ng = D / gs;
+    for (int g0 = 0; g0 < ng; g0 += SA_QV_GROUPS) {
+        const int gn = ng - g0 < SA_QV_GROUPS ? ng - g0 : SA_QV_GROUPS;
+        const int d0 = g0 * gs, d1 = (g0 + gn) * gs;
+        q8_v_weights(p, HB, vd, scale_stride, t0, t1, g0, gn, wq);
+        if (NV >= 4 && gs % 32 == 0)
+            accv_q8_cols(out, wq, HB, 4, d0, d1, gs, v, row_stride, t0, t1, w);
+        else if (NV >= 2 && gs % 16 == 0)
+            accv_q8_cols(out, wq, HB, 2, d0, d1, gs, v, row_stride, t0, t1, w);
+        else
+            accv_q8_cols(out, wq, HB, 1, d0, d1, gs, v, row_stride, t0, t1, w);
+    }
 }
 
 /* Heads in blocks of 4 (two vectors of 16 columns: 8 accumulators), then
  * the last 1-3 as one block (three heads x two vectors, or one or two heads
- * x four vectors), so each token is dequantised once per block: a group of
- * 3 or 7 pays for one and two dequantisations per token instead of the
- * pair-and-one blocks' two and four.  The convert and the scale run on the
- * FMA ports, so that is most of the cost at G = 3: V took 0.67-0.70x the
- * time at G = 3 and 7, 0.93x at G = 2 (in cache, one thread, Xeon Emerald
- * Rapids; bench/arm_model_driver.c `time`, old and new builds alternated).
+ * x four vectors), so each token is converted once per block: a group of
+ * 3 or 7 pays for one and two conversions per token instead of the
+ * pair-and-one blocks' two and four.  The convert runs on the FMA ports
+ * (as the per-element scale did before the weights took it): with that
+ * scale, these blocks took V to 0.67-0.70x the time at G = 3 and 7, 0.93x
+ * at G = 2 (in cache, one thread, Xeon Emerald Rapids;
+ * bench/arm_model_driver.c `time`, old and new builds alternated).
  * The prefetch walk steps in the last block's tiles that start a 32-column
  * stretch, D / 32 steps per token: a step in every tile cost a block of 3
  * heads a third more time in cache (16 tiles per token at G = 7) for

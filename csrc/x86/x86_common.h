@@ -455,6 +455,7 @@ static float SA_FN(softmax_exp)(float *s, int n, float scale, float *max_out)
  * a Zen 4 core's FMA peak (bench/prefill_ceiling.c). */
 #define V_TOKENS 16
 #define V_TOKENS_MANY 32
+_Static_assert(V_TOKENS <= SA_QV_TOKENS, "q8 V's weights are taken a block of tokens at a time");
 #define V_MANY_HEADS 16
 
 /* out[h][d .. d + SA_VT*NC) for HB heads over tokens [t0, t1): accumulators
@@ -611,21 +612,20 @@ static void SA_FN(accumulate_v_f32)(float *const *out, const float *const *p, in
  * accumulate_v_q8
  * ---------------------------------------------------------------------- */
 
-/* SA_VT int8 of a V row times their group's scale: the dequantised floats
- * (one rounding, as dequantize_rows). */
-#define SA_DQ(row, rd, g) SA_MM(mul_ps)(SA_MM(set1_ps)((rd)[g]), vf_load_s8(row))
-
 /* out[h][d .. d + 4*SA_VT) for HB (1 to SA_V_HEADS) heads over tokens
- * [t0, t1).  gs is a multiple of SA_VT, so each vector lies in one group;
- * each token's 4*SA_VT values are dequantised once for the heads, then
- * added as accv_f32_tile adds a float row.  Called with constant HB, so the
- * accumulators stay in registers. */
-SA_INLINE void accv_q8_tile4(float *const *out, const float *const *p, int HB, int gs,
-                             const int8_t *v, const float *vd, ptrdiff_t row_stride,
-                             ptrdiff_t scale_stride, int t0, int t1, int d, sa_pf_walk *walk)
+ * [t0, t1), with the weights of q8_v_weights from group g0 on (wq's row for
+ * token t0).  gs is a multiple of SA_VT, so each vector lies in one group
+ * (its weight at the vector's group); each token's 4*SA_VT values are
+ * converted once for the heads (exact), then added as accv_f32_tile adds a
+ * float row with those weights.  Called with constant HB, so the
+ * accumulators stay in registers; ONE (a constant): the four vectors share
+ * a group, and a head's weight is broadcast once. */
+SA_INLINE void accv_q8_tile4(float *const *out, const float *wq, int HB, int gs, int g0,
+                             const int8_t *v, ptrdiff_t row_stride, int t0, int t1, int d,
+                             sa_pf_walk *walk, const int ONE)
 {
-    const int g0 = d / gs, g1 = (d + SA_VT) / gs, g2 = (d + 2 * SA_VT) / gs;
-    const int g3 = (d + 3 * SA_VT) / gs;
+    const int j0 = d / gs - g0, j1 = (d + SA_VT) / gs - g0, j2 = (d + 2 * SA_VT) / gs - g0;
+    const int j3 = (d + 3 * SA_VT) / gs - g0;
     sa_vf a0[SA_V_HEADS], a1[SA_V_HEADS], a2[SA_V_HEADS], a3[SA_V_HEADS];
     for (int h = 0; h < HB; h++) {
         const float *o = out[h] + d;
@@ -633,18 +633,21 @@ SA_INLINE void accv_q8_tile4(float *const *out, const float *const *p, int HB, i
         a2[h] = SA_MM(loadu_ps)(o + 2 * SA_VT), a3[h] = SA_MM(loadu_ps)(o + 3 * SA_VT);
     }
     sa_pf_walk wl = *walk; /* in registers for the loop */
-    for (int t = t0; t < t1; t++) {
+    const int8_t *row = v + (ptrdiff_t)t0 * row_stride + d;
+    for (int t = t0; t < t1; t++, row += row_stride, wq += HB * SA_QV_GROUPS) {
         sa_pf_walk_step(&wl);
-        const int8_t *row = v + (ptrdiff_t)t * row_stride + d;
-        const float *rd = vd + (ptrdiff_t)t * scale_stride;
-        const sa_vf v0 = SA_DQ(row, rd, g0), v1 = SA_DQ(row + SA_VT, rd, g1);
-        const sa_vf v2 = SA_DQ(row + 2 * SA_VT, rd, g2), v3 = SA_DQ(row + 3 * SA_VT, rd, g3);
+        const sa_vf v0 = vf_load_s8(row), v1 = vf_load_s8(row + SA_VT);
+        const sa_vf v2 = vf_load_s8(row + 2 * SA_VT), v3 = vf_load_s8(row + 3 * SA_VT);
         for (int h = 0; h < HB; h++) {
-            const sa_vf w = SA_MM(set1_ps)(p[h][t]);
-            a0[h] = SA_MM(fmadd_ps)(w, v0, a0[h]);
-            a1[h] = SA_MM(fmadd_ps)(w, v1, a1[h]);
-            a2[h] = SA_MM(fmadd_ps)(w, v2, a2[h]);
-            a3[h] = SA_MM(fmadd_ps)(w, v3, a3[h]);
+            const float *wh = wq + h * SA_QV_GROUPS;
+            const sa_vf w0 = SA_MM(set1_ps)(wh[j0]);
+            const sa_vf w1 = ONE ? w0 : SA_MM(set1_ps)(wh[j1]);
+            const sa_vf w2 = ONE ? w0 : SA_MM(set1_ps)(wh[j2]);
+            const sa_vf w3 = ONE ? w0 : SA_MM(set1_ps)(wh[j3]);
+            a0[h] = SA_MM(fmadd_ps)(w0, v0, a0[h]);
+            a1[h] = SA_MM(fmadd_ps)(w1, v1, a1[h]);
+            a2[h] = SA_MM(fmadd_ps)(w2, v2, a2[h]);
+            a3[h] = SA_MM(fmadd_ps)(w3, v3, a3[h]);
         }
     }
     *walk = wl;
@@ -656,36 +659,50 @@ SA_INLINE void accv_q8_tile4(float *const *out, const float *const *p, int HB, i
 }
 
 /* The same for one vector (D % (4*SA_VT) leftovers). */
-SA_INLINE void accv_q8_tile1(float *const *out, const float *const *p, int HB, int gs,
-                             const int8_t *v, const float *vd, ptrdiff_t row_stride,
-                             ptrdiff_t scale_stride, int t0, int t1, int d)
+SA_INLINE void accv_q8_tile1(float *const *out, const float *wq, int HB, int gs, int g0,
+                             const int8_t *v, ptrdiff_t row_stride, int t0, int t1, int d)
 {
-    const int g0 = d / gs;
+    const int j0 = d / gs - g0;
     for (int h = 0; h < HB; h++) {
         sa_vf a = SA_MM(loadu_ps)(out[h] + d);
-        for (int t = t0; t < t1; t++)
-            a = SA_MM(fmadd_ps)(SA_MM(set1_ps)(p[h][t]),
-                                SA_DQ(v + (ptrdiff_t)t * row_stride + d,
-                                      vd + (ptrdiff_t)t * scale_stride, g0), a);
+        const float *wh = wq + h * SA_QV_GROUPS + j0;
+        for (int t = t0; t < t1; t++, wh += HB * SA_QV_GROUPS)
+            a = SA_MM(fmadd_ps)(SA_MM(set1_ps)(*wh),
+                                vf_load_s8(v + (ptrdiff_t)t * row_stride + d), a);
         SA_MM(storeu_ps)(out[h] + d, a);
     }
 }
 
+/* HB heads over all of D, SA_QV_GROUPS groups at a time: their weights
+ * (q8_v_weights), then their columns in tiles of 4 vectors and single
+ * vectors. */
 SA_INLINE void accv_q8_heads(float *const *out, const float *const *p, int HB, int D, int gs,
                              const int8_t *v, const float *vd, ptrdiff_t row_stride,
                              ptrdiff_t scale_stride, int t0, int t1, sa_pf_walk *w)
 {
-    int d = 0;
-    for (; d + 4 * SA_VT <= D; d += 4 * SA_VT)
-        accv_q8_tile4(out, p, HB, gs, v, vd, row_stride, scale_stride, t0, t1, d, w);
-    for (; d < D; d += SA_VT)
-        accv_q8_tile1(out, p, HB, gs, v, vd, row_stride, scale_stride, t0, t1, d);
+    float wq[SA_QV_TOKENS * SA_V_HEADS * SA_QV_GROUPS] __attribute__((aligned(64)));
+    const int ng = D / gs;
+    for (int g0 = 0; g0 < ng; g0 += SA_QV_GROUPS) {
+        const int gn = ng - g0 < SA_QV_GROUPS ? ng - g0 : SA_QV_GROUPS;
+        const int d1 = (g0 + gn) * gs;
+        int d = g0 * gs;
+        q8_v_weights(p, HB, vd, scale_stride, t0, t1, g0, gn, wq);
+        for (; d + 4 * SA_VT <= d1; d += 4 * SA_VT) {
+            if (d / gs == (d + 4 * SA_VT - 1) / gs)
+                accv_q8_tile4(out, wq, HB, gs, g0, v, row_stride, t0, t1, d, w, 1);
+            else
+                accv_q8_tile4(out, wq, HB, gs, g0, v, row_stride, t0, t1, d, w, 0);
+        }
+        for (; d < d1; d += SA_VT)
+            accv_q8_tile1(out, wq, HB, gs, g0, v, row_stride, t0, t1, d);
+    }
 }
 
 /* Group sizes the vector steps do not take (not a multiple of SA_VT): the
  * scalar loop with one fused multiply-add per element (fmaf is the FMA
  * instruction under this file's target), so the result is still bitwise
- * dequantize_rows followed by accumulate_v_f32 (kernels.h). */
+ * accumulate_v_f32 of the weights times the scales over the values
+ * (kernels.h). */
 #define SA_MULADD(a, b, c) fmaf((a), (b), (c))
 #define SA_SCALAR_FN(kernel) kernel##_scalar
 #include "../scalar_kernels.h"
@@ -737,7 +754,7 @@ __attribute__((noinline)) static void accv_q8_blocks(float *const *out, const fl
 
 #if SA_V_HEADS >= 4
 /* G = 4m + 3 heads (a GQA group of 3, or 7: SmolLM2, Qwen2.5): the first 4m
- * as above, then the last three as one block, each token dequantised once
+ * as above, then the last three as one block, each token converted once
  * for the three instead of for a pair and again for one; the rows are back
  * in L1 or L2 for them.  Each head's sums are the same operations in the
  * same order whichever pass adds them.  (AVX2 has its own blocks,
@@ -780,7 +797,7 @@ static void SA_FN(accumulate_v_q8)(float *const *out, const float *const *p, int
 }
 
 /* -------------------------------------------------------------------------
- * dequantize_rows: SA_DQ per vector (gs a multiple of SA_VT, else the
+ * dequantize_rows: a product per vector (gs a multiple of SA_VT, else the
  * scalar loop; one product per element either way).
  * ---------------------------------------------------------------------- */
 
@@ -797,7 +814,7 @@ static void SA_FN(dequantize_rows)(const int8_t *q, const float *scales, int dim
         const float *rd = scales + (ptrdiff_t)t * scale_stride;
         float *o = out + (ptrdiff_t)t * dim;
         for (int d = 0; d < dim; d += SA_VT)
-            SA_MM(storeu_ps)(o + d, SA_DQ(row + d, rd, d / gs));
+            SA_MM(storeu_ps)(o + d, SA_MM(mul_ps)(SA_MM(set1_ps)(rd[d / gs]), vf_load_s8(row + d)));
     }
 }
 

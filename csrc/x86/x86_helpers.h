@@ -5,6 +5,7 @@
 #ifndef SA_X86_HELPERS_H
 #define SA_X86_HELPERS_H
 
+#include <stddef.h>
 #include <stdint.h>
 
 #define SA_INLINE static inline __attribute__((always_inline))
@@ -25,6 +26,47 @@
 SA_INLINE __m256 load8_s8_ps(const int8_t *x)
 {
     return _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_loadl_epi64((const __m128i *)x)));
+}
+
+/* The first r (0..8) lanes of a vmaskmov mask set. */
+static const int32_t sa_tail8_tab[16] = {-1, -1, -1, -1, -1, -1, -1, -1, 0, 0, 0, 0, 0, 0, 0, 0};
+
+SA_INLINE __m256i tail8(int r)
+{
+    return _mm256_loadu_si256((const __m256i *)(sa_tail8_tab + 8 - r));
+}
+
+/* q8 V's weights (spec §4): a token's weight for a head times the token's
+ * group scale, one float product, so the V loops multiply-add the int8
+ * values converted (exactly) to float and never scale an element.  For the
+ * HB heads, tokens [t0, t1) (at most SA_QV_TOKENS) and groups [g0, g0 + gn)
+ * (gn at most SA_QV_GROUPS): w[((t - t0) * HB + h) * SA_QV_GROUPS + grp - g0]
+ * = p[h][t] * vd[t * scale_stride + grp].  Per token a masked load of its
+ * scales and a product per head and 8 groups (the scales never read past
+ * the group range). */
+#define SA_QV_TOKENS 16
+#define SA_QV_GROUPS 16
+SA_INLINE void q8_v_weights(const float *const *p, int HB, const float *vd,
+                            ptrdiff_t scale_stride, int t0, int t1, int g0, int gn, float *w)
+{
+    const __m256i m0 = tail8(gn < 8 ? gn : 8), m1 = tail8(gn > 8 ? gn - 8 : 0);
+    for (int t = t0; t < t1; t++) {
+        const float *sc = vd + (ptrdiff_t)t * scale_stride + g0;
+        const __m256 s0 = _mm256_maskload_ps(sc, m0);
+        float *wt = w + (ptrdiff_t)(t - t0) * HB * SA_QV_GROUPS;
+        if (gn > 8) {
+            const __m256 s1 = _mm256_maskload_ps(sc + 8, m1);
+            for (int h = 0; h < HB; h++) {
+                const __m256 x = _mm256_broadcast_ss(p[h] + t);
+                _mm256_storeu_ps(wt + h * SA_QV_GROUPS, _mm256_mul_ps(x, s0));
+                _mm256_storeu_ps(wt + h * SA_QV_GROUPS + 8, _mm256_mul_ps(x, s1));
+            }
+        } else {
+            for (int h = 0; h < HB; h++)
+                _mm256_storeu_ps(wt + h * SA_QV_GROUPS,
+                                 _mm256_mul_ps(_mm256_broadcast_ss(p[h] + t), s0));
+        }
+    }
 }
 
 /* Sum of 8 lanes in a fixed order. */
