@@ -618,11 +618,12 @@ static void SA_FN(accumulate_v_f32)(float *const *out, const float *const *p, in
  * (its weight at the vector's group); each token's 4*SA_VT values are
  * converted once for the heads (exact), then added as accv_f32_tile adds a
  * float row with those weights.  Called with constant HB, so the
- * accumulators stay in registers; ONE (a constant): the four vectors share
- * a group, and a head's weight is broadcast once. */
+ * accumulators stay in registers; SHARE (a constant, 4, 2 or 1): how many
+ * neighbouring vectors lie in one group, so a head's weight is broadcast
+ * once per group met, not once per vector. */
 SA_INLINE void accv_q8_tile4(float *const *out, const float *wq, int HB, int gs, int g0,
                              const int8_t *v, ptrdiff_t row_stride, int t0, int t1, int d,
-                             sa_pf_walk *walk, const int ONE)
+                             sa_pf_walk *walk, const int SHARE)
 {
     const int j0 = d / gs - g0, j1 = (d + SA_VT) / gs - g0, j2 = (d + 2 * SA_VT) / gs - g0;
     const int j3 = (d + 3 * SA_VT) / gs - g0;
@@ -641,9 +642,9 @@ SA_INLINE void accv_q8_tile4(float *const *out, const float *wq, int HB, int gs,
         for (int h = 0; h < HB; h++) {
             const float *wh = wq + h * SA_QV_GROUPS;
             const sa_vf w0 = SA_MM(set1_ps)(wh[j0]);
-            const sa_vf w1 = ONE ? w0 : SA_MM(set1_ps)(wh[j1]);
-            const sa_vf w2 = ONE ? w0 : SA_MM(set1_ps)(wh[j2]);
-            const sa_vf w3 = ONE ? w0 : SA_MM(set1_ps)(wh[j3]);
+            const sa_vf w1 = SHARE >= 2 ? w0 : SA_MM(set1_ps)(wh[j1]);
+            const sa_vf w2 = SHARE == 4 ? w0 : SA_MM(set1_ps)(wh[j2]);
+            const sa_vf w3 = SHARE == 4 ? w0 : SHARE == 2 ? w2 : SA_MM(set1_ps)(wh[j3]);
             a0[h] = SA_MM(fmadd_ps)(w0, v0, a0[h]);
             a1[h] = SA_MM(fmadd_ps)(w1, v1, a1[h]);
             a2[h] = SA_MM(fmadd_ps)(w2, v2, a2[h]);
@@ -689,9 +690,11 @@ SA_INLINE void accv_q8_heads(float *const *out, const float *const *p, int HB, i
         q8_v_weights(p, HB, vd, scale_stride, t0, t1, g0, gn, wq);
         for (; d + 4 * SA_VT <= d1; d += 4 * SA_VT) {
             if (d / gs == (d + 4 * SA_VT - 1) / gs)
-                accv_q8_tile4(out, wq, HB, gs, g0, v, row_stride, t0, t1, d, w, 1);
+                accv_q8_tile4(out, wq, HB, gs, g0, v, row_stride, t0, t1, d, w, 4);
+            else if (gs % (2 * SA_VT) == 0)
+                accv_q8_tile4(out, wq, HB, gs, g0, v, row_stride, t0, t1, d, w, 2);
             else
-                accv_q8_tile4(out, wq, HB, gs, g0, v, row_stride, t0, t1, d, w, 0);
+                accv_q8_tile4(out, wq, HB, gs, g0, v, row_stride, t0, t1, d, w, 1);
         }
         for (; d < d1; d += SA_VT)
             accv_q8_tile1(out, wq, HB, gs, g0, v, row_stride, t0, t1, d);
