@@ -12,6 +12,7 @@
  *                         accumulation is bitwise the float accumulation of
  *                         the same ISA, with the weights times the scales)
  *   SA_SCALAR_FN(kernel)  the name of its copy of <kernel>
+ *   SA_Q8_V_SCALED        its q8 V order (kernels.h, q8_v_scaled)
  *
  * Integer group sums are exact; every float operation is spelled out, in
  * the portable order.  A copy the includer does not call is marked unused.
@@ -67,9 +68,11 @@ __attribute__((unused)) static void SA_SCALAR_FN(dequantize_rows)(
     }
 }
 
-/* Per (head, token, group) the weight p[g][t] * scale (one rounding), then
- * per element that weight times (float)q (exact) added into out, tokens in
- * order: accumulate_v_f32's arithmetic with those weights (kernels.h). */
+/* q8 V in the includer's order (kernels.h, q8_v_scaled): SA_Q8_V_SCALED 0,
+ * per (head, token, group) the weight p[g][t] * scale (one rounding), then
+ * per element that weight times (float)q (exact) added into out; 1, per
+ * element the dequantised value scale * (float)q (one rounding, as
+ * dequantize_rows), then weighted by p[g][t] into out.  Tokens in order. */
 __attribute__((unused)) static void SA_SCALAR_FN(accumulate_v_q8)(
     float *const *out, const float *const *p, int G, int D, int gs, const int8_t *v,
     const float *vd, ptrdiff_t row_stride, ptrdiff_t scale_stride, int n, const sa_prefetch *pf)
@@ -82,9 +85,15 @@ __attribute__((unused)) static void SA_SCALAR_FN(accumulate_v_q8)(
             const float w = p[g][t];
             float *o = out[g];
             for (int d0 = 0, grp = 0; d0 < D; d0 += gs, grp++) {
-                const float wd = w * rd[grp];
-                for (int d = d0; d < d0 + gs; d++)
-                    o[d] = SA_MULADD(wd, (float)row[d], o[d]);
+                const float sc = rd[grp];
+                if (SA_Q8_V_SCALED) {
+                    for (int d = d0; d < d0 + gs; d++)
+                        o[d] = SA_MULADD(w, sc * (float)row[d], o[d]);
+                } else {
+                    const float wd = w * sc;
+                    for (int d = d0; d < d0 + gs; d++)
+                        o[d] = SA_MULADD(wd, (float)row[d], o[d]);
+                }
             }
         }
     }

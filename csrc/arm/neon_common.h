@@ -44,6 +44,9 @@
  * (scores_q8_scalar, accumulate_v_q8_scalar, minmax_scores_scalar). */
 #define SA_MULADD(a, b, c) fmaf((a), (b), (c))
 #define SA_SCALAR_FN(kernel) kernel##_scalar
+/* q8 V: each element scaled, then added (kernels.h): on the A55 and A76
+ * models the weights' products cost more than they saved from G = 7 on. */
+#define SA_Q8_V_SCALED 1
 #include "../scalar_kernels.h"
 
 /* An int32x4 whose lanes add up to sum_i a[i] * b[i] over one group of gs
@@ -629,9 +632,10 @@ static const uint8_t sa_q8_spread[16 * 4] = {
     255, 255, 255, 12, 255, 255, 255, 13, 255, 255, 255, 14, 255, 255, 255, 15,
 };
 
-/* NV (2 or 4, constant) vectors of floats from 4*NV int8 of a q8 row,
- * exactly: the conversion of v << 24 with 24 fraction bits is (float)v. */
-SA_INLINE void q8_load(const int8_t *x, int NV, float32x4_t f[4])
+/* NV (2 or 4, constant) vectors of floats from 4*NV int8 of a q8 row, each
+ * times the row's group scale sc (one rounding, as dequantize_rows).  The
+ * conversion of v << 24 with 24 fraction bits is exactly (float)v. */
+SA_INLINE void q8_load(const int8_t *x, float sc, int NV, float32x4_t f[4])
 {
     const int8x16_t b = NV == 4 ? vld1q_s8(x) : vcombine_s8(vld1_s8(x), vdup_n_s8(0));
     int8x16_t top[4];
@@ -641,11 +645,12 @@ SA_INLINE void q8_load(const int8_t *x, int NV, float32x4_t f[4])
         top[i] = vqtbl1q_s8(b, vld1q_u8(sa_q8_spread + 16 * i));
     for (int i = 0; i < NV; i++)
         f[i] = vcvtq_n_f32_s32(vreinterpretq_s32_s8(top[i]), 24);
+    for (int i = 0; i < NV; i++)
+        f[i] = vmulq_n_f32(f[i], sc);
 }
 
-/* dequantize_rows: q8_load per 16 (or 8) values, then the scale, when gs
- * is a multiple of 8, else the scalar loop; one product per element either
- * way. */
+/* dequantize_rows: q8_load per 16 (or 8) values when gs is a multiple of
+ * 8, else the scalar loop; one product per element either way. */
 static void SA_FN(dequantize_rows)(const int8_t *q, const float *scales, int dim, int gs,
                                    int n, ptrdiff_t row_stride, ptrdiff_t scale_stride,
                                    float *out)
@@ -662,14 +667,14 @@ static void SA_FN(dequantize_rows)(const int8_t *q, const float *scales, int dim
             float32x4_t f[4];
             int d = d0;
             for (; d + 16 <= d0 + gs; d += 16) {
-                q8_load(row + d, 4, f);
+                q8_load(row + d, rd[grp], 4, f);
                 for (int i = 0; i < 4; i++)
-                    vst1q_f32(o + d + 4 * i, vmulq_n_f32(f[i], rd[grp]));
+                    vst1q_f32(o + d + 4 * i, f[i]);
             }
             if (d < d0 + gs) { /* gs % 16 == 8 */
-                q8_load(row + d, 2, f);
-                vst1q_f32(o + d, vmulq_n_f32(f[0], rd[grp]));
-                vst1q_f32(o + d + 4, vmulq_n_f32(f[1], rd[grp]));
+                q8_load(row + d, rd[grp], 2, f);
+                vst1q_f32(o + d, f[0]);
+                vst1q_f32(o + d + 4, f[1]);
             }
         }
     }
@@ -686,13 +691,13 @@ SA_INLINE float32x4_t fma_lane(float32x4_t o, float32x4_t f, float32x4_t w, cons
     }
 }
 
-/* Token j (a constant) of a block of four: its chunk x converted once, then
- * added to the HB heads' accumulators with their weights w[h]. */
+/* Token j (a constant) of a block of four: its chunk x widened and scaled
+ * once, then added to the HB heads' accumulators with their weights w[h]. */
 SA_INLINE void q8_v_token(float32x4_t acc[8][4], const float32x4_t w[8], const int HB,
-                          const int NV, const int8_t *x, const int j)
+                          const int NV, const int8_t *x, float sc, const int j)
 {
     float32x4_t f[4];
-    q8_load(x, NV, f);
+    q8_load(x, sc, NV, f);
     for (int h = 0; h < HB; h++)
         for (int i = 0; i < NV; i++)
             acc[h][i] = fma_lane(acc[h][i], f[i], w[h], j);
@@ -702,13 +707,10 @@ SA_INLINE void q8_v_token(float32x4_t acc[8][4], const float32x4_t w[8], const i
  * grp, for the HB (constant, HB*NV <= 16) heads g0 .. g0+HB-1, over all n
  * tokens: the chunk of out stays in HB*NV registers from the first token to
  * the last (loaded and stored once per call), each token's chunk of V is
- * converted once for the HB heads, and the HB*NV accumulators are
- * independent chains an in-order core can interleave.  A head's weights for
- * four tokens are one vector product, the four probabilities times the
- * four tokens' group scales (spec §4: one rounding per head, token and
- * group; no element is scaled), then one fused multiply-add per element
- * and token in token order: accumulate_v_f32's operations with those
- * weights over the converted values. */
+ * widened and scaled once for the HB heads, and the HB*NV accumulators are
+ * independent chains an in-order core can interleave.  Per element the
+ * operations are those of dequantize_rows and accumulate_v_f32: v = scale *
+ * (float)q, then one fused multiply-add per token in token order. */
 SA_INLINE void q8_v_chunk(float *const *out, const float *const *p, int g0, const int HB,
                           const int NV, int d, int grp, const int8_t *v, const float *vd,
                           ptrdiff_t row_stride, ptrdiff_t scale_stride, int n)
@@ -721,24 +723,20 @@ SA_INLINE void q8_v_chunk(float *const *out, const float *const *p, int g0, cons
     const float *xd = vd + grp;
     int t = 0;
     for (; t + 4 <= n; t += 4, x += 4 * row_stride, xd += 4 * scale_stride) {
-        float32x4_t sc = vdupq_n_f32(xd[0]);
-        sc = vsetq_lane_f32(xd[scale_stride], sc, 1);
-        sc = vsetq_lane_f32(xd[2 * scale_stride], sc, 2);
-        sc = vsetq_lane_f32(xd[3 * scale_stride], sc, 3);
         float32x4_t w[8];
         for (int h = 0; h < HB; h++)
-            w[h] = vmulq_f32(vld1q_f32(p[g0 + h] + t), sc);
-        q8_v_token(acc, w, HB, NV, x, 0);
-        q8_v_token(acc, w, HB, NV, x + row_stride, 1);
-        q8_v_token(acc, w, HB, NV, x + 2 * row_stride, 2);
-        q8_v_token(acc, w, HB, NV, x + 3 * row_stride, 3);
+            w[h] = vld1q_f32(p[g0 + h] + t);
+        q8_v_token(acc, w, HB, NV, x, xd[0], 0);
+        q8_v_token(acc, w, HB, NV, x + row_stride, xd[scale_stride], 1);
+        q8_v_token(acc, w, HB, NV, x + 2 * row_stride, xd[2 * scale_stride], 2);
+        q8_v_token(acc, w, HB, NV, x + 3 * row_stride, xd[3 * scale_stride], 3);
     }
     for (; t < n; t++, x += row_stride, xd += scale_stride) {
         float32x4_t f[4];
-        q8_load(x, NV, f);
+        q8_load(x, *xd, NV, f);
         for (int h = 0; h < HB; h++)
             for (int i = 0; i < NV; i++)
-                acc[h][i] = vfmaq_n_f32(acc[h][i], f[i], p[g0 + h][t] * *xd);
+                acc[h][i] = vfmaq_n_f32(acc[h][i], f[i], p[g0 + h][t]);
     }
     for (int h = 0; h < HB; h++)
         for (int i = 0; i < NV; i++)
@@ -1043,6 +1041,8 @@ static void SA_FN(scores_q8_panels)(const int8_t *qq, const float *qd, int G, in
 #define scores_q8_panels_neon NULL
 enum { SA_FN(q8_panel_keys) = 0 };
 #endif
+
+enum { SA_FN(q8_v_scaled) = SA_Q8_V_SCALED };
 
 SA_DEFINE_KERNELS_OF(SA_ISA_ID);
 

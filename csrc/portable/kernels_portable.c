@@ -14,6 +14,7 @@
  * files' fallbacks, here with a plain multiply-add (two roundings). */
 #define SA_MULADD(a, b, c) ((c) + (a) * (b))
 #define SA_SCALAR_FN(kernel) kernel##_portable
+#define SA_Q8_V_SCALED 0 /* q8 V: the scale in the weight (kernels.h) */
 #include "../scalar_kernels.h"
 
 #define SA_LANES 8
@@ -153,5 +154,7 @@ static uint64_t stream_sum_portable(const uint64_t *buf, size_t n_words)
         acc[0] += buf[i];
     return ((acc[0] + acc[1]) + (acc[2] + acc[3])) + ((acc[4] + acc[5]) + (acc[6] + acc[7]));
 }
+
+enum { q8_v_scaled_portable = SA_Q8_V_SCALED };
 
 SA_DEFINE_KERNELS(portable);

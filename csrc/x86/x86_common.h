@@ -708,6 +708,7 @@ SA_INLINE void accv_q8_heads(float *const *out, const float *const *p, int HB, i
  * (kernels.h). */
 #define SA_MULADD(a, b, c) fmaf((a), (b), (c))
 #define SA_SCALAR_FN(kernel) kernel##_scalar
+#define SA_Q8_V_SCALED 0 /* q8 V: the scale in the weight (kernels.h) */
 #include "../scalar_kernels.h"
 
 /* Steps (tile passes over one token, each a step of the prefetch walk) of
@@ -959,6 +960,8 @@ static void SA_FN(minmax_scores)(const float *qp, const float *qn, int G, int D,
 
 #define SA_STREAM_BYTES (SA_VT * 4)
 #include "../stream_sum.h"
+
+enum { SA_FN(q8_v_scaled) = SA_Q8_V_SCALED };
 
 SA_DEFINE_KERNELS_OF(SA_ISA_ID);
 

@@ -784,30 +784,38 @@ static void test_accumulate_q8(const sa_kernels *kern)
         char what[120];
         snprintf(what, sizeof what, "accumulate_v_q8 D=%d gs=%d G=%d n=%d stride=%tdD %s", D,
                  gs, G, n, rs / D, Q8_MODE_NAME[mode]);
-        /* kernels.h: bitwise accumulate_v_f32 of the same table over each
-         * group's columns of the rows as floats, with the weights times the
-         * group's scales (prefill reads q8 V that way) */
+        /* kernels.h: bitwise accumulate_v_f32 of the same table, in the
+         * table's order: over each group's columns of the rows as floats
+         * with the weights times the group's scales (q8_v_scaled 0), or
+         * over dequantize_rows' rows with the weights (1; prefill reads q8
+         * V that way on every table) */
         float *wide = operand_alloc((size_t)n * D * sizeof(float));
         float **two = rows_new(G, D), **wg = rows_new(G, n > 0 ? n : 1);
         float **at = xmalloc((size_t)G * sizeof(float *));
-        for (int t = 0; t < n; t++)
-            for (int i = 0; i < D; i++)
-                wide[t * D + i] = (float)vq[t * rs + i];
         for (int g = 0; g < G; g++)
             memcpy(two[g], a.o0[g], (size_t)D * sizeof(float));
-        for (int grp = 0; grp < D / gs; grp++) {
-            for (int g = 0; g < G; g++) {
-                for (int t = 0; t < n; t++)
-                    wg[g][t] = a.p[g][t] * vs[t * ss + grp];
-                at[g] = two[g] + grp * gs;
+        if (kern->q8_v_scaled) {
+            kern->dequantize_rows(vq, vs, D, gs, n, rs, ss, wide);
+            kern->accumulate_v_f32(two, (const float *const *)a.p, G, D, wide, D, n, NULL);
+        } else {
+            for (int t = 0; t < n; t++)
+                for (int i = 0; i < D; i++)
+                    wide[t * D + i] = (float)vq[t * rs + i];
+            for (int grp = 0; grp < D / gs; grp++) {
+                for (int g = 0; g < G; g++) {
+                    for (int t = 0; t < n; t++)
+                        wg[g][t] = a.p[g][t] * vs[t * ss + grp];
+                    at[g] = two[g] + grp * gs;
+                }
+                kern->accumulate_v_f32(at, (const float *const *)wg, G, gs, wide + grp * gs, D,
+                                       n, NULL);
             }
-            kern->accumulate_v_f32(at, (const float *const *)wg, G, gs, wide + grp * gs, D, n,
-                                   NULL);
         }
         int as_f32 = 1;
         for (int g = 0; g < G; g++)
             as_f32 &= memcmp(two[g], a.got[g], (size_t)D * sizeof(float)) == 0;
-        check(as_f32, "%s: not accumulate_v_f32 with weights p * scale bit for bit", what);
+        check(as_f32, "%s: not accumulate_v_f32 in the table's q8 V order (q8_v_scaled %d) bit "
+              "for bit", what, kern->q8_v_scaled);
         free(at), rows_free(wg, G), rows_free(two, G), operand_free(wide);
         accum_case_finish(&a, what, &(v_rows){.vq = vq, .vd = vs, .rs = rs, .ss = ss, .gs = gs});
         strided_free(&v), strided_free(&vd);
