@@ -218,7 +218,7 @@ typedef struct sa_kernels {
      * row's V sums round differently from accumulate_v_q8's, spec §3). */
     void (*dequantize_rows)(const int8_t *q, const float *scales, int dim, int gs, int n,
                             ptrdiff_t row_stride, ptrdiff_t scale_stride, float *out);
-    int q8_v_scaled;
+    int q8_v_scaled; /* accumulate_v_q8's order: 1 scales each element, 0 the weights */
 
     /* Quest's bound per block (spec §6) from the query split by sign:
      * s[g][b] = sum over groups grp of sc[b][grp] * sum over i in grp of

@@ -10,7 +10,7 @@
  *                         SIMD files, whose vector paths fuse it, so that a
  *                         fallback keeps the promises of kernels.h (q8 V
  *                         accumulation is bitwise the float accumulation of
- *                         the same ISA, with the weights times the scales)
+ *                         the same ISA, in the table's order)
  *   SA_SCALAR_FN(kernel)  the name of its copy of <kernel>
  *   SA_Q8_V_SCALED        its q8 V order (kernels.h, q8_v_scaled)
  *

@@ -36,14 +36,6 @@ SA_INLINE __m256i tail8(int r)
     return _mm256_loadu_si256((const __m256i *)(sa_tail8_tab + 8 - r));
 }
 
-/* q8 V's weights (spec §4): a token's weight for a head times the token's
- * group scale, one float product, so the V loops multiply-add the int8
- * values converted (exactly) to float and never scale an element.  For the
- * HB heads, tokens [t0, t1) (at most SA_QV_TOKENS) and groups [g0, g0 + gn)
- * (gn at most SA_QV_GROUPS): w[((t - t0) * HB + h) * SA_QV_GROUPS + grp - g0]
- * = p[h][t] * vd[t * scale_stride + grp].  Per token a masked load of its
- * scales and a product per head and 8 groups (the scales never read past
- * the group range). */
 /* The first n scales at sc (lanes past n 0 or unused): plain loads where
  * n allows, the masked load (m, the first n lanes) only for the other
  * counts.  A masked load cost a sparse AVX-512 decode step 2-4% (balanced,
@@ -57,6 +49,14 @@ SA_INLINE __m256 load_groups(const float *sc, int n, __m256i m)
     return _mm256_maskload_ps(sc, m);
 }
 
+/* q8 V's weights (spec §4): a token's weight for a head times the token's
+ * group scale, one float product, so the V loops multiply-add the int8
+ * values converted (exactly) to float and never scale an element.  For the
+ * HB heads, tokens [t0, t1) (at most SA_QV_TOKENS) and groups [g0, g0 + gn)
+ * (gn at most SA_QV_GROUPS): w[((t - t0) * HB + h) * SA_QV_GROUPS + grp - g0]
+ * = p[h][t] * vd[t * scale_stride + grp].  Per token a load of its scales
+ * (load_groups: never past the group range) and a product per head and 8
+ * groups. */
 #define SA_QV_TOKENS 16
 #define SA_QV_GROUPS 16
 SA_INLINE void q8_v_weights(const float *const *p, int HB, const float *vd,
