@@ -440,8 +440,8 @@ def accumulate_v(p, v, out=None):
     Parameters
     ----------
     p : float32 ``[N]`` (any strides; N may be 0: nothing is added)
-    v : float32 ``[N, D]`` or Q8 ``[N, D]`` (each token's weight times its
-        group scale, then times the int8 values: spec §4)
+    v : float32 ``[N, D]`` or Q8 ``[N, D]`` (in decode's q8 V order for the
+        kernels in use, spec §4)
     out : float32 ``[D]``, C-contiguous and writable, to add into; or None
         for zeros
 
