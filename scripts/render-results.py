@@ -56,7 +56,11 @@ def render_machine(d):
             ran += f" ({'; '.join(m['core_classes'])})"
     parts.append(ran)
     floor = m.get("floor")
-    if floor:
+    beside = [r["floor_gbs"] for r in d.get("rows", ()) if r.get("floor_gbs")]
+    if beside:  # read again beside each row (newer files)
+        parts.append(f"memory floor {min(beside):.1f}-{max(beside):.1f} GB/s (read beside each "
+                     "row in the run; its `x floor` uses its own)")
+    elif floor:
         parts.append(f"memory floor {floor['bandwidth_gbs']:.1f} GB/s (measured in the run)")
     v = m.get("versions", {})
     parts.append(", ".join(f"{k} {v[k]}" for k in ("numpy", "torch", "transformers") if v.get(k)))
@@ -91,11 +95,14 @@ KEY = ["tokens", "impl", "KV", "config", "policy", "needle"]
 
 
 def render_decode(d):
-    return _table(KEY + ["ms/token [min–max]", "vs dense", "MB read", "x floor"],
+    beside = all(r.get("floor_gbs") for r in d["rows"])  # each row's own floor (newer files)
+    return _table(KEY + ["ms/token [min–max]", "vs dense", "MB read"]
+                  + (["floor GB/s"] if beside else []) + ["x floor"],
                   [_row_key(r, "recall") + [
                       f"{r['ms']:.2f} [{r['ms_min']:.2f}–{r['ms_max']:.2f}]",
-                      _x(r.get("speedup_vs_dense")), f"{r['bytes'] / 1e6:.1f}",
-                      f"{r['x_floor']:.2f}"] for r in d["rows"]])
+                      _x(r.get("speedup_vs_dense")), f"{r['bytes'] / 1e6:.1f}"]
+                   + ([f"{r['floor_gbs']:.1f}"] if beside else [])
+                   + [f"{r['x_floor']:.2f}"] for r in d["rows"]])
 
 
 def render_prefill(d):

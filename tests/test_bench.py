@@ -31,6 +31,7 @@ def test_quick_bench_reports_the_needle_and_the_collapse(tmp_path):
     floor = d["machine"]["floor"]
     assert floor["buffer_bytes"] >= 4 * floor["llc_bytes"] and floor["passes"] >= 5
     assert "streaming read" in res.stdout and "4x the LLC" in res.stdout
+    assert "read again beside each row" in res.stdout
     rows = {(r["dtype"], r["config"], r["policy"]): r for r in d["rows"]}
     for dtype in ("q8", "float32"):
         dense, k32, k1 = (rows[(dtype, "dense", None)], rows[(dtype, "32", "seed")],
@@ -41,6 +42,9 @@ def test_quick_bench_reports_the_needle_and_the_collapse(tmp_path):
         assert rows[(dtype, "32", "fast")]["recall"] == 1.0
         for r in (dense, k32, k1):
             assert r["ms"] > 0 and r["bytes"] > 0 and r["floor_ms"] > 0
+            # each row against the floor read beside it
+            assert r["floor_ms"] == pytest.approx(r["bytes"] / (r["floor_gbs"] * 1e9) * 1e3)
+            assert r["x_floor"] == pytest.approx(r["ms"] / r["floor_ms"])
         assert k32["bytes"] < dense["bytes"] and k1["bytes"] < k32["bytes"]
         # Every row reads 2.5x the LLC between two visits of one layer (or
         # says memory was short): a sparse row, reading less of each layer,
@@ -58,6 +62,14 @@ def test_quick_bench_reports_the_needle_and_the_collapse(tmp_path):
         exact, sparse = pre[(dtype, "exact", None)], pre[(dtype, "32", "seed")]
         assert exact["s"] > 0 and sparse["s"] > 0 and exact["speedup_vs_exact"] == 1.0
         assert sparse["needle"] == 1.0 and pre[(dtype, "32", "fast")]["needle"] == 1.0
+    # the docs' table shows each row's floor, and the machine line their range
+    spec = importlib.util.spec_from_file_location("render", ROOT / "scripts" / "render-results.py")
+    render = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(render)
+    table = render.render_decode(d)
+    assert "| floor GB/s | x floor |" in table
+    assert f"| {d['rows'][0]['floor_gbs']:.1f} | {d['rows'][0]['x_floor']:.2f} |" in table
+    assert "read beside each row" in render.render_machine(d)
 
 
 def test_prefill_rounds_alternate_the_rows_and_report_medians(tmp_path):

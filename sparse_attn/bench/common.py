@@ -89,24 +89,34 @@ def last_level_cache():
 class Floor:
     """The memory floor: the best of several streaming reads of a buffer of
     4x the last-level cache (at least 256 MiB), with the widest loads of the
-    ISA in use, split over the threads the kernels use."""
+    ISA in use, split over the threads the kernels use.  The buffer is kept:
+    `sample()` reads it again beside each row of a table (`timed_beside`),
+    because on a shared machine the bandwidth moves between rows (seen: 16.6
+    and 27.6 GB/s minutes apart on a Xeon VM, 65 and 35 GB/s on a Zen 4 VM),
+    and a row's `x floor` should compare its time with the memory it had."""
 
     def __init__(self, threads, passes=7):
         llc, llc_text = last_level_cache()
         n_bytes = max(4 * llc, 256 << 20)
-        buf = np.ones(n_bytes // 8, np.uint64)        # written: every page is real
-        out = ffi.new("uint64_t *")
-        ptr = ffi.from_buffer("uint64_t[]", buf)
-        lib.sa_stream_read(ptr, n_bytes, threads, out)        # warm-up
-        times = []
-        for _ in range(passes):
-            t0 = time.perf_counter()
-            lib.sa_stream_read(ptr, n_bytes, threads, out)
-            times.append(time.perf_counter() - t0)
+        self._buf = np.ones(n_bytes // 8, np.uint64)  # written: every page is real
+        self._out = ffi.new("uint64_t *")
+        self._ptr = ffi.from_buffer("uint64_t[]", self._buf)
+        self.n_bytes, self.threads, self.isa = n_bytes, threads, sa.isa()
+        self.llc, self.llc_text = llc, llc_text
+        self._read()                                  # warm-up
+        times = [self._read() for _ in range(passes)]
         self.bandwidth = n_bytes / min(times)
         self.median = n_bytes / float(np.median(times))
-        self.n_bytes, self.threads, self.passes, self.isa = n_bytes, threads, passes, sa.isa()
-        self.llc, self.llc_text = llc, llc_text
+        self.passes = passes
+
+    def _read(self):
+        t0 = time.perf_counter()
+        lib.sa_stream_read(self._ptr, self.n_bytes, self.threads, self._out)
+        return time.perf_counter() - t0
+
+    def sample(self, passes=2):
+        """Bytes per second of the best of `passes` reads now."""
+        return self.n_bytes / min(self._read() for _ in range(passes))
 
     def describe(self):
         return (f"streaming read {self.bandwidth / 1e9:.1f} GB/s: best of {self.passes} passes "
@@ -118,6 +128,22 @@ class Floor:
         return dict(bandwidth_gbs=self.bandwidth / 1e9, median_gbs=self.median / 1e9,
                     buffer_bytes=self.n_bytes, threads=self.threads, passes=self.passes,
                     isa=self.isa, llc_bytes=self.llc, llc=self.llc_text)
+
+
+def timed_beside(fn, repeats, warmup, floor):
+    """timed(fn, repeats, warmup), with the floor read just before and just
+    after the timed runs: (median, min, max, bytes per second), the last the
+    best of those reads, this row's own floor."""
+    for _ in range(max(1, warmup)):
+        fn()
+    before = floor.sample()
+    times = []
+    for _ in range(repeats):
+        t0 = time.perf_counter()
+        fn()
+        times.append(time.perf_counter() - t0)
+    return (float(np.median(times)), float(min(times)), float(max(times)),
+            max(before, floor.sample()))
 
 
 def distinct_buffers(read_bytes, layer_bytes, llc, memory_cap):

@@ -5,7 +5,10 @@ One decode step of a Qwen3-VL-2B-shaped model (28 layers, 16 query heads,
 (:mod:`sparse_attn.synthetic`), for several context lengths, dense and
 sparse configurations, q8 and float32 KV, side by side with numpy and (when
 installed) torch's scaled_dot_product_attention, and against the memory
-floor measured in the same run (:class:`~sparse_attn.bench.common.Floor`).
+floor measured in the same run (:class:`~sparse_attn.bench.common.Floor`),
+read again just before and after each row's timing: a row's ``x floor``
+is its time over its bytes at the best of those reads, so a spell of slow
+memory on a shared machine moves the row and its floor together.
 
 Each layer has its own KV and what a KVCache keeps beside it (probe-row
 copies, key bounds); for each row, enough distinct copies are cycled that
@@ -30,7 +33,7 @@ from sparse_attn.selection import selection
 from sparse_attn.synthetic import needle_context
 
 from .common import (available_memory, config_cell, distinct_buffers, log, needle_cell,
-                     print_grouped, pyplot, ratio_cell, timed)
+                     print_grouped, pyplot, ratio_cell, timed_beside)
 
 QWEN3_VL_2B = dict(n_layers=28, n_heads=16, n_kv_heads=8, head_dim=128)
 DEFAULT_LENGTHS = (2061, 4096, 8192, 32768)
@@ -223,7 +226,6 @@ def step_bytes(blocks, length, dtype, args, sel):
 
 def run_length(length, args, floor, torch, bases):
     scale = 1.0 / math.sqrt(args.head_dim)
-    bandwidth = floor.bandwidth
     rows, notes = [], []
     budget = available_memory()
     pools = {}
@@ -272,7 +274,8 @@ def run_length(length, args, floor, torch, bases):
                     for l in cycle.step(args.layers):
                         sa.sparse_decode(l.ctx.question_q, l.k, l.v, importance=l.importance,
                                          **l.metadata(sel), **kw)
-            med, lo, hi = timed(step, args.repeats, cycle.warmup_steps(args.layers))
+            med, lo, hi, bandwidth = timed_beside(step, args.repeats,
+                                                  cycle.warmup_steps(args.layers), floor)
             if config == "dense":
                 dense_time = med
             needle_hits, needle_heads = 0, 0
@@ -288,8 +291,8 @@ def run_length(length, args, floor, torch, bases):
                              recall=needle_hits / needle_heads, rel_err=err,
                              ms=med * 1e3, ms_min=lo * 1e3, ms_max=hi * 1e3,
                              speedup_vs_dense=(dense_time / med) if dense_time else None,
-                             bytes=nbytes, floor_ms=floor_s * 1e3, x_floor=med / floor_s,
-                             distinct_layers=len(cycle.layers)))
+                             bytes=nbytes, floor_gbs=bandwidth / 1e9, floor_ms=floor_s * 1e3,
+                             x_floor=med / floor_s, distinct_layers=len(cycle.layers)))
 
     if args.baselines:
         dense_bytes = args.layers * step_bytes(None, length, "float32", args, None)
@@ -297,14 +300,15 @@ def run_length(length, args, floor, torch, bases):
 
         def baseline(impl, dtype, fn, nbytes, warmup):
             log(f"  [{length}] {impl} {dtype}")
-            med, lo, hi = timed(fn, max(1, args.repeats // 2), warmup)
+            med, lo, hi, bandwidth = timed_beside(fn, max(1, args.repeats // 2), warmup, floor)
             ref_dense = next((r["ms"] for r in rows if r["impl"] == "sparse_attn"
                               and r["dtype"] == "float32" and r["config"] == "dense"), None)
             rows.append(dict(length=length, impl=impl, dtype=dtype, config="dense", policy=None,
                              knobs=None, recall=1.0, rel_err=None, ms=med * 1e3, ms_min=lo * 1e3,
                              ms_max=hi * 1e3,
                              speedup_vs_dense=(ref_dense / (med * 1e3)) if ref_dense else None,
-                             bytes=nbytes, floor_ms=nbytes / bandwidth * 1e3,
+                             bytes=nbytes, floor_gbs=bandwidth / 1e9,
+                             floor_ms=nbytes / bandwidth * 1e3,
                              x_floor=med / (nbytes / bandwidth)))
 
         def numpy_step():
@@ -346,13 +350,16 @@ def print_table(rows, args, floor, notes):
           f"heads, head_dim {args.head_dim}); block {args.block_size}, n_probe "
           f"{args.n_probe or 'per policy'}; ISA {sa.isa()}, {args.threads} thread(s)")
     print(f"floor: {floor.describe()}")
+    gbs = [r["floor_gbs"] for r in rows]
+    print(f"       read again beside each row (2 passes just before its timing, 2 just after; "
+          f"best of the 4): {min(gbs):.1f}-{max(gbs):.1f} GB/s over the rows")
     print("ms = time per token for all layers, median [min–max] of "
           f"{args.repeats}; err = max relative error vs dense at the same dtype;")
-    print("floor ms = bytes the step must read / the floor's bandwidth; x floor = ms / floor ms."
+    print("floor ms = bytes the step must read / the row's floor GB/s; x floor = ms / floor ms."
           "\n")
     head = (f"{'ctx':>6} {'impl':<12} {'KV':<8} {'config':<6} {'policy':<8} {'needle':>6} "
             f"{'err':>8} {'ms/token [min–max]':>24} {'vs dense':>8} {'MB read':>8} "
-            f"{'floor ms':>8} {'x floor':>7}")
+            f"{'GB/s':>5} {'floor ms':>8} {'x floor':>7}")
 
     def line(r):
         err = "-" if r["rel_err"] is None else f"{r['rel_err']:.1e}"
@@ -360,7 +367,7 @@ def print_table(rows, args, floor, notes):
                 f"{config_cell(r['config'], 'dense'):<6} {r['policy'] or '-':<8} "
                 f"{needle_cell(r['recall']):>6} {err:>8} {fmt_ms(r):>24} "
                 f"{ratio_cell(r['speedup_vs_dense']):>8} {r['bytes'] / 1e6:8.1f} "
-                f"{r['floor_ms']:8.2f} {r['x_floor']:7.2f}")
+                f"{r['floor_gbs']:5.1f} {r['floor_ms']:8.2f} {r['x_floor']:7.2f}")
     print_grouped(head, rows, line)
     if any(r["config"] == "1" and r["recall"] == 0 and r["policy"] == "seed" for r in rows):
         print("\n" + WHY_K1)
