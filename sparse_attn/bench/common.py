@@ -70,6 +70,11 @@ def timed(fn, repeats, warmup=1):
     (median, min, max)."""
     for _ in range(max(1, warmup)):
         fn()
+    return _runs(fn, repeats)
+
+
+def _runs(fn, repeats):
+    """(median, min, max) seconds of `repeats` timed calls of fn."""
     times = []
     for _ in range(repeats):
         t0 = time.perf_counter()
@@ -137,13 +142,8 @@ def timed_beside(fn, repeats, warmup, floor):
     for _ in range(max(1, warmup)):
         fn()
     before = floor.sample()
-    times = []
-    for _ in range(repeats):
-        t0 = time.perf_counter()
-        fn()
-        times.append(time.perf_counter() - t0)
-    return (float(np.median(times)), float(min(times)), float(max(times)),
-            max(before, floor.sample()))
+    med, lo, hi = _runs(fn, repeats)
+    return med, lo, hi, max(before, floor.sample())
 
 
 def distinct_buffers(read_bytes, layer_bytes, llc, memory_cap):
