@@ -33,8 +33,10 @@ What it does, all from the sources in csrc/ as they are now:
    llvm-mca-19 is installed; llvm-16's neoverse-n1 (A57 tables) and
    neoverse-n2 are reported beside it, cortex-a55 for the A55.
 4. Calibrates the method on this x86-64 host: the same trace + llvm-mca over
-   the AVX2 build (traced under qemu-x86_64 -cpu max) against the in-cache
-   single-thread time of the same kernel calls here (sa_set_isa("avx2"), as
+   the AVX2 build (traced under qemu-x86_64 -cpu max; llvm-mca's model of
+   this host's core: AMD Zen 2-5 by family and model, else Intel's Golden
+   Cove family) against the in-cache single-thread time of the same kernel
+   calls here (sa_set_isa("avx2"), as
    SPARSE_ATTN_ISA=avx2), in cycles at the core clock measured by dependent
    add and multiply chains (this VM has no perf cycle counter).
    factor = measured bytes/cycle / predicted bytes/cycle.
@@ -105,20 +107,51 @@ MODELS = [
           "Neoverse N2 (5-wide decode, 2x128-bit vector pipes): a wider core than the "
           "A76, so an optimistic bound for it"),
     Model(16, "cortex-a55", "aarch64", "Cortex-A55, in-order model"),
-    Model(19, "sapphirerapids", "x86_64",
-          "this host's core (Emerald Rapids = Raptor Cove, a Golden Cove derivative): "
-          "LLVM 19's Sapphire Rapids model"),
-    Model(16, "alderlake", "x86_64",
-          "llvm-16's Golden Cove (Alder Lake P-core) model: the host core's family"),
-    Model(16, "sapphirerapids", "x86_64",
-          "llvm-16's sapphirerapids is its Skylake-server model (SKX ports, slow "
-          "integer divide); reported to show why llvm-19's is used"),
 ]
 QUICK_MODELS = ["neoverse-n1@llvm-16", "cortex-a55@llvm-16"]
 # the first installed of each list is the one the predictions use
 A76_MODELS = ["neoverse-n1@llvm-19", "neoverse-n1@llvm-16"]
-HOST_MODELS = ["sapphirerapids@llvm-19", "alderlake@llvm-16"]
 A55_MODEL = "cortex-a55@llvm-16"
+
+
+def host_cpu():
+    """(vendor, family, model) of this x86 host from /proc/cpuinfo."""
+    found = {}
+    try:
+        with open("/proc/cpuinfo") as f:
+            for line in f:
+                if not line.strip():
+                    break
+                key, _, value = line.partition(":")
+                found.setdefault(key.strip(), value.strip())
+    except OSError:
+        pass
+
+    def num(key):
+        return int(found[key]) if found.get(key, "").isdigit() else -1
+    return found.get("vendor_id", ""), num("cpu family"), num("model")
+
+
+def host_models():
+    """The llvm-mca models of this host's core for the calibration, the
+    preferred first: AMD Zen 2-5 by family and model, else Intel's."""
+    vendor, family, model = host_cpu()
+    if vendor == "AuthenticAMD" and family in (23, 25, 26):
+        zen = {23: "znver2", 26: "znver5"}.get(family)
+        if zen is None:  # family 25: Zen 4 at models 0x10-0x1f and 0x60-0xaf, else Zen 3
+            zen = "znver4" if 0x10 <= model <= 0x1f or 0x60 <= model <= 0xaf else "znver3"
+        old = "znver4" if zen == "znver5" else zen  # llvm-16 knows no Zen 5
+        return [Model(19, zen, "x86_64", f"this host's core (AMD family {family}, model "
+                      f"{model:#x}): LLVM 19's {zen} model"),
+                Model(16, old, "x86_64", f"llvm-16's {old} (its znver4 times as its znver3)")]
+    return [Model(19, "sapphirerapids", "x86_64",
+                  "an Intel host's core (the Emerald Rapids VM's Raptor Cove is a Golden Cove "
+                  "derivative): LLVM 19's Sapphire Rapids model"),
+            Model(16, "alderlake", "x86_64",
+                  "llvm-16's Golden Cove (Alder Lake P-core) model: the host core's family"),
+            Model(16, "sapphirerapids", "x86_64",
+                  "llvm-16's sapphirerapids is its Skylake-server model (SKX ports, slow "
+                  "integer divide); reported to show why llvm-19's is used")]
 
 # The article's step (README): Qwen3-VL-2B's attention shape.
 STEP = {"model": "Qwen3-VL-2B", "tokens": 2061, "layers": 28, "q_heads": 16, "kv_heads": 8,
@@ -717,14 +750,15 @@ def run(quick=False, json_path=None, repeats=5, keep=None):
                          "gcc-aarch64-linux-gnu libc6-dev-arm64-cross qemu-user)")
     shapes = QUICK_SHAPES if quick else SHAPES
     isas = QUICK_ARM_ISAS if quick else ARM_ISAS
-    wanted = [m for m in MODELS if (m.key in QUICK_MODELS if quick else True)]
+    hosts = host_models()
+    wanted = [m for m in MODELS + hosts if (m.key in QUICK_MODELS if quick else True)]
     models = [m for m in wanted if t[f"mca{m.llvm}"]]
     skipped = [f"{m.key} (llvm-mca-{m.llvm} not installed)" for m in wanted if m not in models]
     arm_models = [m for m in models if m.arch == "aarch64"]
     x86_models = [m for m in models if m.arch == "x86_64"]
     keys = [m.key for m in models]
     a76_model = next((k for k in A76_MODELS if k in keys), None)
-    host_model = next((k for k in HOST_MODELS if k in keys), None)
+    host_model = next((m.key for m in hosts if m.key in keys), None)
     flags, files = package_build()
     workers = os.cpu_count() or 2
     build_root = Path(keep) if keep else Path(tempfile.mkdtemp(prefix="arm-model-"))

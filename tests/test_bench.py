@@ -299,3 +299,27 @@ def test_plain_vs_cache_bench_compares_the_two_ways():
     assert "small pages" in lines[0]
     assert lines[1].startswith("KVCache") and lines[2].startswith("plain Q8")
     assert "vs KVCache" in lines[2]
+
+
+def test_arm_model_calibrates_against_the_hosts_own_core_model(monkeypatch):
+    """bench/arm_model.py times its AVX2 calibration on this host and
+    compares it with llvm-mca's model of this host's core: an AMD Zen by
+    family and model, else Intel's Golden Cove family."""
+    spec = importlib.util.spec_from_file_location("arm_model", ROOT / "bench" / "arm_model.py")
+    m = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(m)
+    for cpu, new, old in ((("AuthenticAMD", 25, 0x01), "znver3", "znver3"),
+                          (("AuthenticAMD", 25, 0x21), "znver3", "znver3"),
+                          (("AuthenticAMD", 25, 0x11), "znver4", "znver4"),
+                          (("AuthenticAMD", 25, 0x61), "znver4", "znver4"),
+                          (("AuthenticAMD", 26, 0x02), "znver5", "znver4"),
+                          (("AuthenticAMD", 23, 0x31), "znver2", "znver2")):
+        monkeypatch.setattr(m, "host_cpu", lambda cpu=cpu: cpu)
+        assert [x.key for x in m.host_models()] == [f"{new}@llvm-19", f"{old}@llvm-16"], cpu
+    monkeypatch.setattr(m, "host_cpu", lambda: ("GenuineIntel", 6, 207))
+    assert m.host_models()[0].key == "sapphirerapids@llvm-19"
+    assert all(x.arch == "x86_64" for x in m.host_models())
+    monkeypatch.undo()  # this machine's own /proc/cpuinfo: numbers, -1 where it is silent
+    vendor, family, model = m.host_cpu()
+    assert isinstance(vendor, str) and isinstance(family, int) and isinstance(model, int)
+
