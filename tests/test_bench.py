@@ -2,6 +2,7 @@
 import importlib.util
 import json
 import os
+import platform
 import shutil
 import subprocess
 import sys
@@ -198,6 +199,48 @@ def test_kernel_costs_microbenchmark_builds_and_runs(tmp_path):
         with pytest.raises(subprocess.CalledProcessError) as e:
             run([str(exe), *bad])
         assert e.value.returncode == 2
+
+
+@needs_cc
+@pytest.mark.skipif(platform.machine() not in ("x86_64", "AMD64"), reason="x86-64 only")
+def test_x86_pipes_microbenchmark_builds_and_runs(tmp_path):
+    exe = tmp_path / "x86_pipes"
+    run([_c_compiler(), "-O2", "-std=gnu11", "-Wall", "-Wextra", "-Werror", "-I",
+         str(ROOT / "bench"), str(ROOT / "bench" / "x86_pipes.c"), "-o", str(exe)])
+    import sparse_attn as sa
+    if "avx2" not in sa.available_isas():
+        with pytest.raises(subprocess.CalledProcessError) as e:
+            run([str(exe), "1"])
+        assert e.value.returncode == 2 and "AVX2" in e.value.stderr
+        return
+    lines = run([str(exe), "1"]).stdout.splitlines()
+    ghz = float(lines[0].split("clock")[1].split()[0])
+    assert 0.3 < ghz < 10
+    alone = {}
+    for line in lines[lines.index("alone: instructions per cycle (12 independent copies)") + 1:]:
+        if not line.strip():
+            break
+        name, ipc = line.rsplit(None, 1)
+        alone[name.strip()] = float(ipc)
+    assert {"vpmaddubsw", "vpmaddwd", "vfmadd231ps", "vcvtdq2ps", "vpmovsxbd"} <= set(alone)
+    assert len(alone) == 14 and all(0.2 < v < 8 for v in alone.values())
+    pairs = [l for l in lines if l.startswith("  ") and " + " in l]
+    assert len(pairs) == 14 * 13 // 2
+    for line in pairs:
+        a, rest = line.split(" + ")
+        b = rest.split()[0]
+        nums = [float(x.rstrip("),")) for x in rest.replace("(", " ").split() if x[0].isdigit()]
+        took, sep, shared = nums
+        # the reference points follow from the two instructions' rates alone
+        assert sep == pytest.approx(6 / min(alone[a.strip()], alone[b]), rel=0.01)
+        assert shared == pytest.approx(6 / alone[a.strip()] + 6 / alone[b], rel=0.01)
+        assert took > 0 and line.split()[-1] in ("shared", "separate")
+        if abs((took - sep) - (shared - took)) > 0.03:   # not a tie in the printed digits
+            assert line.split()[-1] == ("shared" if took - sep > shared - took else "separate")
+    for bad in (["0"], ["x"], ["1001"], ["2", "3"]):
+        with pytest.raises(subprocess.CalledProcessError) as e:
+            run([str(exe), *bad])
+        assert e.value.returncode == 2 and "usage" in e.value.stderr
 
 
 @needs_cc
