@@ -232,8 +232,8 @@ def test_x86_pipes_microbenchmark_builds_and_runs(tmp_path):
         nums = [float(x.rstrip("),")) for x in rest.replace("(", " ").split() if x[0].isdigit()]
         took, sep, shared = nums
         # the reference points follow from the two instructions' rates alone
-        assert sep == pytest.approx(6 / min(alone[a.strip()], alone[b]), rel=0.01)
-        assert shared == pytest.approx(6 / alone[a.strip()] + 6 / alone[b], rel=0.01)
+        assert sep == pytest.approx(6 / min(alone[a.strip()], alone[b]), rel=0.02)
+        assert shared == pytest.approx(6 / alone[a.strip()] + 6 / alone[b], rel=0.02)
         assert took > 0 and line.split()[-1] in ("shared", "separate")
         if abs((took - sep) - (shared - took)) > 0.03:   # not a tie in the printed digits
             assert line.split()[-1] == ("shared" if took - sep > shared - took else "separate")
