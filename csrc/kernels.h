@@ -87,7 +87,8 @@ static inline void sa_prefetch_part(const sa_prefetch *pf, int i, int n)
  * token with a burst per 16 tokens, 15.7-16.5 with the walk (docs/design.md).
  * A step past the announced count prefetches nothing more than the ranges
  * hold; fewer steps leave lines to the hardware.  The x86 decode kernels
- * walk; the other kernels take sa_prefetch_part per block. */
+ * walk; the NEON q8 decode kernels walk in bursts (below); the other
+ * kernels take sa_prefetch_part per block. */
 
 /* One line to L2 (a C test defines it to record the walk's lines). */
 #ifndef SA_PREFETCH_LINE
@@ -140,6 +141,52 @@ static inline void sa_pf_walk_step(sa_pf_walk *w)
         return;
     for (w->acc += w->lines; w->acc >= w->steps && w->pf; w->acc -= w->steps)
         sa_pf_walk_line(w);
+}
+
+/* The walk in bursts, for kernels that step a few times per call (NEON q8
+ * decode: per quad of K rows, per chunk of V columns): step i of `steps`
+ * takes lines / steps lines, one more while i < lines % steps, and where
+ * the current range holds them all they go out at fixed offsets from one
+ * address.  The same lines in the same order as sa_pf_walk, as many per
+ * step as the per-block sa_prefetch_part these kernels took before (which
+ * took a share of every range per step), without its per-range
+ * arithmetic: a chain of dependent loads, multiplies and compares per step
+ * that an in-order core (the A55) waits out.  By
+ * bench/arm_model.py (llvm-mca, cortex-a55, neon-dotprod, G = 2, D = 128)
+ * that took the q8 scores from 144 to 128 cycles per token and V from 265
+ * to 230 (with no prefetch at all: 111 and 194). */
+static inline void sa_pf_burst_start(sa_pf_walk *w, const sa_prefetch *pf, long steps)
+{
+    sa_pf_walk_start(w, pf, steps);
+    if (w->pf) {
+        w->acc = w->lines % w->steps; /* the first acc steps take one more */
+        w->lines /= w->steps;         /* lines per step */
+    }
+}
+
+static inline void sa_pf_burst_step(sa_pf_walk *w)
+{
+    if (!w->pf)
+        return;
+    long k = w->lines + (w->acc > 0);
+    w->acc--;
+    for (; k > 0 && w->pf; k--) {
+        const uintptr_t a = (uintptr_t)w->a, z = (uintptr_t)w->z;
+        if (a < z && z - a > (uintptr_t)(k - 1) * 64) { /* the range holds all k */
+            const char *p = w->a;
+            for (; k >= 4; k -= 4, p += 256) {
+                SA_PREFETCH_LINE((const void *)p);
+                SA_PREFETCH_LINE((const void *)(p + 64));
+                SA_PREFETCH_LINE((const void *)(p + 128));
+                SA_PREFETCH_LINE((const void *)(p + 192));
+            }
+            for (; k > 0; k--, p += 64)
+                SA_PREFETCH_LINE((const void *)p);
+            w->a = p;
+            return;
+        }
+        sa_pf_walk_line(w);
+    }
 }
 
 typedef struct sa_kernels {

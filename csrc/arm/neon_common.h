@@ -369,10 +369,12 @@ SA_INLINE void q8_scores_body(const int8_t *qq, const float *qd, int G, int D, i
         scores_q8_scalar(qq, qd, G, D, gs, k, kd, row_stride, scale_stride, n, s, pf);
         return;
     }
-    const int ng = D / gs, parts = (n + 3) / 4;
+    const int ng = D / gs;
+    sa_pf_walk w;
+    sa_pf_burst_start(&w, pf, (n + 3) / 4);
     int t = 0;
     for (; t + 4 <= n; t += 4) {
-        sa_prefetch_part(pf, t / 4, parts);
+        sa_pf_burst_step(&w);
         const int8_t *r[4];
         const float *rd[4];
         q8_rows4(k, kd, row_stride, scale_stride, t, r, rd);
@@ -387,7 +389,7 @@ SA_INLINE void q8_scores_body(const int8_t *qq, const float *qd, int G, int D, i
         }
     }
     if (t < n)
-        sa_prefetch_part(pf, t / 4, parts);
+        sa_pf_burst_step(&w);
     for (; t < n; t++) {
         const int8_t *row = k + t * row_stride;
         const float *rd = kd + t * scale_stride;
@@ -785,7 +787,9 @@ SA_INLINE void q8_v_heads(float *const *out, const float *const *p, int G, const
  * Other group sizes take the scalar loop, with the same per-element
  * operations.  Pre-RA scheduling is off here and in scores_q8: with it GCC
  * stretches the accumulators' live ranges until they spill to the stack
- * (bench/arm_model.py shows the cost on both core models). */
+ * (bench/arm_model.py shows the cost on both core models).  The call's
+ * prefetch goes out in bursts, one per column chunk (kernels.h,
+ * sa_pf_burst_step). */
 static void __attribute__((optimize("no-schedule-insns")))
 SA_FN(accumulate_v_q8)(float *const *out, const float *const *p, int G, int D,
                        int gs, const int8_t *v, const float *vd,
@@ -796,16 +800,17 @@ SA_FN(accumulate_v_q8)(float *const *out, const float *const *p, int G, int D,
         accumulate_v_q8_scalar(out, p, G, D, gs, v, vd, row_stride, scale_stride, n, pf);
         return;
     }
-    const int wide = G <= 3, parts = D / 8;
+    const int wide = G <= 3;
+    sa_pf_walk w;
+    sa_pf_burst_start(&w, pf, (D / gs) * (wide ? gs / 16 + gs % 16 / 8 : gs / 8));
     for (int grp = 0, d0 = 0; d0 < D; grp++, d0 += gs) {
         int d = d0;
         for (; wide && d + 16 <= d0 + gs; d += 16) {
-            sa_prefetch_part(pf, d / 8, parts);
-            sa_prefetch_part(pf, d / 8 + 1, parts);
+            sa_pf_burst_step(&w);
             q8_v_heads(out, p, G, 4, d, grp, v, vd, row_stride, scale_stride, n);
         }
         for (; d < d0 + gs; d += 8) {
-            sa_prefetch_part(pf, d / 8, parts);
+            sa_pf_burst_step(&w);
             q8_v_heads(out, p, G, 2, d, grp, v, vd, row_stride, scale_stride, n);
         }
     }

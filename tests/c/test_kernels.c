@@ -2408,8 +2408,10 @@ static int isa_listed(const char *list, const char *name)
 /* sa_pf_walk (kernels.h): over `steps` steps it issues every line of the
  * ranges once, in order, none outside them, evenly (after step s, the first
  * floor((s + 1) * lines / steps) lines; at most ceil(lines / steps) in one
- * step); steps past the count add nothing; no ranges, no lines. */
-static void test_prefetch_walk(void)
+ * step); steps past the count add nothing; no ranges, no lines.  The same
+ * for its bursts (sa_pf_burst_start/step), which take each step's share at
+ * once: never behind the even spread, at most ceil(lines / steps) a step. */
+static void test_prefetch_walk_as(int burst)
 {
     static char buf[1 << 16];
     uint32_t x = 7;
@@ -2434,35 +2436,48 @@ static void test_prefetch_walk(void)
         x = x * 1664525u + 1013904223u;
         const long steps = trial % 7 == 0 ? 0 : (long)((x >> 10) % 300);
         sa_pf_walk w;
-        sa_pf_walk_start(&w, trial % 11 == 0 ? NULL : &pf, steps);
+        if (burst)
+            sa_pf_burst_start(&w, trial % 11 == 0 ? NULL : &pf, steps);
+        else
+            sa_pf_walk_start(&w, trial % 11 == 0 ? NULL : &pf, steps);
+        const char *what = burst ? "burst walk" : "walk";
         const int none = trial % 11 == 0;
         walk_count = 0;
         int worst_burst = 0, late = 0;
         for (long s = 0; s < (steps > 0 ? steps : 1) + 5; s++) {
             const int before = walk_count;
-            sa_pf_walk_step(&w);
+            if (burst)
+                sa_pf_burst_step(&w);
+            else
+                sa_pf_walk_step(&w);
             worst_burst = walk_count - before > worst_burst ? walk_count - before : worst_burst;
             if (s < steps && walk_count < n_expect &&
                 (long)walk_count * steps < (s + 1) * (long)n_expect - steps)
                 late = 1; /* more than one line behind an even spread */
         }
         if (none) {
-            check(walk_count == 0, "walk without ranges issued %d lines", walk_count);
+            check(walk_count == 0, "%s without ranges issued %d lines", what, walk_count);
             continue;
         }
-        check(walk_count == n_expect, "walk issued %d lines of %d (steps %ld, trial %d)",
+        check(walk_count == n_expect, "%s issued %d lines of %d (steps %ld, trial %d)", what,
               walk_count, n_expect, steps, trial);
         int same = walk_count == n_expect;
         for (int i = 0; same && i < n_expect; i++)
             same = walk_lines[i] == expect[i];
-        check(same, "walk's lines are not the ranges' lines in order (trial %d)", trial);
+        check(same, "%s's lines are not the ranges' lines in order (trial %d)", what, trial);
         const long s1 = steps > 0 ? steps : 1;
-        check(worst_burst <= (n_expect + s1 - 1) / s1 + 1,
-              "walk issued %d lines in one step (%d lines over %ld steps)", worst_burst,
+        check(worst_burst <= (n_expect + s1 - 1) / s1 + !burst,
+              "%s issued %d lines in one step (%d lines over %ld steps)", what, worst_burst,
               n_expect, s1);
-        check(!late, "walk fell behind an even spread (%d lines over %ld steps, trial %d)",
+        check(!late, "%s fell behind an even spread (%d lines over %ld steps, trial %d)", what,
               n_expect, steps, trial);
     }
+}
+
+static void test_prefetch_walk(void)
+{
+    test_prefetch_walk_as(0);
+    test_prefetch_walk_as(1);
 }
 
 int main(int argc, char **argv)
