@@ -634,17 +634,18 @@ static const uint8_t sa_q8_spread[16 * 4] = {
     255, 255, 255, 12, 255, 255, 255, 13, 255, 255, 255, 14, 255, 255, 255, 15,
 };
 
-/* NV (2 or 4, constant) vectors of floats from 4*NV int8 of a q8 row, each
+/* NV (2, 4 or 8, constant) vectors of floats from 4*NV int8 of a q8 row, each
  * times the row's group scale sc (one rounding, as dequantize_rows).  The
  * conversion of v << 24 with 24 fraction bits is exactly (float)v. */
-SA_INLINE void q8_load(const int8_t *x, float sc, int NV, float32x4_t f[4])
+SA_INLINE void q8_load(const int8_t *x, float sc, int NV, float32x4_t f[8])
 {
-    const int8x16_t b = NV == 4 ? vld1q_s8(x) : vcombine_s8(vld1_s8(x), vdup_n_s8(0));
-    int8x16_t top[4];
+    const int8x16_t b = NV >= 4 ? vld1q_s8(x) : vcombine_s8(vld1_s8(x), vdup_n_s8(0));
+    const int8x16_t b1 = NV == 8 ? vld1q_s8(x + 16) : b;
+    int8x16_t top[8];
     /* Step by step over the vectors, so that where the source order is the
      * issue order an in-order core has work between dependent steps. */
     for (int i = 0; i < NV; i++)
-        top[i] = vqtbl1q_s8(b, vld1q_u8(sa_q8_spread + 16 * i));
+        top[i] = vqtbl1q_s8(i < 4 ? b : b1, vld1q_u8(sa_q8_spread + 16 * (i % 4)));
     for (int i = 0; i < NV; i++)
         f[i] = vcvtq_n_f32_s32(vreinterpretq_s32_s8(top[i]), 24);
     for (int i = 0; i < NV; i++)
@@ -666,7 +667,7 @@ static void SA_FN(dequantize_rows)(const int8_t *q, const float *scales, int dim
         const float *rd = scales + (ptrdiff_t)t * scale_stride;
         float *o = out + (ptrdiff_t)t * dim;
         for (int grp = 0, d0 = 0; d0 < dim; grp++, d0 += gs) {
-            float32x4_t f[4];
+            float32x4_t f[8];
             int d = d0;
             for (; d + 16 <= d0 + gs; d += 16) {
                 q8_load(row + d, rd[grp], 4, f);
@@ -695,17 +696,17 @@ SA_INLINE float32x4_t fma_lane(float32x4_t o, float32x4_t f, float32x4_t w, cons
 
 /* Token j (a constant) of a block of four: its chunk x widened and scaled
  * once, then added to the HB heads' accumulators with their weights w[h]. */
-SA_INLINE void q8_v_token(float32x4_t acc[8][4], const float32x4_t w[8], const int HB,
+SA_INLINE void q8_v_token(float32x4_t acc[8][8], const float32x4_t w[8], const int HB,
                           const int NV, const int8_t *x, float sc, const int j)
 {
-    float32x4_t f[4];
+    float32x4_t f[8];
     q8_load(x, sc, NV, f);
     for (int h = 0; h < HB; h++)
         for (int i = 0; i < NV; i++)
             acc[h][i] = fma_lane(acc[h][i], f[i], w[h], j);
 }
 
-/* One chunk of NV (2 or 4, constant) vectors, columns d .. d+4*NV of group
+/* One chunk of NV (2, 4 or 8, constant) vectors, columns d .. d+4*NV of group
  * grp, for the HB (constant, HB*NV <= 16) heads g0 .. g0+HB-1, over all n
  * tokens: the chunk of out stays in HB*NV registers from the first token to
  * the last (loaded and stored once per call), each token's chunk of V is
@@ -717,7 +718,7 @@ SA_INLINE void q8_v_chunk(float *const *out, const float *const *p, int g0, cons
                           const int NV, int d, int grp, const int8_t *v, const float *vd,
                           ptrdiff_t row_stride, ptrdiff_t scale_stride, int n)
 {
-    float32x4_t acc[8][4];
+    float32x4_t acc[8][8];
     for (int h = 0; h < HB; h++)
         for (int i = 0; i < NV; i++)
             acc[h][i] = vld1q_f32(out[g0 + h] + d + 4 * i);
@@ -734,7 +735,7 @@ SA_INLINE void q8_v_chunk(float *const *out, const float *const *p, int g0, cons
         q8_v_token(acc, w, HB, NV, x + 3 * row_stride, xd[3 * scale_stride], 3);
     }
     for (; t < n; t++, x += row_stride, xd += scale_stride) {
-        float32x4_t f[4];
+        float32x4_t f[8];
         q8_load(x, *xd, NV, f);
         for (int h = 0; h < HB; h++)
             for (int i = 0; i < NV; i++)
@@ -745,7 +746,7 @@ SA_INLINE void q8_v_chunk(float *const *out, const float *const *p, int g0, cons
             vst1q_f32(out[g0 + h] + d + 4 * i, acc[h][i]);
 }
 
-/* Heads g0 .. G-1 in tiles of up to 3 (NV 4) or 8 (NV 2), a constant per
+/* Heads g0 .. G-1 in tiles of up to 2 (NV 8), 3 (NV 4) or 8 (NV 2), a constant per
  * call of q8_v_chunk. */
 SA_INLINE void q8_v_heads(float *const *out, const float *const *p, int G, const int NV, int d,
                           int grp, const int8_t *v, const float *vd, ptrdiff_t row_stride,
@@ -754,7 +755,12 @@ SA_INLINE void q8_v_heads(float *const *out, const float *const *p, int G, const
 #define SA_V_CHUNK(HB) \
     q8_v_chunk(out, p, g0, HB, NV, d, grp, v, vd, row_stride, scale_stride, n)
     int g0 = 0;
-    if (NV == 4) {
+    if (NV == 8) {
+        for (; g0 + 2 <= G; g0 += 2)
+            SA_V_CHUNK(2);
+        if (g0 < G)
+            SA_V_CHUNK(1);
+    } else if (NV == 4) {
         for (; g0 + 3 <= G; g0 += 3)
             SA_V_CHUNK(3);
         switch (G - g0) {
@@ -779,11 +785,16 @@ SA_INLINE void q8_v_heads(float *const *out, const float *const *p, int G, const
 #undef SA_V_CHUNK
 }
 
-/* gs a multiple of 8 (so 16- and 8-wide chunks never straddle a group):
- * columns outer, tokens inner, so out is read and written once per call
- * and every token's V chunk serves all the heads of a tile.  Up to three
- * heads take 16-column chunks (12 accumulators); more heads take 8-column
- * chunks, so up to eight heads share each widened chunk (16 accumulators).
+/* gs a multiple of 8 (so 32-, 16- and 8-wide chunks never straddle a
+ * group): columns outer, tokens inner, so out is read and written once per
+ * call and every token's V chunk serves all the heads of a tile.  One or
+ * two heads take 32-column chunks (16 accumulators and 8 widened vectors:
+ * each 4-token step's weights, loop and prefetch burst serve twice the
+ * columns of a 16-column chunk; by bench/arm_model.py the A55's V at
+ * G = 2, D = 128 took 169 cycles per token instead of 230, Neoverse N1 90
+ * instead of 94); three heads take 16-column chunks (12 accumulators);
+ * more take 8-column chunks, so up to eight heads share each widened chunk
+ * (16 accumulators).
  * Other group sizes take the scalar loop, with the same per-element
  * operations.  Pre-RA scheduling is off here and in scores_q8: with it GCC
  * stretches the accumulators' live ranges until they spill to the stack
@@ -800,11 +811,18 @@ SA_FN(accumulate_v_q8)(float *const *out, const float *const *p, int G, int D,
         accumulate_v_q8_scalar(out, p, G, D, gs, v, vd, row_stride, scale_stride, n, pf);
         return;
     }
-    const int wide = G <= 3;
+    const int wide = G <= 3, wider = G <= 2;
+    const int per_group = wider ? gs / 32 + gs % 32 / 16 + gs % 16 / 8
+                        : wide  ? gs / 16 + gs % 16 / 8
+                                : gs / 8;
     sa_pf_walk w;
-    sa_pf_burst_start(&w, pf, (D / gs) * (wide ? gs / 16 + gs % 16 / 8 : gs / 8));
+    sa_pf_burst_start(&w, pf, (D / gs) * per_group);
     for (int grp = 0, d0 = 0; d0 < D; grp++, d0 += gs) {
         int d = d0;
+        for (; wider && d + 32 <= d0 + gs; d += 32) {
+            sa_pf_burst_step(&w);
+            q8_v_heads(out, p, G, 8, d, grp, v, vd, row_stride, scale_stride, n);
+        }
         for (; wide && d + 16 <= d0 + gs; d += 16) {
             sa_pf_burst_step(&w);
             q8_v_heads(out, p, G, 4, d, grp, v, vd, row_stride, scale_stride, n);

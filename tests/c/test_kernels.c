@@ -276,11 +276,12 @@ static void rows_free(float **r, int G)
 
 /* ---- shared case lists ------------------------------------------------ */
 
-/* 192: six groups of 32 (a run of four, then two), three of 64 and eight
- * of 24 (NEON dotprod's q8 panels take a group's channels 16 at a time,
- * then 4: 24 is one of each) */
+/* 192: six groups of 32 (a run of four, then two), three of 64, eight of
+ * 24 (NEON dotprod's q8 panels take a group's channels 16 at a time, then
+ * 4: 24 is one of each) and four of 48 (NEON's q8 V for one or two heads
+ * takes 32 columns of a group at a time, then 16) */
 static const int DIMS[] = {1, 3, 8, 16, 31, 64, 67, 128, 192, 256};
-static const int GROUPS[] = {1, 3, 8, 16, 24, 32, 64, 128};
+static const int GROUPS[] = {1, 3, 8, 16, 24, 32, 48, 64, 128};
 /* 17: four blocks of 4 heads and one; two 6-head wide V tiles, a block of
  * 4 (AVX-512; AVX2: two pairs) and one, in V's 32-token blocks for many
  * heads; 8: a wide tile and a pair (x86_common.h); 3 and 7: q8 V's block
