@@ -308,6 +308,19 @@ SA_INLINE void accv_q8_tile(float *const *out, const float *wq, const int HB, co
     for (int t = t0; t < t1; t++, row += row_stride, wq += HB * SA_QV_GROUPS) {
         if (STEP)
             sa_pf_walk_step(&wl);
+        if (HB * NV > 8) {
+            /* 12 accumulators: the heads' weights in registers, the values
+             * one vector at a time (16 registers in all) */
+            __m256 wt[4];
+            for (int h = 0; h < HB; h++)
+                wt[h] = _mm256_broadcast_ss(wq + h * SA_QV_GROUPS);
+            for (int c = 0; c < NV; c++) {
+                const __m256 x = load8_s8_ps(row + 8 * c);
+                for (int h = 0; h < HB; h++)
+                    a[h][c] = _mm256_fmadd_ps(wt[h], x, a[h][c]);
+            }
+            continue;
+        }
         __m256 x[4];
         for (int c = 0; c < NV; c++)
             x[c] = load8_s8_ps(row + 8 * c);
@@ -374,8 +387,12 @@ SA_INLINE void accv_q8_heads_avx2(float *const *out, const float *const *p, cons
 }
 
 /* Heads in blocks of 4 (two vectors of 16 columns: 8 accumulators), then
- * the last 1-3 as one block (three heads x two vectors, or one or two heads
- * x four vectors), so each token is converted once per block: a group of
+ * the last 1-3 as one block (one to three heads x four vectors; three
+ * heads' 12 accumulators leave room for their weights and one vector of
+ * values at a time, which took V 0.97x the time at G = 3 and 0.98x at
+ * G = 7 against three heads x two vectors, in cache, Zen 4,
+ * bench/kernel_costs.c; no change streamed), so each token is converted
+ * once per block: a group of
  * 3 or 7 pays for one and two conversions per token instead of the
  * pair-and-one blocks' two and four.  The convert runs on the FMA ports
  * (as the per-element scale did before the weights took it): with that
@@ -397,7 +414,7 @@ SA_INLINE void accv_q8_block_avx2(float *const *out, const float *const *p, int 
                            g + 4 == G ? w : NULL);
     switch (G - g) {
     case 3:
-        accv_q8_heads_avx2(out + g, p + g, 3, 2, D, gs, v, vd, row_stride, scale_stride, t0, t1,
+        accv_q8_heads_avx2(out + g, p + g, 3, 4, D, gs, v, vd, row_stride, scale_stride, t0, t1,
                            w);
         break;
     case 2:
