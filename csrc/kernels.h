@@ -99,7 +99,10 @@ typedef struct sa_pf_walk {
     const sa_prefetch *pf; /* NULL once every line is issued (or none) */
     const char *a, *z;     /* the current range: its next line, its end */
     int r;                 /* the current range's index */
-    long lines, steps, acc; /* a line each time acc, advanced by lines per step, passes steps */
+    /* sa_pf_walk_step: a line each time acc, advanced by lines per step,
+     * passes steps; sa_pf_burst_step: lines per step, and acc the steps
+     * left that take one more */
+    long lines, steps, acc;
 } sa_pf_walk;
 
 static inline void sa_pf_walk_start(sa_pf_walk *w, const sa_prefetch *pf, long steps)
