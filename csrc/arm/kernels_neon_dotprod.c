@@ -32,6 +32,13 @@ static inline int32x4_t q8_dot8(int32x4_t acc, int8x8_t a, int8x8_t b)
     return vcombine_s32(vdot_s32(vget_low_s32(acc), a, b), vget_high_s32(acc));
 }
 
+/* acc[j] (0 if first) + the 16 products a[i] * k[j][i], for four rows j. */
+static inline void q8_dot16x4(int32x4_t acc[4], int8x16_t a, const int8x16_t k[4], int first)
+{
+    for (int j = 0; j < 4; j++)
+        acc[j] = vdotq_s32(first ? vdupq_n_s32(0) : acc[j], a, k[j]);
+}
+
 /* acc + per lane j the 4 products a[4j + i] * b[4j + i] (prefill's q8
  * panels: one lane per key). */
 #define SA_Q8_DOT4(acc, a, b) vdotq_s32((acc), (a), (b))

@@ -7,9 +7,12 @@
  *
  *   int32x4_t q8_dot16(int32x4_t acc, int8x16_t a, int8x16_t b)
  *   int32x4_t q8_dot8(int32x4_t acc, int8x8_t a, int8x8_t b)
+ *   void q8_dot16x4(int32x4_t acc[4], int8x16_t a, const int8x16_t k[4], int first)
  *
  * acc plus the 16 (or 8) products a[i] * b[i], spread over its four int32
- * lanes (integer sums are exact, so how the lanes split the work is free).
+ * lanes (integer sums are exact, so how the lanes split the work is free);
+ * q8_dot16x4 is q8_dot16 for four rows k[j] into acc[j] (from 0 if first),
+ * in whatever order of steps suits the file's instructions.
  * Each file defines them and SA_ISA_ID, then includes this header, so it
  * compiles its own copy of every body for its own target (the dotprod file
  * after its `#pragma GCC target`).  All functions are static and named
@@ -244,13 +247,16 @@ static void SA_FN(scores_f32_panels)(const float *q, int G, int D, const float *
 /* scores_q8                                                            */
 /* ------------------------------------------------------------------ */
 
-/* Rows t .. t+3 of q8 rows x and their scale rows. */
+/* Four consecutive q8 rows from x (and their scale rows from xd): each a
+ * stride past the last, not a multiply per row and quad. */
 SA_INLINE void q8_rows4(const int8_t *x, const float *xd, ptrdiff_t row_stride,
-                        ptrdiff_t scale_stride, int t, const int8_t *r[4], const float *rd[4])
+                        ptrdiff_t scale_stride, const int8_t *r[4], const float *rd[4])
 {
-    for (int j = 0; j < 4; j++) {
-        r[j] = x + (t + j) * row_stride;
-        rd[j] = xd + (t + j) * scale_stride;
+    r[0] = x;
+    rd[0] = xd;
+    for (int j = 1; j < 4; j++) {
+        r[j] = r[j - 1] + row_stride;
+        rd[j] = rd[j - 1] + scale_stride;
     }
 }
 
@@ -312,11 +318,8 @@ SA_INLINE void q8_scores_tile(const int8_t *qq, const float *qd, int D, int gs, 
             int8x16_t kv[4];
             for (int j = 0; j < 4; j++)
                 kv[j] = vld1q_s8(r[j] + i);
-            for (int h = 0; h < HB; h++) {
-                const int8x16_t qv = vld1q_s8(q + (ptrdiff_t)h * D + i);
-                for (int j = 0; j < 4; j++)
-                    is[h][j] = q8_dot16(is[h][j], qv, kv[j]);
-            }
+            for (int h = 0; h < HB; h++) /* the first chunk needs no zeroed sums */
+                q8_dot16x4(is[h], vld1q_s8(q + (ptrdiff_t)h * D + i), kv, c == 0);
         }
         if (gs % 16) {
             int8x8_t kv[4];
@@ -345,6 +348,27 @@ SA_INLINE void q8_scores_heads(const int8_t *qq, const float *qd, int G, int D, 
                                const int8_t *const r[4], const float *dk, int grp0, int nc,
                                float *const *s, int t)
 {
+    /* Up to eight heads (every model's group so far) see each tile's first
+     * head, and so the query's offsets, as a constant. */
+    if (G <= 4) {
+        switch (G) {
+        case 4: q8_scores_tile(qq, qd, D, gs, ng, r, dk, grp0, nc, 0, 4, s, t); break;
+        case 3: q8_scores_tile(qq, qd, D, gs, ng, r, dk, grp0, nc, 0, 3, s, t); break;
+        case 2: q8_scores_tile(qq, qd, D, gs, ng, r, dk, grp0, nc, 0, 2, s, t); break;
+        default: q8_scores_tile(qq, qd, D, gs, ng, r, dk, grp0, nc, 0, 1, s, t); break;
+        }
+        return;
+    }
+    if (G <= 8) {
+        q8_scores_tile(qq, qd, D, gs, ng, r, dk, grp0, nc, 0, 4, s, t);
+        switch (G) {
+        case 8: q8_scores_tile(qq, qd, D, gs, ng, r, dk, grp0, nc, 4, 4, s, t); break;
+        case 7: q8_scores_tile(qq, qd, D, gs, ng, r, dk, grp0, nc, 4, 3, s, t); break;
+        case 6: q8_scores_tile(qq, qd, D, gs, ng, r, dk, grp0, nc, 4, 2, s, t); break;
+        default: q8_scores_tile(qq, qd, D, gs, ng, r, dk, grp0, nc, 4, 1, s, t); break;
+        }
+        return;
+    }
     int g0 = 0;
     for (; g0 + 4 <= G; g0 += 4)
         q8_scores_tile(qq, qd, D, gs, ng, r, dk, grp0, nc, g0, 4, s, t);
@@ -372,12 +396,16 @@ SA_INLINE void q8_scores_body(const int8_t *qq, const float *qd, int G, int D, i
     const int ng = D / gs;
     sa_pf_walk w;
     sa_pf_burst_start(&w, pf, (n + 3) / 4);
+    /* the quad's first row and scale row, as addresses: advanced past the
+     * last quad they may point beyond the rows, which a pointer may not */
+    uintptr_t kt = (uintptr_t)k, kdt = (uintptr_t)kd;
     int t = 0;
-    for (; t + 4 <= n; t += 4) {
+    for (; t + 4 <= n; t += 4, kt += 4 * (uintptr_t)row_stride,
+                       kdt += 4 * sizeof(float) * (uintptr_t)scale_stride) {
         sa_pf_burst_step(&w);
         const int8_t *r[4];
         const float *rd[4];
-        q8_rows4(k, kd, row_stride, scale_stride, t, r, rd);
+        q8_rows4((const int8_t *)kt, (const float *)kdt, row_stride, scale_stride, r, rd);
         for (int grp0 = 0; grp0 < ng; grp0 += 4) {
             const int nc = ng - grp0 < 4 ? ng - grp0 : 4;
             float dk[16];
@@ -413,8 +441,16 @@ SA_FN(scores_q8)(const int8_t *qq, const float *qd, int G, int D, int gs,
                  const sa_prefetch *pf)
 {
     /* The default group size gets a copy of its own, with the group's dot
-     * unrolled and the query loads shared by the four tokens; same results. */
-    if (gs == 32)
+     * unrolled and the query loads shared by the four tokens, and at the
+     * common head sizes copies with D constant too: the group loop gone,
+     * the query's offsets immediates (A55 model, G = 2: 95 -> 67 cycles per
+     * token at D = 64, with the rows and heads of q8_scores_body and
+     * q8_scores_heads; docs/design.md).  Same results. */
+    if (gs == 32 && D == 64)
+        q8_scores_body(qq, qd, G, 64, 32, k, kd, row_stride, scale_stride, n, s, pf);
+    else if (gs == 32 && D == 128)
+        q8_scores_body(qq, qd, G, 128, 32, k, kd, row_stride, scale_stride, n, s, pf);
+    else if (gs == 32)
         q8_scores_body(qq, qd, G, D, 32, k, kd, row_stride, scale_stride, n, s, pf);
     else
         q8_scores_body(qq, qd, G, D, gs, k, kd, row_stride, scale_stride, n, s, pf);
@@ -453,6 +489,41 @@ SA_INLINE float32x4_t exp_f32x4(float32x4_t x)
 SA_INLINE float32x4_t softmax_exp4(float32x4_t sv, float32x4_t vscale, float32x4_t vm)
 {
     return exp_f32x4(vmulq_f32(vsubq_f32(sv, vm), vscale));
+}
+
+/* softmax_exp4 of four vectors, each step taken for all four before the
+ * next: one vector's exp is a chain of about fifteen dependent operations,
+ * which an in-order core (the A55) waits out one by one; four chains side by
+ * side fill those waits (llvm-mca, A55: 15.5 -> 9 cycles a score).  The
+ * same operations on each lane as exp_f32x4, so the same bits. */
+SA_INLINE void softmax_exp16(float32x4_t x[4], float32x4_t vscale, float32x4_t vm)
+{
+    float32x4_t n[4], r[4], r2[4], p[4], poly[4];
+    for (int j = 0; j < 4; j++)
+        x[j] = vmulq_f32(vsubq_f32(x[j], vm), vscale);
+    for (int j = 0; j < 4; j++)
+        n[j] = vrndnq_f32(vmulq_n_f32(x[j], 0x1.715476p+0f));
+    for (int j = 0; j < 4; j++)
+        r[j] = vfmsq_f32(x[j], n[j], vdupq_n_f32(0x1.62e4p-1f));
+    for (int j = 0; j < 4; j++)
+        r[j] = vfmsq_f32(r[j], n[j], vdupq_n_f32(0x1.7f7d1cp-20f));
+    for (int j = 0; j < 4; j++)
+        r2[j] = vmulq_f32(r[j], r[j]);
+    for (int j = 0; j < 4; j++)
+        p[j] = vfmaq_f32(vdupq_n_f32(0x1.573e2ep-5f), vdupq_n_f32(0x1.0e4020p-7f), r[j]);
+    for (int j = 0; j < 4; j++)
+        poly[j] = vfmaq_f32(vdupq_n_f32(0x1.fffdb6p-2f), vdupq_n_f32(0x1.555e66p-3f), r[j]);
+    for (int j = 0; j < 4; j++)
+        poly[j] = vfmaq_f32(poly[j], p[j], r2[j]);
+    for (int j = 0; j < 4; j++)
+        poly[j] = vfmaq_f32(vmulq_n_f32(r[j], 0x1.ffffecp-1f), poly[j], r2[j]);
+    for (int j = 0; j < 4; j++) {
+        const int32x4_t e = vshlq_n_s32(vaddq_s32(vcvtq_s32_f32(n[j]), vdupq_n_s32(127)), 23);
+        const float32x4_t two_n = vreinterpretq_f32_s32(e);
+        const float32x4_t y = vfmaq_f32(two_n, poly[j], two_n);
+        const uint32x4_t tiny = vcltq_f32(x[j], vdupq_n_f32(-0x1.5d589ep+6f));
+        x[j] = vreinterpretq_f32_u32(vbicq_u32(vreinterpretq_u32_f32(y), tiny));
+    }
 }
 
 /* Two passes: the maximum (vmaxq propagates NaN: a NaN score makes the sum
@@ -502,6 +573,15 @@ static float SA_FN(softmax_exp)(float *s, int n, float scale, float *max_out)
         const int left = (n - t) / 4; /* whole vectors from t */
         const int end = t + 4 * (left < SUM_VECS ? left : SUM_VECS);
         float32x4_t run = vdupq_n_f32(0.0f);
+        for (; t <= end - 16; t += 16) {
+            float32x4_t e[4] = {vld1q_f32(s + t), vld1q_f32(s + t + 4), vld1q_f32(s + t + 8),
+                                vld1q_f32(s + t + 12)};
+            softmax_exp16(e, vscale, vmax);
+            for (int j = 0; j < 4; j++) {
+                vst1q_f32(s + t + 4 * j, e[j]);
+                run = vaddq_f32(run, e[j]);
+            }
+        }
         for (; t < end; t += 4) {
             const float32x4_t e = softmax_exp4(vld1q_f32(s + t), vscale, vmax);
             vst1q_f32(s + t, e);

@@ -508,6 +508,21 @@ static void test_scores_q8(const sa_kernels *kern)
                                      .ss = (ptrdiff_t)(1 + e) * (D / gs), .strided = e};
                     scores_q8_case(kern, c, e ? Q8_RANDOM : Q8_PM127);
                 }
+    /* Every head count to 9 (NEON's tiles take the first head as a constant
+     * up to eight heads, in a copy per count; 5, 6 and 9 are not in HEADS)
+     * at the group of 32 with D = 64 and 128 (NEON's copies with D constant)
+     * and 96 (neither). */
+    static const int EACH_D[] = {64, 96, 128}, EACH_N[] = {7, 33};
+    for (int i = 0; i < LEN(EACH_D); i++)
+        for (int G = 1; G <= 9; G++)
+            for (int t = 0; t < LEN(EACH_N); t++)
+                for (int e = 0; e < 2; e++) {
+                    const int D = EACH_D[i];
+                    const kcase c = {.D = D, .gs = 32, .ng = D / 32, .G = G, .n = EACH_N[t],
+                                     .rs = (ptrdiff_t)(1 + 4 * e) * D,
+                                     .ss = (ptrdiff_t)(1 + 4 * e) * (D / 32), .strided = e};
+                    scores_q8_case(kern, c, e ? Q8_RANDOM : Q8_PM127);
+                }
 }
 
 /* ulps between x and the double y, in units of the float spacing at y. */
