@@ -793,6 +793,7 @@ def run(quick=False, json_path=None, repeats=5, keep=None):
             shutil.rmtree(build_root, ignore_errors=True)
 
     cmd = "python bench/arm_model.py" + (" --quick" if quick else "") + \
+          (f" --repeats {repeats}" if repeats != 5 and not quick else "") + \
           (f" --json {os.path.relpath(json_path, REPO)}" if json_path else "")
     cpuinfo = Path("/proc/cpuinfo").read_text() if Path("/proc/cpuinfo").exists() else ""
     name = re.search(r"^model name\s*:\s*(.*)$", cpuinfo, re.M)
