@@ -99,14 +99,14 @@ SA_INLINE __m256i dot32_s8(__m256i k, __m256i kabs, __m256i q)
     return _mm256_madd_epi16(p16, _mm256_set1_epi16(1));
 }
 
-/* Group g of HB (1 or 2) heads against 4 rows: each (head, row) gets 8 int32
+/* Group g of HB (1 to 3) heads against 4 rows: each (head, row) gets 8 int32
  * lanes, and the 4 rows' lanes are reduced together (the unpack/shuffle
  * tree of reduce4_ps, integer so exact). */
 SA_INLINE void dot_group4_s8(const int8_t *const *qh, int HB, const int8_t *const *rows, int off,
                              int nc, __m256i *half, sa_pf_walk *w)
 {
     sa_pf_walk_step(w);
-    __m256i acc[2][4];
+    __m256i acc[3][4];
     for (int i = 0; i < 4; i++) {
         const __m256i k = _mm256_loadu_si256((const __m256i *)(rows[i] + off));
         const __m256i ka = _mm256_abs_epi8(k);
@@ -198,14 +198,14 @@ SA_INLINE void scores_q8_group_loop(const int8_t *qq, const float *qd, int HB, i
                                     const float *const *srow, __m256 *res, sa_pf_walk *w)
 {
     const int ng = D / gs;
-    const int8_t *qh[2] = {qq, qq + (HB > 1 ? D : 0)};
+    const int8_t *qh[3] = {qq, qq + (HB > 1 ? D : 0), qq + (HB > 2 ? 2 * D : 0)};
     __m256 kd[SA_Q8_MAX_GROUPS];
     scales_8xng(srow, ng, kd);
     for (int h = 0; h < HB; h++)
         res[h] = _mm256_setzero_ps();
     sa_pf_walk wl = *w; /* in registers for the loop */
     for (int g = 0; g < ng; g++) {
-        __m256i lo[2], hi[2];
+        __m256i lo[3], hi[3];
         dot_group4_s8(qh, HB, rows, g * gs, NC, lo, &wl);
         dot_group4_s8(qh, HB, rows + 4, g * gs, NC, hi, &wl);
         for (int h = 0; h < HB; h++) {
@@ -238,10 +238,15 @@ SA_INLINE int q8_takes(int gs, int D, ptrdiff_t scale_stride)
     return gs % 32 == 0 && D / gs <= SA_Q8_MAX_GROUPS;
 }
 
-/* Heads per score block: pairs.  A block of three (as the AVX-512 file
- * has) read 4-8% slower per token on a Zen 4 (bench/kernel_costs.c, G = 3
- * and 7): 12 accumulators do not leave room in 16 registers. */
-#define SA_Q8_HEADS 2
+/* Heads per score block: pairs, and three for an odd group (as the
+ * AVX-512 file has), so a GQA group of 3 or 7 loads and takes |k| of its
+ * rows once for the last three heads instead of for a pair and again for
+ * one.  With the scores' copies for D = 64 and 128 the three read 1-5%
+ * faster than a pair and one on a Zen 4 (bench/kernel_costs.c and
+ * arm_model's timing, in cache, G = 3 and 7), where before those copies
+ * they read 4-8% slower: 12 accumulators leave little room in 16
+ * registers, and the run-time D took some of it. */
+#define SA_Q8_HEADS 3
 
 SA_INLINE void scores_q8_tokens(const int8_t *qq, const float *qd, int HB, int D, int gs,
                                 const int8_t *const *rows, const float *const *srows,
