@@ -343,41 +343,40 @@ SA_INLINE void q8_scores_tile(const int8_t *qq, const float *qd, int D, int gs, 
         vst1q_f32(s[g0 + h] + t, acc[h]);
 }
 
-/* Every head, in tiles of up to four (a constant per q8_scores_tile). */
-SA_INLINE void q8_scores_heads(const int8_t *qq, const float *qd, int G, int D, int gs, int ng,
-                               const int8_t *const r[4], const float *dk, int grp0, int nc,
-                               float *const *s, int t)
+/* Heads g0 .. g0+left-1 (left 1 to 4; none for any other) as one tile. */
+SA_INLINE void q8_scores_last(const int8_t *qq, const float *qd, int D, int gs, int ng,
+                              const int8_t *const r[4], const float *dk, int grp0, int nc,
+                              int g0, int left, float *const *s, int t)
 {
-    /* Up to eight heads (every model's group so far) see each tile's first
-     * head, and so the query's offsets, as a constant. */
-    if (G <= 4) {
-        switch (G) {
-        case 4: q8_scores_tile(qq, qd, D, gs, ng, r, dk, grp0, nc, 0, 4, s, t); break;
-        case 3: q8_scores_tile(qq, qd, D, gs, ng, r, dk, grp0, nc, 0, 3, s, t); break;
-        case 2: q8_scores_tile(qq, qd, D, gs, ng, r, dk, grp0, nc, 0, 2, s, t); break;
-        default: q8_scores_tile(qq, qd, D, gs, ng, r, dk, grp0, nc, 0, 1, s, t); break;
-        }
-        return;
-    }
-    if (G <= 8) {
-        q8_scores_tile(qq, qd, D, gs, ng, r, dk, grp0, nc, 0, 4, s, t);
-        switch (G) {
-        case 8: q8_scores_tile(qq, qd, D, gs, ng, r, dk, grp0, nc, 4, 4, s, t); break;
-        case 7: q8_scores_tile(qq, qd, D, gs, ng, r, dk, grp0, nc, 4, 3, s, t); break;
-        case 6: q8_scores_tile(qq, qd, D, gs, ng, r, dk, grp0, nc, 4, 2, s, t); break;
-        default: q8_scores_tile(qq, qd, D, gs, ng, r, dk, grp0, nc, 4, 1, s, t); break;
-        }
-        return;
-    }
-    int g0 = 0;
-    for (; g0 + 4 <= G; g0 += 4)
-        q8_scores_tile(qq, qd, D, gs, ng, r, dk, grp0, nc, g0, 4, s, t);
-    switch (G - g0) {
+    switch (left) {
+    case 4: q8_scores_tile(qq, qd, D, gs, ng, r, dk, grp0, nc, g0, 4, s, t); break;
     case 3: q8_scores_tile(qq, qd, D, gs, ng, r, dk, grp0, nc, g0, 3, s, t); break;
     case 2: q8_scores_tile(qq, qd, D, gs, ng, r, dk, grp0, nc, g0, 2, s, t); break;
     case 1: q8_scores_tile(qq, qd, D, gs, ng, r, dk, grp0, nc, g0, 1, s, t); break;
     default: break;
     }
+}
+
+/* Every head, in tiles of up to four (a constant per q8_scores_tile).  Up
+ * to eight heads (every model's group so far) see each tile's first head,
+ * and so the query's offsets, as a constant. */
+SA_INLINE void q8_scores_heads(const int8_t *qq, const float *qd, int G, int D, int gs, int ng,
+                               const int8_t *const r[4], const float *dk, int grp0, int nc,
+                               float *const *s, int t)
+{
+    if (G <= 4) {
+        q8_scores_last(qq, qd, D, gs, ng, r, dk, grp0, nc, 0, G, s, t);
+        return;
+    }
+    if (G <= 8) {
+        q8_scores_tile(qq, qd, D, gs, ng, r, dk, grp0, nc, 0, 4, s, t);
+        q8_scores_last(qq, qd, D, gs, ng, r, dk, grp0, nc, 4, G - 4, s, t);
+        return;
+    }
+    int g0 = 0;
+    for (; g0 + 4 <= G; g0 += 4)
+        q8_scores_tile(qq, qd, D, gs, ng, r, dk, grp0, nc, g0, 4, s, t);
+    q8_scores_last(qq, qd, D, gs, ng, r, dk, grp0, nc, g0, G - g0, s, t);
 }
 
 /* gs a multiple of 8: four tokens at a time, groups in runs of up to four
