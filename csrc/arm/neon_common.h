@@ -459,70 +459,55 @@ SA_FN(scores_q8)(const int8_t *qq, const float *qd, int G, int D, int gs,
 /* softmax_exp                                                          */
 /* ------------------------------------------------------------------ */
 
-/* exp(x), four lanes: x = n*ln2 + r with n = round(x/ln2), |r| <= ln2/2;
- * exp(r) - 1 by the degree-5 minimax polynomial of Arm's optimized-routines
- * (v_expf), 2^n put straight into the exponent field; under 2 ulp.
- * Valid for x <= 88.37 (n <= 127; the caller routes larger x elsewhere);
- * x below ln(FLT_MIN) gives 0 (the true result is subnormal, and a softmax
- * weight that small is 0 beside the maximum's 1); NaN stays NaN. */
-SA_INLINE float32x4_t exp_f32x4(float32x4_t x)
-{
-    const float32x4_t n = vrndnq_f32(vmulq_n_f32(x, 0x1.715476p+0f)); /* x / ln2 */
-    float32x4_t r = vfmsq_f32(x, n, vdupq_n_f32(0x1.62e4p-1f));       /* ln2, high */
-    r = vfmsq_f32(r, n, vdupq_n_f32(0x1.7f7d1cp-20f));                /* ln2, low */
-    const float32x4_t r2 = vmulq_f32(r, r);
-    const float32x4_t p = vfmaq_f32(vdupq_n_f32(0x1.573e2ep-5f), vdupq_n_f32(0x1.0e4020p-7f), r);
-    float32x4_t poly = vfmaq_f32(vdupq_n_f32(0x1.fffdb6p-2f), vdupq_n_f32(0x1.555e66p-3f), r);
-    poly = vfmaq_f32(poly, p, r2);
-    poly = vfmaq_f32(vmulq_n_f32(r, 0x1.ffffecp-1f), poly, r2); /* exp(r) - 1 */
-    /* 2^n: (n + 127) << 23 is its bit pattern for -126 <= n <= 127. */
-    const int32x4_t e = vshlq_n_s32(vaddq_s32(vcvtq_s32_f32(n), vdupq_n_s32(127)), 23);
-    const float32x4_t two_n = vreinterpretq_f32_s32(e);
-    const float32x4_t y = vfmaq_f32(two_n, poly, two_n);
-    const uint32x4_t tiny = vcltq_f32(x, vdupq_n_f32(-0x1.5d589ep+6f)); /* ln(FLT_MIN) */
-    return vreinterpretq_f32_u32(vbicq_u32(vreinterpretq_u32_f32(y), tiny));
-}
-
-/* exp(scale * (s - max)) for four scores: the argument is <= 0 (or NaN),
- * inside exp_f32x4's range, and 0 exactly at the maximum. */
-SA_INLINE float32x4_t softmax_exp4(float32x4_t sv, float32x4_t vscale, float32x4_t vm)
-{
-    return exp_f32x4(vmulq_f32(vsubq_f32(sv, vm), vscale));
-}
-
-/* softmax_exp4 of four vectors, each step taken for all four before the
- * next: one vector's exp is a chain of about fifteen dependent operations,
- * which an in-order core (the A55) waits out one by one; four chains side by
- * side fill those waits (llvm-mca, A55: 15.5 -> 9 cycles a score).  The
- * same operations on each lane as exp_f32x4, so the same bits. */
-SA_INLINE void softmax_exp16(float32x4_t x[4], float32x4_t vscale, float32x4_t vm)
+/* exp(x) of N (1 to 4, constant) vectors in place, four lanes each:
+ * x = n*ln2 + r with n = round(x/ln2), |r| <= ln2/2; exp(r) - 1 by the
+ * degree-5 minimax polynomial of Arm's optimized-routines (v_expf), 2^n
+ * put straight into the exponent field; under 2 ulp.  Valid for
+ * x <= 88.37 (n <= 127; the caller routes larger x elsewhere); x below
+ * ln(FLT_MIN) gives 0 (the true result is subnormal, and a softmax weight
+ * that small is 0 beside the maximum's 1); NaN stays NaN.  Each step is
+ * taken for the N vectors before the next: one vector's exp is a chain of
+ * about fifteen dependent operations, which an in-order core (the A55)
+ * waits out one by one, so N side by side fill those waits (llvm-mca,
+ * A55 softmax: 15.5 -> 9 cycles a score at N = 4).  A lane's operations
+ * are the same for every N, so are its bits. */
+SA_INLINE void exp_f32xn(float32x4_t x[], const int N)
 {
     float32x4_t n[4], r[4], r2[4], p[4], poly[4];
-    for (int j = 0; j < 4; j++)
-        x[j] = vmulq_f32(vsubq_f32(x[j], vm), vscale);
-    for (int j = 0; j < 4; j++)
-        n[j] = vrndnq_f32(vmulq_n_f32(x[j], 0x1.715476p+0f));
-    for (int j = 0; j < 4; j++)
-        r[j] = vfmsq_f32(x[j], n[j], vdupq_n_f32(0x1.62e4p-1f));
-    for (int j = 0; j < 4; j++)
-        r[j] = vfmsq_f32(r[j], n[j], vdupq_n_f32(0x1.7f7d1cp-20f));
-    for (int j = 0; j < 4; j++)
+    for (int j = 0; j < N; j++)
+        n[j] = vrndnq_f32(vmulq_n_f32(x[j], 0x1.715476p+0f)); /* x / ln2 */
+    for (int j = 0; j < N; j++)
+        r[j] = vfmsq_f32(x[j], n[j], vdupq_n_f32(0x1.62e4p-1f)); /* ln2, high */
+    for (int j = 0; j < N; j++)
+        r[j] = vfmsq_f32(r[j], n[j], vdupq_n_f32(0x1.7f7d1cp-20f)); /* ln2, low */
+    for (int j = 0; j < N; j++)
         r2[j] = vmulq_f32(r[j], r[j]);
-    for (int j = 0; j < 4; j++)
+    for (int j = 0; j < N; j++)
         p[j] = vfmaq_f32(vdupq_n_f32(0x1.573e2ep-5f), vdupq_n_f32(0x1.0e4020p-7f), r[j]);
-    for (int j = 0; j < 4; j++)
+    for (int j = 0; j < N; j++)
         poly[j] = vfmaq_f32(vdupq_n_f32(0x1.fffdb6p-2f), vdupq_n_f32(0x1.555e66p-3f), r[j]);
-    for (int j = 0; j < 4; j++)
+    for (int j = 0; j < N; j++)
         poly[j] = vfmaq_f32(poly[j], p[j], r2[j]);
-    for (int j = 0; j < 4; j++)
+    for (int j = 0; j < N; j++) /* exp(r) - 1 */
         poly[j] = vfmaq_f32(vmulq_n_f32(r[j], 0x1.ffffecp-1f), poly[j], r2[j]);
-    for (int j = 0; j < 4; j++) {
+    for (int j = 0; j < N; j++) {
+        /* 2^n: (n + 127) << 23 is its bit pattern for -126 <= n <= 127. */
         const int32x4_t e = vshlq_n_s32(vaddq_s32(vcvtq_s32_f32(n[j]), vdupq_n_s32(127)), 23);
         const float32x4_t two_n = vreinterpretq_f32_s32(e);
         const float32x4_t y = vfmaq_f32(two_n, poly[j], two_n);
-        const uint32x4_t tiny = vcltq_f32(x[j], vdupq_n_f32(-0x1.5d589ep+6f));
+        const uint32x4_t tiny = vcltq_f32(x[j], vdupq_n_f32(-0x1.5d589ep+6f)); /* ln(FLT_MIN) */
         x[j] = vreinterpretq_f32_u32(vbicq_u32(vreinterpretq_u32_f32(y), tiny));
     }
+}
+
+/* exp(scale * (s - max)) for N (1 to 4, constant) vectors of scores in
+ * place: the argument is <= 0 (or NaN), inside exp_f32xn's range, and 0
+ * exactly at the maximum. */
+SA_INLINE void softmax_expn(float32x4_t x[], const int N, float32x4_t vscale, float32x4_t vm)
+{
+    for (int j = 0; j < N; j++)
+        x[j] = vmulq_f32(vsubq_f32(x[j], vm), vscale);
+    exp_f32xn(x, N);
 }
 
 /* Two passes: the maximum (vmaxq propagates NaN: a NaN score makes the sum
@@ -575,14 +560,15 @@ static float SA_FN(softmax_exp)(float *s, int n, float scale, float *max_out)
         for (; t <= end - 16; t += 16) {
             float32x4_t e[4] = {vld1q_f32(s + t), vld1q_f32(s + t + 4), vld1q_f32(s + t + 8),
                                 vld1q_f32(s + t + 12)};
-            softmax_exp16(e, vscale, vmax);
+            softmax_expn(e, 4, vscale, vmax);
             for (int j = 0; j < 4; j++) {
                 vst1q_f32(s + t + 4 * j, e[j]);
                 run = vaddq_f32(run, e[j]);
             }
         }
         for (; t < end; t += 4) {
-            const float32x4_t e = softmax_exp4(vld1q_f32(s + t), vscale, vmax);
+            float32x4_t e = vld1q_f32(s + t);
+            softmax_expn(&e, 1, vscale, vmax);
             vst1q_f32(s + t, e);
             run = vaddq_f32(run, e);
         }
@@ -593,7 +579,9 @@ static float SA_FN(softmax_exp)(float *s, int n, float scale, float *max_out)
     if (t < n) {
         float buf[4] = {m, m, m, m};
         memcpy(buf, s + t, (size_t)(n - t) * sizeof(float));
-        vst1q_f32(buf, softmax_exp4(vld1q_f32(buf), vscale, vmax));
+        float32x4_t e = vld1q_f32(buf);
+        softmax_expn(&e, 1, vscale, vmax);
+        vst1q_f32(buf, e);
         for (int j = 0; t + j < n; j++) {
             s[t + j] = buf[j];
             tail += buf[j];
