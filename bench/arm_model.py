@@ -222,14 +222,16 @@ def first_line(cmd):
 # --------------------------------------------------------------------- build
 
 def package_build():
-    """(flags, {arch: [kernel files]}) as csrc/build_ffi.py builds the package:
-    setuptools' CFLAGS + CCSHARED of this Python, then compile_args()."""
+    """({arch: flags}, {arch: [kernel files]}) as csrc/build_ffi.py builds the
+    package for each arch: setuptools' CFLAGS + CCSHARED of this Python, then
+    compile_args(arch)."""
     spec = importlib.util.spec_from_file_location("_sa_build_ffi", CSRC / "build_ffi.py")
     mod = importlib.util.module_from_spec(spec)
     saved = os.environ.pop("SPARSE_ATTN_CFLAGS", None)  # the release flags, not a sanitizer run's
     try:
         spec.loader.exec_module(mod)
-        args = mod.compile_args()
+        args = {arch: mod.compile_args(want)
+                for arch, want in (("x86_64", "X86_64"), ("aarch64", "AARCH64"))}
         isas = mod.isa_list()
     finally:
         if saved is not None:
@@ -240,7 +242,7 @@ def package_build():
     for arch in ("x86_64", "aarch64"):
         want = {"x86_64": "X86_64", "aarch64": "AARCH64"}[arch]
         files[arch] = [f for _, _, a, f in isas if a in ("ANY", want)]
-    return setuptools + args, files
+    return {arch: setuptools + a for arch, a in args.items()}, files
 
 
 def build(arch, cc, flags, kernel_files, out_dir, pool):
@@ -765,10 +767,10 @@ def run(quick=False, json_path=None, repeats=5, keep=None):
     try:
         with cf.ThreadPoolExecutor(workers) as pool:
             mca = Mca(t, pool)
-            arm_exe = build("aarch64", t["arm_cc"], flags, files["aarch64"],
+            arm_exe = build("aarch64", t["arm_cc"], flags["aarch64"], files["aarch64"],
                             build_root / "aarch64", pool)
-            x86_exe = build("x86_64", t["cc"], flags, files["x86_64"], build_root / "x86_64",
-                            pool) if do_x86 else None
+            x86_exe = build("x86_64", t["cc"], flags["x86_64"], files["x86_64"],
+                            build_root / "x86_64", pool) if do_x86 else None
             plugin = build_plugin(t["cc"], build_root)
             arm_bin = Binary(arm_exe, "aarch64", t)
             counts, cycles = [], []

@@ -56,11 +56,22 @@ def headers():
     return sorted(str(p.relative_to(HERE.parent)) for p in HERE.rglob("*.h"))
 
 
-def compile_args():
+def compile_args(arch=None):
+    """The compiler flags for a build for arch (X86_64 or AARCH64; default
+    target_arch())."""
     # fp-contract=off: the arithmetic is exactly what the source says, with no
     # FMA fused in by the compiler in one inlined copy and not in another, so
     # results are the same wherever a kernel is called from.
     args = ["-O3", "-std=gnu11", "-fvisibility=hidden", "-ffp-contract=off"]
+    if (arch or target_arch()) == "AARCH64":
+        # Renaming after register allocation: GCC's allocator reuses one
+        # register for values the in-order Cortex-A55 could have had in
+        # flight together, and the vector moves it adds wait out the latency
+        # of what they copy; renamed, the scheduler interleaves them.  By the
+        # static model (bench/arm_model.py) the A55's plain NEON q8 decode
+        # took 0.89-0.96x its cycles, neon-dotprod 0.91-1.02x, q8 prefill
+        # 0.92-0.98x (docs/design.md).
+        args.append("-frename-registers")
     extra = os.environ.get("SPARSE_ATTN_CFLAGS")  # e.g. sanitizers for the memory-safety run
     if extra:
         args += extra.split()

@@ -39,7 +39,13 @@ def test_command_and_machine(quick):
     m = quick["machine"]
     assert any("LLVM version 16" in v for v in m["llvm_mca"])
     assert set(m["models"]) == {"neoverse-n1@llvm-16", "cortex-a55@llvm-16"}
-    assert "-ffp-contract=off" in m["compile_flags"] and "-O3" in m["compile_flags"]
+    flags = m["compile_flags"]
+    assert set(flags) == {"x86_64", "aarch64"}
+    for arch in flags:
+        assert "-ffp-contract=off" in flags[arch] and "-O3" in flags[arch]
+    # the package's aarch64 flags (csrc/build_ffi.py), not the host's
+    assert "-frename-registers" in flags["aarch64"]
+    assert "-frename-registers" not in flags["x86_64"]
 
 
 def test_instruction_counts(quick):
