@@ -10,9 +10,10 @@ What it does, all from the sources in csrc/ as they are now:
 1. Builds bench/arm_model_driver.c with the package's core and the kernel
    files csrc/isa_list.h lists, with the flags the package is built with
    (setuptools' CFLAGS/CCSHARED of this Python, then csrc/build_ffi.py's
-   compile_args(): -O3 -ffp-contract=off ...; the kernel files pick their
-   ISA with `#pragma GCC target`): statically for aarch64 with
-   aarch64-linux-gnu-gcc and, on an x86-64 host, for x86-64.
+   compile_args(arch): -O3 -ffp-contract=off ..., -frename-registers for
+   aarch64; the kernel files pick their ISA with `#pragma GCC target`):
+   statically for aarch64 with aarch64-linux-gnu-gcc and, on an x86-64
+   host, for x86-64.
 2. Runs the aarch64 binary under qemu-aarch64 (-cpu cortex-a76) with a small
    TCG plugin (bench/arm_model_plugin.c; Debian's qemu-user ships none) that
    records every translation block executed inside marked windows: one whole
