@@ -92,9 +92,9 @@ build_harness() {  # compiler, arch, exe, label, flags...: core, the arch's kern
 # a trace (one refactor compiled to no prefetch at all), and no result
 # changes, so check the instruction is there in a kernel file, compiled as
 # the extension compiles it (csrc/build_ffi.py).
-check_prefetch() {  # compiler, kernel file under csrc/, instruction regex, label
+check_prefetch() {  # compiler, kernel file under csrc/, instruction regex, label, arch flags...
     local asm
-    asm="$("$1" -O3 -std=gnu11 -fvisibility=hidden -ffp-contract=off -I"$repo/csrc" \
+    asm="$("$1" -O3 -std=gnu11 -fvisibility=hidden -ffp-contract=off "${@:5}" -I"$repo/csrc" \
            -S -o - "$repo/csrc/$2")"
     if grep -Eq "^[[:space:]]+($3)[[:space:]]" <<<"$asm"; then
         echo "== $4: $2 keeps its prefetch ($3)"
@@ -218,7 +218,7 @@ exe="$build/test_kernels_aarch64"
 build_harness "$arm_cc" aarch64 "$exe" "-O2 -static" -O2 -static
 
 failed=0
-check_prefetch "$arm_cc" arm/kernels_neon_dotprod.c 'prfm' "aarch64" || failed=1
+check_prefetch "$arm_cc" arm/kernels_neon_dotprod.c 'prfm' "aarch64" -frename-registers || failed=1
 
 # The Cortex-A76 (dotprod) runs every ISA the build has.  The Cortex-A53
 # (no dotprod) adds what only it shows: the default falls back to neon, and
