@@ -47,6 +47,16 @@ typedef struct sa_prefetch {
     size_t len[4];
 } sa_prefetch;
 
+/* One line to L2 (the C tests define it to count or record the lines:
+ * tests/c/test_walk_lines.c builds every file with SA_TEST_COUNT_PREFETCH). */
+#ifdef SA_TEST_COUNT_PREFETCH
+void sa_test_line(const void *p);
+#define SA_PREFETCH_LINE(p) sa_test_line(p)
+#endif
+#ifndef SA_PREFETCH_LINE
+#define SA_PREFETCH_LINE(p) __builtin_prefetch((p), 0, 2)
+#endif
+
 /* Prefetch part i of n of pf's ranges (every line once over i = 0 .. n-1).
  * n is a power of two in a kernel's full calls (two blocks of 16 tokens,
  * eight of 4): there the parts' bounds are shifts, not the two 64-bit
@@ -72,7 +82,7 @@ static inline void sa_prefetch_part(const sa_prefetch *pf, int i, int n)
         }
         a = i ? (a + 63) & ~(uintptr_t)63 : a & ~(uintptr_t)63;
         for (; a < z; a += 64)
-            __builtin_prefetch((const void *)a, 0, 2);
+            SA_PREFETCH_LINE((const void *)a);
     }
 }
 
@@ -90,10 +100,6 @@ static inline void sa_prefetch_part(const sa_prefetch *pf, int i, int n)
  * walk; the NEON q8 decode kernels walk in bursts (below); the other
  * kernels take sa_prefetch_part per block. */
 
-/* One line to L2 (a C test defines it to record the walk's lines). */
-#ifndef SA_PREFETCH_LINE
-#define SA_PREFETCH_LINE(p) __builtin_prefetch((p), 0, 2)
-#endif
 
 typedef struct sa_pf_walk {
     const sa_prefetch *pf; /* NULL once every line is issued (or none) */

@@ -127,6 +127,19 @@ if [[ $mode == native ]]; then
     if [[ $(uname -m) == x86_64 ]]; then
         check_prefetch "$cc" x86/kernels_avx2.c 'prefetcht[012]|prefetchnta' "native x86-64" ||
             status=1
+        # every x86 decode kernel's prefetch walk issues its hint's lines,
+        # each once (tests/c/test_walk_lines.c; skipped where the CPU lacks
+        # the file's instructions)
+        for pair in "kernels_avx2.c avx2" "kernels_avx512_vnni.c avx512vnni"; do
+            read -r file feature <<<"$pair"
+            walk="$build/test_walk_lines_${file%.c}"
+            "$cc" "${common[@]}" -O1 -g -fsanitize=address,undefined -fno-sanitize-recover=all \
+                -DSA_TEST_COUNT_PREFETCH -DSA_WALK_FILE="\"x86/$file\"" \
+                -DSA_WALK_CPU="\"$feature\"" "$repo/tests/c/test_walk_lines.c" \
+                "$repo/csrc/portable/kernels_portable.c" "$repo/csrc/common.c" -o "$walk" -lm ||
+                status=1
+            run "prefetch walks, x86/$file" "$walk" || status=1
+        done
     fi
     exit "$status"
 fi

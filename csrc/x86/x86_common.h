@@ -600,10 +600,17 @@ static void SA_FN(accumulate_v_f32)(float *const *out, const float *const *p, in
 {
     const int bt = G >= V_MANY_HEADS ? V_TOKENS_MANY : V_TOKENS;
     const int iters = (n + bt - 1) / bt;
-    /* decode (few heads): the walk, in the last head block's tiles;
-     * prefill's many heads: a part per block */
+    /* decode (few heads): the walk, in the last head block's 4-vector
+     * tiles; prefill's many heads, and calls without such a tile to walk
+     * in (D below 4 vectors, or heads the wide tiles take all of): a part
+     * per block */
     sa_pf_walk w, *walk = NULL;
-    if (pf && G < V_MANY_HEADS) {
+#ifdef SA_V_WIDE
+    const int walks = G < V_MANY_HEADS && D >= 4 * SA_VT && G % SA_V_WIDE != 0;
+#else
+    const int walks = G < V_MANY_HEADS && D >= 4 * SA_VT;
+#endif
+    if (pf && walks) {
         sa_pf_walk_start(&w, pf, (long)n * (D / (4 * SA_VT)));
         walk = &w;
     }
@@ -807,6 +814,12 @@ static void SA_FN(accumulate_v_q8)(float *const *out, const float *const *p, int
         accumulate_v_q8_scalar(out, p, G, D, gs, v, vd, row_stride, scale_stride, n, pf);
         return;
     }
+#ifndef SA_Q8_V_BLOCK
+    if (D < 4 * SA_VT) { /* no tile of 4 vectors to walk in: the lines now */
+        sa_prefetch_part(pf, 0, 1);
+        pf = NULL;
+    }
+#endif
     sa_pf_walk w;
     sa_pf_walk_start(&w, pf, (long)n * SA_Q8_V_STEPS(G, D, gs));
 #if SA_V_HEADS >= 4
