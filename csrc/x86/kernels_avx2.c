@@ -290,17 +290,63 @@ SA_INLINE __m256 vf_exp_finish(__m256 poly, __m256 z, __m256 x)
  * accumulate_v_q8: one block of tokens for all the heads (SA_Q8_V_BLOCK)
  * ---------------------------------------------------------------------- */
 
-/* out[h][d .. d + 8*NV) for HB heads over tokens [t0, t1), all in one q8
- * group, whose weights (q8_v_weights: the token's weight times its group
- * scale) are wq[(t - t0) * HB * SA_QV_GROUPS + h * SA_QV_GROUPS]: each
- * token's 8*NV values are widened and converted once for the HB heads
- * (exact), then added by one FMA per head and vector in token order, as
- * accumulate_v_f32 adds a float row with those weights.  HB and NV are
- * constants at every call: HB * NV accumulators and NV values stay in the
- * 16 registers, the weights are broadcast from memory. */
-SA_INLINE void accv_q8_tile(float *const *out, const float *wq, const int HB, const int NV,
-                            const int8_t *v, ptrdiff_t row_stride, int t0, int t1, int d,
-                            sa_pf_walk *w, const int STEP)
+/* q8 V's weights (spec §4), token-major: for HB heads, tokens [t0, t1) (at
+ * most SA_QV_TOKENS) and groups [g0, g0 + gn) (gn at most SA_QV_GROUPS),
+ * w[h * SA_QV_HEAD + (grp - g0) * SA_QV_TOKENS + t - t0]
+ * = p[h][t] * vd[t * scale_stride + grp].  Per 8 tokens, their scales
+ * transposed as the scores transpose theirs (scales_8xng) and one product
+ * per head and group; the last (t1 - t0) % 8 tokens one product each.  The
+ * same products as x86_helpers.h's q8_v_weights, which takes a product per
+ * token, head and 8 groups: a tile then broadcasts one weight per token
+ * from each head's row of SA_QV_TOKENS.  With D a run-time value these
+ * loops were generic and V read 1.03-1.10x the time of the per-token
+ * weights (in cache, one thread, Zen 4); with the copies for D = 64 and
+ * 128 (x86_common.h, accv_q8_blocks), 0.86-0.95x (docs/design.md). */
+#define SA_QV_HEAD (SA_QV_GROUPS * SA_QV_TOKENS)
+SA_INLINE void q8_v_weights_t(const float *const *p, int HB, const float *vd,
+                              ptrdiff_t scale_stride, int t0, int t1, int g0, int gn, float *w)
+{
+    int t = t0;
+    for (; t + 8 <= t1; t += 8) {
+        const float *srow[8];
+        for (int i = 0; i < 8; i++)
+            srow[i] = vd + (ptrdiff_t)(t + i) * scale_stride + g0;
+        __m256 sc[SA_QV_GROUPS];
+        scales_8xng(srow, gn, sc);
+        for (int h = 0; h < HB; h++) {
+            const __m256 x = _mm256_loadu_ps(p[h] + t);
+            for (int g = 0; g < gn; g++)
+                _mm256_storeu_ps(w + h * SA_QV_HEAD + g * SA_QV_TOKENS + (t - t0),
+                                 _mm256_mul_ps(x, sc[g]));
+        }
+    }
+    for (; t < t1; t++)
+        for (int h = 0; h < HB; h++)
+            for (int g = 0; g < gn; g++)
+                w[h * SA_QV_HEAD + g * SA_QV_TOKENS + (t - t0)] =
+                    p[h][t] * vd[(ptrdiff_t)t * scale_stride + g0 + g];
+}
+
+/* The tiles: out[h][d .. d + 8*NV) for HB heads over tokens [t0, t1), all
+ * in one q8 group, whose weights for head h are wq[h * SA_QV_HEAD + t - t0]
+ * (q8_v_weights_t): each token's 8*NV values are widened and converted
+ * once for the HB heads (exact), then added by one FMA per head and vector
+ * in token order, as accumulate_v_f32 adds a float row with those weights.
+ * HB and NV are constants at every call: HB * NV accumulators stay in the
+ * 16 registers, the weights are broadcast from memory.  A tile that walks
+ * (STEP) takes a step of the prefetch walk per token with 12 accumulators
+ * and per SA_QV_STEP_TOKENS tokens with at most 8: with the walk's state in
+ * registers beside 8 accumulators GCC spilled the loop's pointer (V at
+ * G = 2, D = 128 read 1.08x the time of the per-token weights' tiles);
+ * stepping every 4 tokens through the caller's walk (the lines in twos or
+ * threes instead of one a token), 0.89x (in cache, one thread, Zen 4). */
+#define SA_QV_STEP_TOKENS 4
+
+/* 12 accumulators: the heads' weights in registers, the values one vector
+ * at a time (16 registers in all); a walk step per token. */
+SA_INLINE void accv_q8_tile12(float *const *out, const float *wq, const int HB, const int NV,
+                              const int8_t *v, ptrdiff_t row_stride, int t0, int t1, int d,
+                              sa_pf_walk *w, const int STEP)
 {
     __m256 a[4][4];
     for (int h = 0; h < HB; h++)
@@ -310,29 +356,16 @@ SA_INLINE void accv_q8_tile(float *const *out, const float *wq, const int HB, co
     sa_pf_walk wl = {0}; /* in registers for the loop */
     if (STEP)
         wl = *w;
-    for (int t = t0; t < t1; t++, row += row_stride, wq += HB * SA_QV_GROUPS) {
+    for (int t = t0; t < t1; t++, row += row_stride, wq++) {
         if (STEP)
             sa_pf_walk_step(&wl);
-        if (HB * NV > 8) {
-            /* 12 accumulators: the heads' weights in registers, the values
-             * one vector at a time (16 registers in all) */
-            __m256 wt[4];
+        __m256 wt[4];
+        for (int h = 0; h < HB; h++)
+            wt[h] = _mm256_broadcast_ss(wq + h * SA_QV_HEAD);
+        for (int c = 0; c < NV; c++) {
+            const __m256 x = load8_s8_ps(row + 8 * c);
             for (int h = 0; h < HB; h++)
-                wt[h] = _mm256_broadcast_ss(wq + h * SA_QV_GROUPS);
-            for (int c = 0; c < NV; c++) {
-                const __m256 x = load8_s8_ps(row + 8 * c);
-                for (int h = 0; h < HB; h++)
-                    a[h][c] = _mm256_fmadd_ps(wt[h], x, a[h][c]);
-            }
-            continue;
-        }
-        __m256 x[4];
-        for (int c = 0; c < NV; c++)
-            x[c] = load8_s8_ps(row + 8 * c);
-        for (int h = 0; h < HB; h++) {
-            const __m256 wt = _mm256_broadcast_ss(wq + h * SA_QV_GROUPS);
-            for (int c = 0; c < NV; c++)
-                a[h][c] = _mm256_fmadd_ps(wt, x[c], a[h][c]);
+                a[h][c] = _mm256_fmadd_ps(wt[h], x, a[h][c]);
         }
     }
     if (STEP)
@@ -340,6 +373,57 @@ SA_INLINE void accv_q8_tile(float *const *out, const float *wq, const int HB, co
     for (int h = 0; h < HB; h++)
         for (int c = 0; c < NV; c++)
             _mm256_storeu_ps(out[h] + d + 8 * c, a[h][c]);
+}
+
+/* One token of an 8-accumulator tile: its values widened and converted
+ * once, one FMA per head and vector. */
+SA_INLINE void accv_q8_token8(__m256 (*a)[4], const float *wq, const int HB, const int NV,
+                              const int8_t *row)
+{
+    __m256 x[4];
+    for (int c = 0; c < NV; c++)
+        x[c] = load8_s8_ps(row + 8 * c);
+    for (int h = 0; h < HB; h++) {
+        const __m256 wt = _mm256_broadcast_ss(wq + h * SA_QV_HEAD);
+        for (int c = 0; c < NV; c++)
+            a[h][c] = _mm256_fmadd_ps(wt, x[c], a[h][c]);
+    }
+}
+
+/* At most 8 accumulators: a walk step per SA_QV_STEP_TOKENS tokens. */
+SA_INLINE void accv_q8_tile8(float *const *out, const float *wq, const int HB, const int NV,
+                             const int8_t *v, ptrdiff_t row_stride, int t0, int t1, int d,
+                             sa_pf_walk *w, const int STEP)
+{
+    __m256 a[4][4];
+    for (int h = 0; h < HB; h++)
+        for (int c = 0; c < NV; c++)
+            a[h][c] = _mm256_loadu_ps(out[h] + d + 8 * c);
+    const int8_t *row = v + (ptrdiff_t)t0 * row_stride + d;
+    int t = t0;
+    for (; t + SA_QV_STEP_TOKENS <= t1; t += SA_QV_STEP_TOKENS) {
+        if (STEP)
+            sa_pf_walk_step(w);
+        for (int u = 0; u < SA_QV_STEP_TOKENS; u++, row += row_stride, wq++)
+            accv_q8_token8(a, wq, HB, NV, row);
+    }
+    if (STEP && t < t1)
+        sa_pf_walk_step(w);
+    for (; t < t1; t++, row += row_stride, wq++)
+        accv_q8_token8(a, wq, HB, NV, row);
+    for (int h = 0; h < HB; h++)
+        for (int c = 0; c < NV; c++)
+            _mm256_storeu_ps(out[h] + d + 8 * c, a[h][c]);
+}
+
+SA_INLINE void accv_q8_tile(float *const *out, const float *wq, const int HB, const int NV,
+                            const int8_t *v, ptrdiff_t row_stride, int t0, int t1, int d,
+                            sa_pf_walk *w, const int STEP)
+{
+    if (HB * NV > 8)
+        accv_q8_tile12(out, wq, HB, NV, v, row_stride, t0, t1, d, w, STEP);
+    else
+        accv_q8_tile8(out, wq, HB, NV, v, row_stride, t0, t1, d, w, STEP);
 }
 
 /* Columns [d0, d1) (whole groups from group g0, whose weights wq holds) for
@@ -353,17 +437,17 @@ SA_INLINE void accv_q8_cols(float *const *out, const float *wq, const int HB, co
     int d = d0, g = 0, left = gs;
     for (; d + 8 * NV <= d1; d += 8 * NV) {
         if (w && d % 32 == 0)
-            accv_q8_tile(out, wq + g, HB, NV, v, row_stride, t0, t1, d, w, 1);
+            accv_q8_tile(out, wq + g * SA_QV_TOKENS, HB, NV, v, row_stride, t0, t1, d, w, 1);
         else
-            accv_q8_tile(out, wq + g, HB, NV, v, row_stride, t0, t1, d, w, 0);
+            accv_q8_tile(out, wq + g * SA_QV_TOKENS, HB, NV, v, row_stride, t0, t1, d, w, 0);
         if ((left -= 8 * NV) == 0)
             g++, left = gs;
     }
     for (; d < d1; d += 8) {
         if (w && d % 32 == 0)
-            accv_q8_tile(out, wq + g, HB, 1, v, row_stride, t0, t1, d, w, 1);
+            accv_q8_tile(out, wq + g * SA_QV_TOKENS, HB, 1, v, row_stride, t0, t1, d, w, 1);
         else
-            accv_q8_tile(out, wq + g, HB, 1, v, row_stride, t0, t1, d, w, 0);
+            accv_q8_tile(out, wq + g * SA_QV_TOKENS, HB, 1, v, row_stride, t0, t1, d, w, 0);
         if ((left -= 8) == 0)
             g++, left = gs;
     }
@@ -381,7 +465,7 @@ SA_INLINE void accv_q8_heads_avx2(float *const *out, const float *const *p, cons
     for (int g0 = 0; g0 < ng; g0 += SA_QV_GROUPS) {
         const int gn = ng - g0 < SA_QV_GROUPS ? ng - g0 : SA_QV_GROUPS;
         const int d0 = g0 * gs, d1 = (g0 + gn) * gs;
-        q8_v_weights(p, HB, vd, scale_stride, t0, t1, g0, gn, wq);
+        q8_v_weights_t(p, HB, vd, scale_stride, t0, t1, g0, gn, wq);
         if (NV >= 4 && gs % 32 == 0)
             accv_q8_cols(out, wq, HB, 4, d0, d1, gs, v, row_stride, t0, t1, w);
         else if (NV >= 2 && gs % 16 == 0)
@@ -392,22 +476,20 @@ SA_INLINE void accv_q8_heads_avx2(float *const *out, const float *const *p, cons
 }
 
 /* Heads in blocks of 4 (two vectors of 16 columns: 8 accumulators), then
- * the last 1-3 as one block (one to three heads x four vectors; three
- * heads' 12 accumulators leave room for their weights and one vector of
- * values at a time, which took V 0.97x the time at G = 3 and 0.98x at
- * G = 7 against three heads x two vectors, in cache, Zen 4,
- * bench/kernel_costs.c; no change streamed), so each token is converted
- * once per block: a group of
- * 3 or 7 pays for one and two conversions per token instead of the
- * pair-and-one blocks' two and four.  The convert runs on the FMA ports
- * (as the per-element scale did before the weights took it): with that
- * scale, these blocks took V to 0.67-0.70x the time at G = 3 and 7, 0.93x
- * at G = 2 (in cache, one thread, Xeon Emerald Rapids;
- * bench/arm_model_driver.c `time`, old and new builds alternated).
- * The prefetch walk steps in the last block's tiles that start a 32-column
- * stretch, D / 32 steps per token: a step in every tile cost a block of 3
- * heads a third more time in cache (16 tiles per token at G = 7) for
- * nothing streamed, where the arithmetic, not the memory, is the bound. */
+ * the last 1 or 2 as one block (one or two heads x four vectors), so each
+ * token is converted once per block.  A group of 3 or 7 ends on three
+ * heads x four vectors instead (accv_q8_last3: 12 accumulators leave room
+ * for the heads' weights and one vector of values at a time), for one and
+ * two conversions per token instead of the pair-and-one blocks' two and
+ * four.  The convert runs on the FMA ports (as the per-element scale did
+ * before the weights took it): with that scale, these blocks took V to
+ * 0.67-0.70x the time at G = 3 and 7, 0.93x at G = 2 (in cache, one
+ * thread, Xeon Emerald Rapids; bench/arm_model_driver.c `time`, old and
+ * new builds alternated).  The prefetch walk steps in the last block's
+ * tiles that start a 32-column stretch (accv_q8_call_steps_avx2): a step
+ * in every tile cost a block of 3 heads a third more time in cache (16
+ * tiles per token at G = 7) for nothing streamed, where the arithmetic,
+ * not the memory, is the bound. */
 SA_INLINE void accv_q8_block_avx2(float *const *out, const float *const *p, int G, int D,
                                   int gs, const int8_t *v, const float *vd,
                                   ptrdiff_t row_stride, ptrdiff_t scale_stride, int t0, int t1,
@@ -418,10 +500,6 @@ SA_INLINE void accv_q8_block_avx2(float *const *out, const float *const *p, int 
         accv_q8_heads_avx2(out + g, p + g, 4, 2, D, gs, v, vd, row_stride, scale_stride, t0, t1,
                            g + 4 == G ? w : NULL);
     switch (G - g) {
-    case 3:
-        accv_q8_heads_avx2(out + g, p + g, 3, 4, D, gs, v, vd, row_stride, scale_stride, t0, t1,
-                           w);
-        break;
     case 2:
         accv_q8_heads_avx2(out + g, p + g, 2, 4, D, gs, v, vd, row_stride, scale_stride, t0, t1,
                            w);
@@ -434,13 +512,50 @@ SA_INLINE void accv_q8_block_avx2(float *const *out, const float *const *p, int 
     }
 }
 
-/* The prefetch walk's steps per token of accv_q8_block_avx2. */
-SA_INLINE int accv_q8_steps_avx2(int G, int D, int gs)
+/* The last three heads of a group of 3 or 7 over a call's tokens, after
+ * the group's other heads (x86_common.h, SA_Q8_V_LAST3; each head's sums
+ * are the same whichever pass adds them), with the call's prefetch walk:
+ * a function of its own, with copies for D = 64 and 128 at the default
+ * group.  Beside the other blocks in one function, GCC spilled inside
+ * these 12-accumulator loops (V at G = 3 and 7 1.10-1.30x the time). */
+SA_INLINE void accv_q8_last3_body(float *const *out, const float *const *p, int D, int gs,
+                                  const int8_t *v, const float *vd, ptrdiff_t row_stride,
+                                  ptrdiff_t scale_stride, int n, sa_pf_walk *w)
 {
-    (void)G, (void)gs;
-    return (D + 31) / 32;
+    for (int t0 = 0; t0 < n; t0 += SA_QV_TOKENS) {
+        const int t1 = n - t0 < SA_QV_TOKENS ? n : t0 + SA_QV_TOKENS;
+        accv_q8_heads_avx2(out, p, 3, 4, D, gs, v, vd, row_stride, scale_stride, t0, t1, w);
+    }
 }
-#define SA_Q8_V_STEPS accv_q8_steps_avx2
+
+__attribute__((noinline)) static void accv_q8_last3(float *const *out, const float *const *p,
+                                                    int D, int gs, const int8_t *v,
+                                                    const float *vd, ptrdiff_t row_stride,
+                                                    ptrdiff_t scale_stride, int n, sa_pf_walk *w)
+{
+    if (gs == 32 && D == 64)
+        accv_q8_last3_body(out, p, 64, 32, v, vd, row_stride, scale_stride, n, w);
+    else if (gs == 32 && D == 128)
+        accv_q8_last3_body(out, p, 128, 32, v, vd, row_stride, scale_stride, n, w);
+    else
+        accv_q8_last3_body(out, p, D, gs, v, vd, row_stride, scale_stride, n, w);
+}
+#define SA_Q8_V_LAST3 accv_q8_last3
+
+/* The prefetch walk's steps in a call of n tokens: the tiles that start a
+ * 32-column stretch step, those with 12 accumulators (accv_q8_last3's
+ * three heads x four vectors, when gs is a multiple of 32) every token,
+ * the others (accv_q8_block_avx2's last block, or accv_q8_last3's narrower
+ * tiles) every SA_QV_STEP_TOKENS tokens of a block of V_TOKENS (a
+ * multiple of it). */
+SA_INLINE long accv_q8_call_steps_avx2(int G, int D, int gs, int n)
+{
+    const long tiles = (D + 31) / 32;
+    if (G % 4 == 3 && gs % 32 == 0)
+        return (long)n * tiles;
+    return (long)((n + SA_QV_STEP_TOKENS - 1) / SA_QV_STEP_TOKENS) * tiles;
+}
+#define SA_Q8_V_STEPS accv_q8_call_steps_avx2
 #define SA_Q8_V_BLOCK accv_q8_block_avx2
 
 /* -------------------------------------------------------------------------
@@ -460,6 +575,9 @@ static void scores_q8_panels_avx2(const int8_t *qq, const float *qd, int G, int 
                                   float *const *s);
 
 #include "x86_common.h"
+
+_Static_assert(V_TOKENS % SA_QV_STEP_TOKENS == 0,
+               "accv_q8_call_steps_avx2 counts a walk step per SA_QV_STEP_TOKENS of a block");
 
 /* HB query vectors x one panel: per 4 channels the 8 keys' bytes (one
  * vector) and their magnitudes once, then per vector its 4 bytes broadcast,

@@ -38,12 +38,17 @@
  *   SA_V_HEADS                heads per V accumulation block (2 / 4; from 4,
  *                             q8 V also takes a block of three)
  *   SA_Q8_V_BLOCK(out, p, G, D, gs, v, vd, row_stride, scale_stride, t0, t1, w)
- *   SA_Q8_V_STEPS(G, D, gs)   optional, together: q8 V accumulation of tokens
- *                             [t0, t1) for all G heads (gs a multiple of
- *                             SA_VT), in the file's own head blocks and
+ *   SA_Q8_V_STEPS(G, D, gs, n)  optional, together: q8 V accumulation of
+ *                             tokens [t0, t1) for all G heads (gs a multiple
+ *                             of SA_VT), in the file's own head blocks and
  *                             tiles, instead of accv_q8_heads' SA_V_HEADS,
- *                             pairs and one; its prefetch walk's steps per
- *                             token
+ *                             pairs and one; its prefetch walk's steps in a
+ *                             call of n tokens
+ *   SA_Q8_V_LAST3(out, p, D, gs, v, vd, row_stride, scale_stride, n, w)
+ *                             optional, with SA_Q8_V_BLOCK: the last three
+ *                             heads of a group of 4m + 3 over a call's n
+ *                             tokens, the first 4m taken by the blocks
+ *                             without the walk
  *   SA_Q8_MANY_HEADS, q8_many_takes(gs, D), scores_q8_many(...)  optional:
  *                             scores_q8 for G >= SA_Q8_MANY_HEADS heads when
  *                             q8_many_takes (the same bits, each K block
@@ -737,9 +742,10 @@ SA_INLINE void accv_q8_heads(float *const *out, const float *const *p, int HB, i
 #include "../scalar_kernels.h"
 
 /* Steps (tile passes over one token, each a step of the prefetch walk) of
- * accv_q8_heads' blocks per token: tiles of 4 vectors, per block of heads. */
+ * accv_q8_heads' blocks in a call of n tokens: tiles of 4 vectors, per
+ * block of heads and token. */
 #ifndef SA_Q8_V_STEPS
-static int accv_q8_steps(int G, int D, int gs)
+static long accv_q8_steps(int G, int D, int gs, int n)
 {
     (void)gs;
     int blocks = G / SA_V_HEADS + G % SA_V_HEADS / 2 + G % 2;
@@ -747,22 +753,17 @@ static int accv_q8_steps(int G, int D, int gs)
     if (G % SA_V_HEADS == 3)
         blocks = G / SA_V_HEADS + 1; /* accv_q8_split3 */
 #endif
-    return blocks * (D / (4 * SA_VT));
+    return (long)n * blocks * (D / (4 * SA_VT));
 }
 #define SA_Q8_V_STEPS accv_q8_steps
 #endif
 
 /* accumulate_v_q8 with SA_V_HEADS heads at a time, then pairs, then one
- * (or the file's SA_Q8_V_BLOCK), a block of tokens at a time.  Out of
- * line: a caller below takes the three-head case first, and the loop keeps
- * the code it had alone (inlined beside that case, or with it as a branch
- * inside, the pairs' loop read 2-7% slower on a Zen 4: bench/kernel_costs.c,
- * G = 2). */
-__attribute__((noinline)) static void accv_q8_blocks(float *const *out, const float *const *p,
-                                                     int G, int D, int gs, const int8_t *v,
-                                                     const float *vd, ptrdiff_t row_stride,
-                                                     ptrdiff_t scale_stride, int n,
-                                                     sa_pf_walk *w)
+ * (or the file's SA_Q8_V_BLOCK), a block of tokens at a time. */
+SA_INLINE void accv_q8_blocks_body(float *const *out, const float *const *p, int G, int D,
+                                   int gs, const int8_t *v, const float *vd,
+                                   ptrdiff_t row_stride, ptrdiff_t scale_stride, int n,
+                                   sa_pf_walk *w)
 {
     for (int t0 = 0; t0 < n; t0 += V_TOKENS) {
         const int t1 = n - t0 < V_TOKENS ? n : t0 + V_TOKENS;
@@ -781,14 +782,37 @@ __attribute__((noinline)) static void accv_q8_blocks(float *const *out, const fl
     }
 }
 
+/* Out of line: a caller below takes the three-head case first, and the
+ * loop keeps the code it had alone (inlined beside that case, or with it as
+ * a branch inside, the pairs' loop read 2-7% slower on a Zen 4:
+ * bench/kernel_costs.c, G = 2).  A file's own blocks get copies for D = 64
+ * and 128 at the default group, so their tiles and weights loops have
+ * constant trip counts (AVX2: with its token-major weights, V 0.87-0.91x
+ * the time in cache, docs/design.md). */
+__attribute__((noinline)) static void accv_q8_blocks(float *const *out, const float *const *p,
+                                                     int G, int D, int gs, const int8_t *v,
+                                                     const float *vd, ptrdiff_t row_stride,
+                                                     ptrdiff_t scale_stride, int n,
+                                                     sa_pf_walk *w)
+{
+#ifdef SA_Q8_V_BLOCK
+    if (gs == 32 && D == 64)
+        accv_q8_blocks_body(out, p, G, 64, 32, v, vd, row_stride, scale_stride, n, w);
+    else if (gs == 32 && D == 128)
+        accv_q8_blocks_body(out, p, G, 128, 32, v, vd, row_stride, scale_stride, n, w);
+    else
+#endif
+        accv_q8_blocks_body(out, p, G, D, gs, v, vd, row_stride, scale_stride, n, w);
+}
+
 #if SA_V_HEADS >= 4
 /* G = 4m + 3 heads (a GQA group of 3, or 7: SmolLM2, Qwen2.5): the first 4m
  * as above, then the last three as one block, each token converted once
  * for the three instead of for a pair and again for one; the rows are back
  * in L1 or L2 for them.  Each head's sums are the same operations in the
- * same order whichever pass adds them.  (AVX2 has its own blocks,
- * SA_Q8_V_BLOCK: three heads' four vectors of accumulators do not fit its
- * 16 registers, three heads' two do.)  One prefetch walk spans both passes. */
+ * same order whichever pass adds them.  (AVX2 has its own blocks and
+ * last three, SA_Q8_V_BLOCK and SA_Q8_V_LAST3.)  One prefetch walk spans
+ * both passes. */
 __attribute__((noinline)) static void accv_q8_split3(float *const *out, const float *const *p,
                                                      int G, int D, int gs, const int8_t *v,
                                                      const float *vd, ptrdiff_t row_stride,
@@ -821,10 +845,20 @@ static void SA_FN(accumulate_v_q8)(float *const *out, const float *const *p, int
     }
 #endif
     sa_pf_walk w;
-    sa_pf_walk_start(&w, pf, (long)n * SA_Q8_V_STEPS(G, D, gs));
+    sa_pf_walk_start(&w, pf, SA_Q8_V_STEPS(G, D, gs, n));
 #if SA_V_HEADS >= 4
     if (G % SA_V_HEADS == 3) {
         accv_q8_split3(out, p, G, D, gs, v, vd, row_stride, scale_stride, n, &w);
+        return;
+    }
+#endif
+#ifdef SA_Q8_V_LAST3
+    /* the file's own last three heads of a group of 3 or 7, after the
+     * others (which do not walk); one walk, in the last pass */
+    if (G % 4 == 3) {
+        if (G > 3)
+            accv_q8_blocks(out, p, G - 3, D, gs, v, vd, row_stride, scale_stride, n, NULL);
+        SA_Q8_V_LAST3(out + G - 3, p + G - 3, D, gs, v, vd, row_stride, scale_stride, n, &w);
         return;
     }
 #endif
