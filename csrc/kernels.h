@@ -100,7 +100,6 @@ static inline void sa_prefetch_part(const sa_prefetch *pf, int i, int n)
  * walk; the NEON q8 decode kernels walk in bursts (below); the other
  * kernels take sa_prefetch_part per block. */
 
-
 typedef struct sa_pf_walk {
     const sa_prefetch *pf; /* NULL once every line is issued (or none) */
     const char *a, *z;     /* the current range: its next line, its end */

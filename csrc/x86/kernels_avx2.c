@@ -544,6 +544,8 @@ __attribute__((noinline)) static void accv_q8_last3(float *const *out, const flo
         accv_q8_last3_body(out, p, D, gs, v, vd, row_stride, scale_stride, n, w);
 }
 #define SA_Q8_V_LAST3 accv_q8_last3
+/* G = 4m + 3: accv_q8_block_avx2's blocks of 4 take the first 4m heads. */
+#define SA_Q8_V_LAST3_TAKES(G) ((G) % 4 == 3)
 
 /* The prefetch walk's steps in a call of n tokens: the tiles that start a
  * 32-column stretch step, those with 12 accumulators (accv_q8_last3's
@@ -554,7 +556,7 @@ __attribute__((noinline)) static void accv_q8_last3(float *const *out, const flo
 SA_INLINE long accv_q8_call_steps_avx2(int G, int D, int gs, int n)
 {
     const long tiles = (D + 31) / 32;
-    if (G % 4 == 3 && gs % 32 == 0)
+    if (SA_Q8_V_LAST3_TAKES(G) && gs % 32 == 0)
         return (long)n * tiles;
     return (long)((n + SA_QV_STEP_TOKENS - 1) / SA_QV_STEP_TOKENS) * tiles;
 }

@@ -45,10 +45,10 @@
  *                             pairs and one; its prefetch walk's steps in a
  *                             call of n tokens
  *   SA_Q8_V_LAST3(out, p, D, gs, v, vd, row_stride, scale_stride, n, w)
- *                             optional, with SA_Q8_V_BLOCK: the last three
- *                             heads of a group of 4m + 3 over a call's n
- *                             tokens, the first 4m taken by the blocks
- *                             without the walk
+ *   SA_Q8_V_LAST3_TAKES(G)    optional, together, with SA_Q8_V_BLOCK: for
+ *                             the G that SA_Q8_V_LAST3_TAKES, the last three
+ *                             heads over a call's n tokens, the first G - 3
+ *                             taken by the blocks without the walk
  *   SA_Q8_MANY_HEADS, q8_many_takes(gs, D), scores_q8_many(...)  optional:
  *                             scores_q8 for G >= SA_Q8_MANY_HEADS heads when
  *                             q8_many_takes (the same bits, each K block
@@ -858,9 +858,9 @@ static void SA_FN(accumulate_v_q8)(float *const *out, const float *const *p, int
     }
 #endif
 #ifdef SA_Q8_V_LAST3
-    /* the file's own last three heads of a group of 3 or 7, after the
+    /* the file's own last three heads (a group of 3 or 7), after the
      * others (which do not walk); one walk, in the last pass */
-    if (G % 4 == 3) {
+    if (SA_Q8_V_LAST3_TAKES(G)) {
         if (G > 3)
             accv_q8_blocks(out, p, G - 3, D, gs, v, vd, row_stride, scale_stride, n, NULL);
         SA_Q8_V_LAST3(out + G - 3, p + G - 3, D, gs, v, vd, row_stride, scale_stride, n, &w);

@@ -45,7 +45,6 @@ void sa_test_line(const void *p)
 
 #include <stdio.h>
 #include <stdlib.h>
-#include <string.h>
 
 #define SA_STR(x) #x
 #define SA_XSTR(x) SA_STR(x)
