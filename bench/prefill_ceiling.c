@@ -27,7 +27,8 @@
  *
  * Build from the repository root like bench/kernel_costs.c, e.g. on x86-64:
  *
- *   cc -O3 -std=gnu11 -ffp-contract=off -pthread -Icsrc csrc/?*.c \
+ *   cc -DNDEBUG -O3 -fwrapv -fPIC -std=gnu11 -fvisibility=hidden \
+ *      -ffp-contract=off -pthread -Icsrc csrc/?*.c \
  *      csrc/portable/kernels_portable.c csrc/x86/kernels_avx2.c \
  *      csrc/x86/kernels_avx512_vnni.c csrc/x86/kernels_avx512_amx.c \
  *      bench/prefill_ceiling.c -o prefill_ceiling -lm
