@@ -21,6 +21,12 @@
 #include <string.h>
 
 #include "../kernels.h"
+/* q8 V's weights hold 32 tokens: the last three heads' pass
+ * (accv_q8_last3) takes a whole 32-row call as one block, the others
+ * blocks of SA_QV_BLOCK (x86_common.h's V_TOKENS), each in rows of as
+ * many tokens. */
+#define SA_QV_TOKENS 32
+#define SA_QV_BLOCK 16
 #include "x86_helpers.h"
 
 /* The vectors and steps x86_common.h's bodies are written in (its header
@@ -291,20 +297,21 @@ SA_INLINE __m256 vf_exp_finish(__m256 poly, __m256 z, __m256 x)
  * ---------------------------------------------------------------------- */
 
 /* q8 V's weights (spec §4), token-major: for HB heads, tokens [t0, t1) (at
- * most SA_QV_TOKENS) and groups [g0, g0 + gn) (gn at most SA_QV_GROUPS),
- * w[h * SA_QV_HEAD + (grp - g0) * SA_QV_TOKENS + t - t0]
+ * most TQ, a constant: SA_QV_BLOCK or SA_QV_TOKENS) and groups
+ * [g0, g0 + gn) (gn at most SA_QV_GROUPS),
+ * w[h * SA_QV_GROUPS * TQ + (grp - g0) * TQ + t - t0]
  * = p[h][t] * vd[t * scale_stride + grp].  Per 8 tokens, their scales
  * transposed as the scores transpose theirs (scales_8xng) and one product
  * per head and group; the last (t1 - t0) % 8 tokens one product each.  The
  * same products as x86_helpers.h's q8_v_weights, which takes a product per
  * token, head and 8 groups: a tile then broadcasts one weight per token
- * from each head's row of SA_QV_TOKENS.  With D a run-time value these
+ * from each head's row of TQ.  With D a run-time value these
  * loops were generic and V read 1.03-1.10x the time of the per-token
  * weights (in cache, one thread, Zen 4); with the copies for D = 64 and
  * 128 (x86_common.h, accv_q8_blocks), 0.86-0.95x (docs/design.md). */
-#define SA_QV_HEAD (SA_QV_GROUPS * SA_QV_TOKENS)
 SA_INLINE void q8_v_weights_t(const float *const *p, int HB, const float *vd,
-                              ptrdiff_t scale_stride, int t0, int t1, int g0, int gn, float *w)
+                              ptrdiff_t scale_stride, int t0, int t1, int g0, int gn, float *w,
+                              const int TQ)
 {
     int t = t0;
     for (; t + 8 <= t1; t += 8) {
@@ -316,24 +323,25 @@ SA_INLINE void q8_v_weights_t(const float *const *p, int HB, const float *vd,
         for (int h = 0; h < HB; h++) {
             const __m256 x = _mm256_loadu_ps(p[h] + t);
             for (int g = 0; g < gn; g++)
-                _mm256_storeu_ps(w + h * SA_QV_HEAD + g * SA_QV_TOKENS + (t - t0),
+                _mm256_storeu_ps(w + h * SA_QV_GROUPS * TQ + g * TQ + (t - t0),
                                  _mm256_mul_ps(x, sc[g]));
         }
     }
     for (; t < t1; t++)
         for (int h = 0; h < HB; h++)
             for (int g = 0; g < gn; g++)
-                w[h * SA_QV_HEAD + g * SA_QV_TOKENS + (t - t0)] =
+                w[h * SA_QV_GROUPS * TQ + g * TQ + (t - t0)] =
                     p[h][t] * vd[(ptrdiff_t)t * scale_stride + g0 + g];
 }
 
 /* The tiles: out[h][d .. d + 8*NV) for HB heads over tokens [t0, t1), all
- * in one q8 group, whose weights for head h are wq[h * SA_QV_HEAD + t - t0]
+ * in one q8 group, whose weights for head h are wq[h * HS + t - t0]
  * (q8_v_weights_t): each token's 8*NV values are widened and converted
  * once for the HB heads (exact), then added by one FMA per head and vector
  * in token order, as accumulate_v_f32 adds a float row with those weights.
- * HB and NV are constants at every call: HB * NV accumulators stay in the
- * 16 registers, the weights are broadcast from memory.  A tile that walks
+ * HB, NV and HS (the distance between two heads' weights) are constants
+ * at every call: HB * NV accumulators stay in the 16 registers, the
+ * weights are broadcast from memory.  A tile that walks
  * (STEP) takes a step of the prefetch walk per token with 12 accumulators
  * and per SA_QV_STEP_TOKENS tokens with at most 8: with the walk's state in
  * registers beside 8 accumulators GCC spilled the loop's pointer (V at
@@ -344,9 +352,9 @@ SA_INLINE void q8_v_weights_t(const float *const *p, int HB, const float *vd,
 
 /* 12 accumulators: the heads' weights in registers, the values one vector
  * at a time (16 registers in all); a walk step per token. */
-SA_INLINE void accv_q8_tile12(float *const *out, const float *wq, const int HB, const int NV,
-                              const int8_t *v, ptrdiff_t row_stride, int t0, int t1, int d,
-                              sa_pf_walk *w, const int STEP)
+SA_INLINE void accv_q8_tile12(float *const *out, const float *wq, const int HS, const int HB,
+                              const int NV, const int8_t *v, ptrdiff_t row_stride, int t0, int t1,
+                              int d, sa_pf_walk *w, const int STEP)
 {
     __m256 a[4][4];
     for (int h = 0; h < HB; h++)
@@ -361,7 +369,7 @@ SA_INLINE void accv_q8_tile12(float *const *out, const float *wq, const int HB, 
             sa_pf_walk_step(&wl);
         __m256 wt[4];
         for (int h = 0; h < HB; h++)
-            wt[h] = _mm256_broadcast_ss(wq + h * SA_QV_HEAD);
+            wt[h] = _mm256_broadcast_ss(wq + h * HS);
         for (int c = 0; c < NV; c++) {
             const __m256 x = load8_s8_ps(row + 8 * c);
             for (int h = 0; h < HB; h++)
@@ -377,14 +385,14 @@ SA_INLINE void accv_q8_tile12(float *const *out, const float *wq, const int HB, 
 
 /* One token of an 8-accumulator tile: its values widened and converted
  * once, one FMA per head and vector. */
-SA_INLINE void accv_q8_token8(__m256 (*a)[4], const float *wq, const int HB, const int NV,
-                              const int8_t *row)
+SA_INLINE void accv_q8_token8(__m256 (*a)[4], const float *wq, const int HS, const int HB,
+                              const int NV, const int8_t *row)
 {
     __m256 x[4];
     for (int c = 0; c < NV; c++)
         x[c] = load8_s8_ps(row + 8 * c);
     for (int h = 0; h < HB; h++) {
-        const __m256 wt = _mm256_broadcast_ss(wq + h * SA_QV_HEAD);
+        const __m256 wt = _mm256_broadcast_ss(wq + h * HS);
         for (int c = 0; c < NV; c++)
             a[h][c] = _mm256_fmadd_ps(wt, x[c], a[h][c]);
     }
@@ -394,9 +402,9 @@ SA_INLINE void accv_q8_token8(__m256 (*a)[4], const float *wq, const int HB, con
  * loads and stores of the accumulators are tile12's, written out again:
  * as helpers shared by the two, GCC's code read V at G = 2 1.02-1.06x the
  * time.) */
-SA_INLINE void accv_q8_tile8(float *const *out, const float *wq, const int HB, const int NV,
-                             const int8_t *v, ptrdiff_t row_stride, int t0, int t1, int d,
-                             sa_pf_walk *w, const int STEP)
+SA_INLINE void accv_q8_tile8(float *const *out, const float *wq, const int HS, const int HB,
+                             const int NV, const int8_t *v, ptrdiff_t row_stride, int t0, int t1,
+                             int d, sa_pf_walk *w, const int STEP)
 {
     __m256 a[4][4];
     for (int h = 0; h < HB; h++)
@@ -408,49 +416,50 @@ SA_INLINE void accv_q8_tile8(float *const *out, const float *wq, const int HB, c
         if (STEP)
             sa_pf_walk_step(w);
         for (int u = 0; u < SA_QV_STEP_TOKENS; u++, row += row_stride, wq++)
-            accv_q8_token8(a, wq, HB, NV, row);
+            accv_q8_token8(a, wq, HS, HB, NV, row);
     }
     if (STEP && t < t1)
         sa_pf_walk_step(w);
     for (; t < t1; t++, row += row_stride, wq++)
-        accv_q8_token8(a, wq, HB, NV, row);
+        accv_q8_token8(a, wq, HS, HB, NV, row);
     for (int h = 0; h < HB; h++)
         for (int c = 0; c < NV; c++)
             _mm256_storeu_ps(out[h] + d + 8 * c, a[h][c]);
 }
 
-SA_INLINE void accv_q8_tile(float *const *out, const float *wq, const int HB, const int NV,
-                            const int8_t *v, ptrdiff_t row_stride, int t0, int t1, int d,
-                            sa_pf_walk *w, const int STEP)
+SA_INLINE void accv_q8_tile(float *const *out, const float *wq, const int HS, const int HB,
+                            const int NV, const int8_t *v, ptrdiff_t row_stride, int t0, int t1,
+                            int d, sa_pf_walk *w, const int STEP)
 {
     if (HB * NV > 8)
-        accv_q8_tile12(out, wq, HB, NV, v, row_stride, t0, t1, d, w, STEP);
+        accv_q8_tile12(out, wq, HS, HB, NV, v, row_stride, t0, t1, d, w, STEP);
     else
-        accv_q8_tile8(out, wq, HB, NV, v, row_stride, t0, t1, d, w, STEP);
+        accv_q8_tile8(out, wq, HS, HB, NV, v, row_stride, t0, t1, d, w, STEP);
 }
 
 /* Columns [d0, d1) (whole groups from group g0, whose weights wq holds) for
  * HB heads: tiles of NV vectors while they fit (gs a multiple of 8 * NV, so
  * a tile never straddles two groups), then single vectors.  The group is
  * counted along, not divided out per tile. */
-SA_INLINE void accv_q8_cols(float *const *out, const float *wq, const int HB, const int NV,
-                            int d0, int d1, int gs, const int8_t *v, ptrdiff_t row_stride,
-                            int t0, int t1, sa_pf_walk *w)
+SA_INLINE void accv_q8_cols(float *const *out, const float *wq, const int TQ, const int HB,
+                            const int NV, int d0, int d1, int gs, const int8_t *v,
+                            ptrdiff_t row_stride, int t0, int t1, sa_pf_walk *w)
 {
+    const int HS = SA_QV_GROUPS * TQ; /* a head's weights */
     int d = d0, g = 0, left = gs;
     for (; d + 8 * NV <= d1; d += 8 * NV) {
         if (w && d % 32 == 0)
-            accv_q8_tile(out, wq + g * SA_QV_TOKENS, HB, NV, v, row_stride, t0, t1, d, w, 1);
+            accv_q8_tile(out, wq + g * TQ, HS, HB, NV, v, row_stride, t0, t1, d, w, 1);
         else
-            accv_q8_tile(out, wq + g * SA_QV_TOKENS, HB, NV, v, row_stride, t0, t1, d, w, 0);
+            accv_q8_tile(out, wq + g * TQ, HS, HB, NV, v, row_stride, t0, t1, d, w, 0);
         if ((left -= 8 * NV) == 0)
             g++, left = gs;
     }
     for (; d < d1; d += 8) {
         if (w && d % 32 == 0)
-            accv_q8_tile(out, wq + g * SA_QV_TOKENS, HB, 1, v, row_stride, t0, t1, d, w, 1);
+            accv_q8_tile(out, wq + g * TQ, HS, HB, 1, v, row_stride, t0, t1, d, w, 1);
         else
-            accv_q8_tile(out, wq + g * SA_QV_TOKENS, HB, 1, v, row_stride, t0, t1, d, w, 0);
+            accv_q8_tile(out, wq + g * TQ, HS, HB, 1, v, row_stride, t0, t1, d, w, 0);
         if ((left -= 8) == 0)
             g++, left = gs;
     }
@@ -461,20 +470,20 @@ SA_INLINE void accv_q8_cols(float *const *out, const float *wq, const int HB, co
 SA_INLINE void accv_q8_heads_avx2(float *const *out, const float *const *p, const int HB,
                                   const int NV, int D, int gs, const int8_t *v, const float *vd,
                                   ptrdiff_t row_stride, ptrdiff_t scale_stride, int t0, int t1,
-                                  sa_pf_walk *w)
+                                  sa_pf_walk *w, const int TQ)
 {
     float wq[SA_QV_TOKENS * 4 * SA_QV_GROUPS] __attribute__((aligned(32)));
     const int ng = D / gs;
     for (int g0 = 0; g0 < ng; g0 += SA_QV_GROUPS) {
         const int gn = ng - g0 < SA_QV_GROUPS ? ng - g0 : SA_QV_GROUPS;
         const int d0 = g0 * gs, d1 = (g0 + gn) * gs;
-        q8_v_weights_t(p, HB, vd, scale_stride, t0, t1, g0, gn, wq);
+        q8_v_weights_t(p, HB, vd, scale_stride, t0, t1, g0, gn, wq, TQ);
         if (NV >= 4 && gs % 32 == 0)
-            accv_q8_cols(out, wq, HB, 4, d0, d1, gs, v, row_stride, t0, t1, w);
+            accv_q8_cols(out, wq, TQ, HB, 4, d0, d1, gs, v, row_stride, t0, t1, w);
         else if (NV >= 2 && gs % 16 == 0)
-            accv_q8_cols(out, wq, HB, 2, d0, d1, gs, v, row_stride, t0, t1, w);
+            accv_q8_cols(out, wq, TQ, HB, 2, d0, d1, gs, v, row_stride, t0, t1, w);
         else
-            accv_q8_cols(out, wq, HB, 1, d0, d1, gs, v, row_stride, t0, t1, w);
+            accv_q8_cols(out, wq, TQ, HB, 1, d0, d1, gs, v, row_stride, t0, t1, w);
     }
 }
 
@@ -501,15 +510,15 @@ SA_INLINE void accv_q8_block_avx2(float *const *out, const float *const *p, int 
     int g = 0;
     for (; g + 4 <= G; g += 4)
         accv_q8_heads_avx2(out + g, p + g, 4, 2, D, gs, v, vd, row_stride, scale_stride, t0, t1,
-                           g + 4 == G ? w : NULL);
+                           g + 4 == G ? w : NULL, SA_QV_BLOCK);
     switch (G - g) {
     case 2:
         accv_q8_heads_avx2(out + g, p + g, 2, 4, D, gs, v, vd, row_stride, scale_stride, t0, t1,
-                           w);
+                           w, SA_QV_BLOCK);
         break;
     case 1:
         accv_q8_heads_avx2(out + g, p + g, 1, 4, D, gs, v, vd, row_stride, scale_stride, t0, t1,
-                           w);
+                           w, SA_QV_BLOCK);
         break;
     default: break;
     }
@@ -520,14 +529,21 @@ SA_INLINE void accv_q8_block_avx2(float *const *out, const float *const *p, int 
  * are the same whichever pass adds them), with the call's prefetch walk:
  * a function of its own, with copies for D = 64 and 128 at the default
  * group.  Beside the other blocks in one function, GCC spilled inside
- * these 12-accumulator loops (V at G = 3 and 7 1.10-1.30x the time). */
+ * these 12-accumulator loops (V at G = 3 and 7 1.10-1.30x the time).
+ * Blocks of SA_QV_TOKENS (32: a whole call, each accumulator loaded and
+ * stored once) instead of V_TOKENS (16): V 0.96x the time at G = 3 in
+ * cache, a SmolLM2 step streamed at 4096 tokens 0.94x on one thread and
+ * 0.97x on two, Qwen2.5's 0.97-1.00x (Zen 4).  The other blocks keep 16:
+ * in 32 a Qwen3-VL step (G = 2) read 1.07x the time streamed on two
+ * threads (docs/design.md). */
 SA_INLINE void accv_q8_last3_body(float *const *out, const float *const *p, int D, int gs,
                                   const int8_t *v, const float *vd, ptrdiff_t row_stride,
                                   ptrdiff_t scale_stride, int n, sa_pf_walk *w)
 {
     for (int t0 = 0; t0 < n; t0 += SA_QV_TOKENS) {
         const int t1 = n - t0 < SA_QV_TOKENS ? n : t0 + SA_QV_TOKENS;
-        accv_q8_heads_avx2(out, p, 3, 4, D, gs, v, vd, row_stride, scale_stride, t0, t1, w);
+        accv_q8_heads_avx2(out, p, 3, 4, D, gs, v, vd, row_stride, scale_stride, t0, t1, w,
+                           SA_QV_TOKENS);
     }
 }
 
@@ -551,8 +567,8 @@ __attribute__((noinline)) static void accv_q8_last3(float *const *out, const flo
  * 32-column stretch step, those with 12 accumulators (accv_q8_last3's
  * three heads x four vectors, when gs is a multiple of 32) every token,
  * the others (accv_q8_block_avx2's last block, or accv_q8_last3's narrower
- * tiles) every SA_QV_STEP_TOKENS tokens of a block of V_TOKENS (a
- * multiple of it). */
+ * tiles) every SA_QV_STEP_TOKENS tokens of a block (V_TOKENS, or
+ * SA_QV_TOKENS in the last three's pass: multiples of it). */
 SA_INLINE long accv_q8_call_steps_avx2(int G, int D, int gs, int n)
 {
     const long tiles = (D + 31) / 32;
@@ -581,7 +597,8 @@ static void scores_q8_panels_avx2(const int8_t *qq, const float *qd, int G, int 
 
 #include "x86_common.h"
 
-_Static_assert(V_TOKENS % SA_QV_STEP_TOKENS == 0,
+_Static_assert(SA_QV_BLOCK == V_TOKENS, "accv_q8_block_avx2's weights hold a block of tokens");
+_Static_assert(V_TOKENS % SA_QV_STEP_TOKENS == 0 && SA_QV_TOKENS % SA_QV_STEP_TOKENS == 0,
                "accv_q8_call_steps_avx2 counts a walk step per SA_QV_STEP_TOKENS of a block");
 
 /* HB query vectors x one panel: per 4 channels the 8 keys' bytes (one

@@ -57,7 +57,9 @@ SA_INLINE __m256 load_groups(const float *sc, int n, __m256i m)
  * = p[h][t] * vd[t * scale_stride + grp].  Per token a load of its scales
  * (load_groups: never past the group range) and a product per head and 8
  * groups. */
+#ifndef SA_QV_TOKENS /* a file may take longer blocks (kernels_avx2.c) */
 #define SA_QV_TOKENS 16
+#endif
 #define SA_QV_GROUPS 16
 SA_INLINE void q8_v_weights(const float *const *p, int HB, const float *vd,
                             ptrdiff_t scale_stride, int t0, int t1, int g0, int gn, float *w)
