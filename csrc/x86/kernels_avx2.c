@@ -466,7 +466,10 @@ SA_INLINE void accv_q8_cols(float *const *out, const float *wq, const int TQ, co
 }
 
 /* HB heads with the widest tile their group size allows, SA_QV_GROUPS
- * groups at a time: their weights first, then their columns. */
+ * groups at a time: their weights first, then their columns.  The tokens
+ * [t0, t1) are at most TQ (the caller's block, SA_QV_BLOCK or
+ * SA_QV_TOKENS), the weights' row per head and group; the buffer holds
+ * the longest. */
 SA_INLINE void accv_q8_heads_avx2(float *const *out, const float *const *p, const int HB,
                                   const int NV, int D, int gs, const int8_t *v, const float *vd,
                                   ptrdiff_t row_stride, ptrdiff_t scale_stride, int t0, int t1,
