@@ -331,8 +331,9 @@ SA_INLINE int q8_takes(int gs, int D, ptrdiff_t scale_stride)
 SA_INLINE void scores_q8_tokens(const int8_t *qq, const float *qd, int HB, int D, int gs,
                                 const int8_t *const *rows, const float *const *srows,
                                 const float *kd_t, ptrdiff_t scale_stride, int cnt,
-                                __m512 *res, sa_pf_walk *w)
+                                const __m512 *ks, __m512 *res, sa_pf_walk *w)
 {
+    (void)ks; /* no SA_Q8_BLOCK_SCALES: the blocks gather their scales */
     if (gs == 32 && D % 128 == 0) {
         scores_q8_block32(qq, qd, HB, D, rows, srows, res, w);
         return;

@@ -30,9 +30,14 @@
  *   sum_quads(quad)           the SA_VT / 4 reduce4_ps results of a score
  *                             block -> its SA_VT scores, token order
  *   q8_takes(gs, D, scale_stride)                 1 if the SIMD q8 dot takes it
- *   scores_q8_tokens(qq, qd, HB, D, gs, rows, srows, kd_t, scale_stride, cnt, res, w)
+ *   scores_q8_tokens(qq, qd, HB, D, gs, rows, srows, kd_t, scale_stride, cnt, ks, res, w)
  *                             (w: the call's prefetch walk, kernels.h, a step
- *                             per SA_Q8_S_STEPS(D, gs)-th of the block)
+ *                             per SA_Q8_S_STEPS(D, gs)-th of the block; ks:
+ *                             SA_Q8_BLOCK_SCALES' vectors, or NULL)
+ *   SA_Q8_BLOCK_SCALES(srows, ng, ks)  optional: the block's key scales in
+ *                             the file's layout (at most SA_Q8_MAX_GROUPS
+ *                             vectors), made once per block of tokens for
+ *                             all its head blocks
  *   SA_Q8_HEADS               the most heads scores_q8_tokens takes (2 / 3):
  *                             with 3, odd groups end on a block of three
  *   SA_V_HEADS                heads per V accumulation block (2 / 4; from 4,
@@ -306,11 +311,17 @@ SA_INLINE void scores_q8_body(const int8_t *qq, const float *qd, int G, int D, i
         SA_BLOCK_ROWS(rows, k, t, cnt, row_stride);
         SA_BLOCK_ROWS(srows, kd, t, cnt, scale_stride);
         const float *kd_t = kd + (ptrdiff_t)t * scale_stride;
+#ifdef SA_Q8_BLOCK_SCALES
+        sa_vf ks[SA_Q8_MAX_GROUPS];
+        SA_Q8_BLOCK_SCALES(srows, ng, ks);
+#else
+        const sa_vf *const ks = NULL;
+#endif
         int h = 0;
         for (; h + 2 <= G - 3 * three; h += 2) {
             sa_vf res[2];
             scores_q8_tokens(qq + (ptrdiff_t)h * D, qd + (ptrdiff_t)h * ng, 2, D, gs, rows, srows,
-                             kd_t, scale_stride, cnt, res, &w);
+                             kd_t, scale_stride, cnt, ks, res, &w);
             store_scores(s[h] + t, cnt, res[0]);
             store_scores(s[h + 1] + t, cnt, res[1]);
         }
@@ -318,7 +329,7 @@ SA_INLINE void scores_q8_body(const int8_t *qq, const float *qd, int G, int D, i
         if (three) {
             sa_vf res[3];
             scores_q8_tokens(qq + (ptrdiff_t)h * D, qd + (ptrdiff_t)h * ng, 3, D, gs, rows, srows,
-                             kd_t, scale_stride, cnt, res, &w);
+                             kd_t, scale_stride, cnt, ks, res, &w);
             for (int j = 0; j < 3; j++)
                 store_scores(s[h + j] + t, cnt, res[j]);
             h += 3;
@@ -327,7 +338,7 @@ SA_INLINE void scores_q8_body(const int8_t *qq, const float *qd, int G, int D, i
         if (h < G) {
             sa_vf res[1];
             scores_q8_tokens(qq + (ptrdiff_t)h * D, qd + (ptrdiff_t)h * ng, 1, D, gs, rows, srows,
-                             kd_t, scale_stride, cnt, res, &w);
+                             kd_t, scale_stride, cnt, ks, res, &w);
             store_scores(s[h] + t, cnt, res[0]);
         }
     }
