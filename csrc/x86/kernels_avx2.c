@@ -194,8 +194,9 @@ SA_INLINE void scales_8xng(const float *const *srow, int ng, __m256 *kd)
 #define SA_Q8_MAX_GROUPS 64
 
 /* A block's 8 tokens' scales, transposed once for all its head blocks
- * (x86_common.h): per head block, G = 7's three blocks read the scores
- * 1.03-1.04x the time (in cache, one thread, Zen 4). */
+ * (x86_common.h).  Transposed again in each head block, as before, G = 7's
+ * three blocks (two pairs and a three) read the scores 1.03-1.04x the time
+ * (in cache, one thread, Zen 4). */
 #define SA_Q8_BLOCK_SCALES scales_8xng
 
 /* HB heads x one block of 8 rows: per group, the 8 tokens' exact int32 sums
