@@ -690,8 +690,10 @@ def test_refusals_hold_after_a_good_call(eager):
             with pytest.raises(sat.UnsupportedError, match=match):
                 call(**args)
     qg = q.clone().requires_grad_(True)
-    with pytest.raises(sat.UnsupportedError, match="no_grad"):
-        call(qg, kv, kv, None)
+    out, _ = call(qg, kv, kv, None)             # grad mode on: runs, and has no backward
+    assert out.requires_grad
+    with pytest.raises(sat.UnsupportedError, match="no backward"):
+        out.sum().backward()
     kv2 = torch.cat([kv, torch.randn(1, 2, 1, 128, generator=g)], dim=2)
     with torch.no_grad():                       # the next step still runs
         again, _ = call(q, kv2, kv2, None)
@@ -699,14 +701,21 @@ def test_refusals_hold_after_a_good_call(eager):
 
 
 def test_refuses_training(eager, prompt):
+    """Attention dropout (training) is refused; a forward with grad mode on
+    (an eval model whose weights require grad) runs as sdpa's does, its
+    output requiring grad, and only a backward through it is refused."""
     torch.manual_seed(0)
     model = sat.enable(Qwen3ForCausalLM(tiny_config(attention_dropout=0.1)))
     model.train()
     with torch.no_grad(), pytest.raises(sat.UnsupportedError, match="dropout"):
         model(prompt)
     model.eval()
-    with pytest.raises(sat.UnsupportedError, match="no_grad"):
-        model(prompt)                                    # autograd on: no backward here
+    logits = model(prompt).logits
+    assert logits.requires_grad
+    with torch.no_grad():
+        assert torch.equal(logits.detach(), model(prompt).logits)
+    with pytest.raises(sat.UnsupportedError, match="no backward"):
+        logits.sum().backward()
 
 
 def sliding_model():

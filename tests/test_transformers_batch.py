@@ -196,26 +196,91 @@ def test_right_padded_forward_gives_each_sequence_its_logits(ref):
             assert [row.kv.seq_len for row in cache.layers[0].rows] == [300, 170, 233]
 
 
+def right_padded(ps, pad=0):
+    S = max(p.shape[1] for p in ps)
+    ids = torch.full((len(ps), S), pad, dtype=torch.long)
+    mask = torch.zeros((len(ps), S), dtype=torch.long)
+    for i, p in enumerate(ps):
+        ids[i, :p.shape[1]], mask[i, :p.shape[1]] = p[0], 1
+    return ids, mask
+
+
+def with_holes(ps):
+    """Left-padded prompts whose masks also have holes: sequence 0 a run of
+    five pads inside it, sequence 1 a single pad, and a third sequence of
+    padding only."""
+    ids, mask = left_padded(ps + [ps[-1][:, :4]])
+    mask[0, -60:-55] = 0
+    mask[1, -7] = 0
+    mask[2] = 0
+    return ids, mask
+
+
+@pytest.mark.parametrize("kv_dtype", [None, "float32", "q8"])
+@pytest.mark.parametrize("layout", ["right", "holes"])
+def test_padding_anywhere_with_every_block_is_sdpa(ref, kv_dtype, layout):
+    """Right padding followed by the tokens generate appends, masks with
+    holes and a sequence of padding only: with every block chosen, greedy
+    tokens are sdpa's and the logits within float noise (q8: its error).
+    generate takes a right-padded prompt's next token from its last
+    position, a padded query, which sdpa attends over the real keys before
+    it: so does sparse_topk."""
+    ps = prompts([300, 170, 233])
+    ids, mask = right_padded(ps) if layout == "right" else with_holes(ps[:2])
+    want_seqs, want = generate(ref, ids, mask)
+    seqs, got = generate(sparse(ref, k_blocks=ALL_BLOCKS, kv_dtype=kv_dtype), ids, mask)
+    assert torch.equal(seqs, want_seqs)
+    assert (got - want).abs().max() < (Q8_LOGITS_ATOL if kv_dtype == "q8" else LOGITS_ATOL)
+    with torch.no_grad():           # one forward: every real position's logits are sdpa's
+        want = ref(ids, attention_mask=mask).logits
+        model = sparse(ref, k_blocks=ALL_BLOCKS, kv_dtype=kv_dtype)
+        cache = sat.SparseKVCache(model) if kv_dtype else None
+        got = model(ids, attention_mask=mask, cache=cache).logits
+    real = mask.bool()
+    assert (got[real] - want[real]).abs().max() < \
+        (Q8_LOGITS_ATOL if kv_dtype == "q8" else LOGITS_ATOL)
+    if cache is not None:
+        assert [row.kv.seq_len for row in cache.layers[0].rows] == mask.sum(1).tolist()
+
+
+@pytest.mark.parametrize("kv_dtype", [None, "q8"])
+def test_a_sequence_with_holes_is_its_real_tokens_alone(ref, kv_dtype):
+    """Few blocks chosen: a sequence whose mask has holes gets the greedy
+    tokens of its real tokens alone: block choice and importance see real
+    tokens only.  (A right-padded prompt's first new token is made from a
+    padded position, which no sequence alone has.)"""
+    model = sparse(ref, k_blocks=FEW_BLOCKS, kv_dtype=kv_dtype)
+    ps = prompts([300, 170])
+    ids, mask = with_holes(ps)
+    seqs, _ = generate(model, ids, mask)
+    for i in range(len(ps)):
+        alone = generate(model, ids[i:i + 1][:, mask[i].bool()])[0][0]
+        n = alone.shape[0]              # shorter when it ended on the EOS token
+        assert torch.equal(seqs[i, :n], alone) and not seqs[i, n:].any(), f"sequence {i}"
+
+
+def test_crop_drops_each_sequences_tokens_at_the_cropped_positions(ref):
+    """A SparseKVCache batch whose sequences hold tokens at different
+    positions (right padding, then generated tokens): crop removes from
+    each the tokens at the cropped positions."""
+    model = sparse(ref, k_blocks=FEW_BLOCKS, kv_dtype="q8")
+    ps = prompts([40, 30])
+    ids, mask = right_padded(ps)
+    cache = sat.SparseKVCache(model)
+    with torch.no_grad():
+        model(ids, attention_mask=mask, cache=cache)
+        assert [r.kv.seq_len for r in cache.layers[0].rows] == [40, 30]
+        cache.crop(-4)                      # into sequence 1's padding: it keeps its 30
+        assert [r.kv.seq_len for r in cache.layers[0].rows] == [36, 30]
+        assert cache.get_seq_length() == 36
+        cache.crop(-11)
+        assert [r.kv.seq_len for r in cache.layers[0].rows] == [25, 25]
+
+
 def test_padding_sparse_topk_cannot_attend_is_refused(ref):
     model = sparse(ref)
-    ps = prompts([40, 30])
-    ids, mask = left_padded(ps)
-    with torch.no_grad():
-        holes = mask.clone()
-        holes[0, 10] = 0
-        with pytest.raises(sat.UnsupportedError, match="padding between"):
-            model(ids, attention_mask=holes)
-        empty = mask.clone()
-        empty[1] = 0
-        with pytest.raises(sat.UnsupportedError, match="no unpadded token"):
-            model(ids, attention_mask=empty)
-        right = torch.zeros_like(ids)
-        right[0, :40], right[1, :30] = ps[0][0], ps[1][0]
-        rmask = (right != 0).long()
-        with pytest.raises(sat.UnsupportedError, match="left"):
-            model.generate(right, attention_mask=rmask, max_new_tokens=3, pad_token_id=0)
-        with pytest.raises(sat.UnsupportedError, match="2D padding mask"):
-            sat.sparse_topk_mask(2, 4, 40, 36, attention_mask=torch.ones(2, 1, 40))
+    with pytest.raises(sat.UnsupportedError, match="2D padding mask"):
+        sat.sparse_topk_mask(2, 4, 40, 36, attention_mask=torch.ones(2, 1, 40))
     with pytest.raises(sat.UnsupportedError, match="one batch"):
         q, kv = torch.randn(2, 4, 1, 128), torch.randn(1, 2, 9, 128)
         with torch.no_grad():
@@ -471,7 +536,7 @@ def test_batched_layer_crop_reset_and_copy(ref):
 
 
 @pytest.mark.parametrize("start, end, kv_length", [
-    ([0, -3], [9, 9], 9), ([0, 4], [9, 4], 9), ([0, 0], [9, 10], 9), ([0], [9, 9], 9),
+    ([0, -3], [9, 9], 9), ([0, 5], [9, 4], 9), ([0, 0], [9, 10], 9), ([0], [9, 9], 9),
     ([], [], 9)])
 def test_row_spans_refuse_ranges_outside_the_keys(start, end, kv_length):
     with pytest.raises(sat.ArgumentError, match="RowSpans"):

@@ -72,33 +72,46 @@ KV caches
   kv_dtype=...)`` makes ``model.generate`` create one; for your own forward
   calls pass ``cache=SparseKVCache(model)``.
 
-Sliding-window layers (``layer_types`` "sliding_attention") are attended
-exactly over their window by torch's sdpa, their cache layer keeping the
-window as transformers' ``DynamicSlidingWindowLayer`` does (also inside a
-``SparseKVCache``); the full-attention layers stay sparse.
+Sliding-window layers (``layer_types`` "sliding_attention", or every
+layer of a config with a model-wide ``sliding_window`` and no
+``layer_types``, as Mistral's): while a sequence fits the window (every
+query sees every key) they are full attention layers and sparse like the
+others; beyond it they are attended exactly over their window by torch's
+sdpa.  Their cache layer keeps the window as transformers'
+``DynamicSlidingWindowLayer`` does, also inside a ``SparseKVCache`` (so a
+model whose every layer is windowed holds nothing in q8; the cache warns).
 
 Batches and padding: each sequence of a batch is attended as a batch of
-one over its unpadded tokens (the mask function hands the layers a
-:class:`RowSpans`, one range of real tokens per sequence), with its own
-importance record and channel copy (on transformers' cache, kept per
-sequence on the cache object) or its own ``KVCache`` (a ``SparseKVCache``
-layer given a batch holds one batch-1 layer per sequence, ``layer.rows``):
-a sequence's attention output in a batch is bitwise its output alone.
-Left padding (what ``generate`` wants) works throughout; right padding in
-one forward over whole prompts.  Beam search: ``reorder_cache``,
-``batch_select_indices`` and ``batch_repeat_interleave`` move each
-sequence's state with it (a ``SparseKVCache`` row kept twice is copied, q8
-data as stored; on transformers' cache the backend wraps those methods of
-the cache object, so its per-sequence states follow the tensors).  A
+one over its real tokens (the mask function hands the layers a
+:class:`RowSpans`: per sequence, one range of real tokens, or their
+positions when padding sits between them, as in right padding followed
+by generated tokens), with its own importance record and channel copy
+(on transformers' cache, kept per sequence on the cache object) or its
+own ``KVCache`` (a ``SparseKVCache`` layer given a batch holds one
+batch-1 layer per sequence, ``layer.rows``, holding its real tokens
+only): a sequence's attention output in a batch is bitwise its real
+tokens' output alone.  A padded query attends the real keys before it
+exactly, as sdpa does (``generate`` reads a right-padded prompt's next
+token there), or gets zeros when there are none.  Beam search:
+``reorder_cache``, ``batch_select_indices`` and
+``batch_repeat_interleave`` move each sequence's state with it (a
+``SparseKVCache`` row kept twice is copied, q8 data as stored; on
+transformers' cache the backend sets those methods on the cache object as
+callables holding it, so its per-sequence states follow the tensors, and
+a ``deepcopy`` or pickle of the cache carries them bound to the copy).  A
 decode step of the batch is one C call per layer for all its sequences
 (``sa_decode_batch``); a prefill attends them one after another.
 
-Refused, with an :class:`UnsupportedError` naming the alternative: padding
-between a sequence's tokens (or right padding followed by more tokens), a
-sequence of padding only, chunked / bidirectional layers, custom or
-packed-sequence masks, pre-allocated (static) caches, tensors not on the CPU,
-autograd (``sparse_topk`` has no backward: run under ``torch.no_grad()``),
-attention dropout, ``output_attentions``, softcapping and attention sinks.
+A forward with grad mode on (weights that require grad, outside
+``torch.no_grad()``) runs, its output requiring grad as sdpa's; a backward
+through a layer ``sparse_topk`` attended raises :class:`UnsupportedError`.
+
+Refused, with an :class:`UnsupportedError` naming the alternative (see
+docs/design.md, "What the transformers backend refuses"): chunked and
+bidirectional layers, custom 4D masks, mask overlays and packed sequences
+(``position_ids`` restarting within a row), pre-allocated (static) caches,
+tensors not on the CPU, attention dropout (training), a backward pass,
+``output_attentions``, attention-logit softcapping and attention sinks.
 """
 from sparse_attn.errors import ArgumentError, UnsupportedError
 

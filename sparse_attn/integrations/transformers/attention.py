@@ -9,6 +9,7 @@ from transformers.masking_utils import causal_mask_function, sdpa_mask
 
 from sparse_attn import _checks as ck
 from sparse_attn._ffi import ffi
+from sparse_attn._operands import kv_pair, scale_value
 from sparse_attn.attention import batch_call
 from sparse_attn.decoder import Decoder, decode_rows
 from sparse_attn.errors import UnsupportedError
@@ -16,7 +17,7 @@ from sparse_attn.errors import UnsupportedError
 from .refusals import (CHECKED_KWARGS, QUERY_DTYPES, SLIDING_CHECKED_KWARGS, layer_kind,
                        refuse_kwargs, refuse_sliding, refuse_unsupported)
 from .settings import settings_of
-from .state import CacheState, layer_state
+from .state import CacheState, _float32_kv, layer_state
 from .tensors import KVPlaceholder, RowSpans
 
 
@@ -27,78 +28,75 @@ def sparse_topk_mask(batch_size, q_length, kv_length, q_offset=0, kv_offset=0,
     The kernels apply the causal mask themselves (queries at ``[S - T, S)``),
     so the mask of the full-attention layers is None for one unpadded
     sequence, and for a batch or padding a :class:`RowSpans`: each
-    sequence's unpadded keys, one range per sequence (left padding, or right
-    padding in a call that holds the whole prompt), which the attention
-    attends as that sequence alone.  The sliding-window layers' mask (the
-    config's ``sliding_window`` as ``local_size``) is sdpa's, which their
-    attention is.  Anything else (unpadded tokens after padding, chunked or
-    bidirectional patterns, packed sequences, extra mask overlays, a
-    pre-allocated cache) raises :class:`UnsupportedError`.
+    sequence's real keys (one range, or the positions of a mask with holes:
+    right padding followed by generated tokens, padding between tokens),
+    which the attention attends as that sequence alone.  The sliding-window
+    layers get the same while every query's window holds every key (a
+    sequence no longer than the window, ``local_size``): they are then full
+    attention layers; beyond it, sdpa's window mask, which their attention
+    (torch's sdpa) applies exactly.  Anything else (chunked or bidirectional
+    patterns, packed sequences, mask overlays, a pre-allocated cache)
+    raises :class:`UnsupportedError`.
     """
     config = kwargs.get("config")
-    window = kwargs.get("local_size")
-    if (mask_function is not causal_mask_function and window is not None
-            and window == getattr(config, "sliding_window", None)
-            and getattr(config, "attention_chunk_size", None) != window):
-        # the sliding-window layers' mask, which sdpa applies
-        return sdpa_mask(batch_size, q_length, kv_length, q_offset=q_offset,
-                         kv_offset=kv_offset, mask_function=mask_function,
-                         attention_mask=attention_mask, **kwargs)
     if mask_function is not causal_mask_function:
-        name = getattr(mask_function, "__qualname__", repr(mask_function))
-        raise UnsupportedError(
-            f"sparse_topk computes plain causal attention; this model asked for another mask "
-            f"pattern ({name}: sliding-window, chunked, bidirectional, packed sequences or an "
-            "overlay): use attn_implementation='sdpa' for it")
+        window = kwargs.get("local_size")
+        sliding = _sliding_window_of(mask_function)
+        if sliding is not None and sliding == window and int(kv_offset) == 0 and \
+                q_offset + q_length == kv_length <= window:
+            pass        # every query sees every key: plain causal attention
+        elif window is not None and window == getattr(config, "sliding_window", None) and \
+                getattr(config, "attention_chunk_size", None) != window:
+            # beyond the window (or another pattern built on it): sdpa's
+            # mask, which the sliding-window layers attend with sdpa
+            kwargs["allow_is_causal_skip"] = False
+            return sdpa_mask(batch_size, q_length, kv_length, q_offset=q_offset,
+                             kv_offset=kv_offset, mask_function=mask_function,
+                             attention_mask=attention_mask, **kwargs)
+        else:
+            name = getattr(mask_function, "__qualname__", repr(mask_function))
+            raise UnsupportedError(
+                f"sparse_topk computes causal attention (and sliding windows); this model asked "
+                f"for another mask pattern ({name}: chunked, bidirectional, packed sequences or "
+                "an overlay): use attn_implementation='sdpa' for it")
     q_offset = int(q_offset)
     if int(kv_offset) != 0 or q_offset + q_length != kv_length:
         raise UnsupportedError(
             f"the cache reports kv_length {kv_length} at offset {int(kv_offset)} for "
-            f"{q_length} queries after {q_offset} cached tokens: a pre-allocated (static) or "
-            "windowed cache, which sparse_topk does not read. Use the default DynamicCache "
+            f"{q_length} queries after {q_offset} cached tokens: a pre-allocated (static) "
+            "cache, which sparse_topk does not read. Use the default DynamicCache "
             "or sparse_attn.integrations.transformers.SparseKVCache")
-    if attention_mask is not None and (attention_mask.ndim != 2 or
-                                       attention_mask.shape[0] != batch_size):
-        return row_spans(attention_mask, batch_size, q_length, kv_length)   # refused there
-    if attention_mask is None or bool(attention_mask.all()):
-        if batch_size == 1:
-            return None
-        return RowSpans((0,) * batch_size, (kv_length,) * batch_size, kv_length)
-    return row_spans(attention_mask, batch_size, q_length, kv_length)
-
-
-def row_spans(attention_mask, batch_size, q_length, kv_length):
-    """The :class:`RowSpans` of a 2D padding mask (``[B, >= kv_length]``,
-    nonzero where a token is real), or UnsupportedError naming what a
-    sequence of sparse_topk cannot be: its real tokens not one range, or
-    ending before the last position in a call that continues a cache."""
+    if attention_mask is None:
+        return None if batch_size == 1 else \
+            RowSpans((0,) * batch_size, (kv_length,) * batch_size, kv_length)
     m = attention_mask
     if m.ndim != 2 or m.shape[0] != batch_size or m.shape[1] < kv_length:
         raise UnsupportedError(
             f"sparse_topk takes a 2D padding mask of [batch {batch_size}, {kv_length} tokens], "
             f"got shape {list(m.shape)}: use attn_implementation='sdpa' for other masks")
-    m = m[:, :kv_length].to(torch.bool)
-    count = m.sum(1)
-    start = m.to(torch.int8).argmax(1)
-    end = kv_length - m.flip(1).to(torch.int8).argmax(1)
-    start, end, count = start.tolist(), end.tolist(), count.tolist()
-    for b in range(batch_size):
-        if count[b] == 0:
-            raise UnsupportedError(
-                f"sequence {b} of the batch has no unpadded token (its attention_mask row is "
-                "all zeros): drop it from the batch")
-        if end[b] - start[b] != count[b]:
-            raise UnsupportedError(
-                f"sequence {b} of the batch has padding between its tokens (the mask's 1s are "
-                "not one range): with sparse_topk, pad on the left "
-                "(tokenizer.padding_side = 'left'), as generate wants, or use "
-                "attn_implementation='sdpa'")
-        if end[b] != kv_length and q_length != kv_length:
-            raise UnsupportedError(
-                f"sequence {b} of the batch ends at token {end[b]} of {kv_length} in a call "
-                "that continues the cache (right padding, then more tokens): with sparse_topk, "
-                "pad on the left (tokenizer.padding_side = 'left'), as generate wants")
-    return RowSpans(start, end, kv_length)
+    if bool(m[:, :kv_length].all()):
+        return None if batch_size == 1 else \
+            RowSpans((0,) * batch_size, (kv_length,) * batch_size, kv_length)
+    return RowSpans.from_mask(m, kv_length)
+
+
+def _sliding_window_of(mask_function):
+    """The window of transformers' sliding-window causal mask function
+    (``sliding_window_causal_mask_function(w)``: the intersection of
+    ``sliding_window_overlay(w)`` and ``causal_mask_function``), or None for
+    any other function (an overlay or packed sequences built on it, too)."""
+    try:
+        if mask_function.__qualname__ != "and_masks.<locals>.and_mask":
+            return None
+        (parts,) = [c.cell_contents for c in mask_function.__closure__]
+        overlay, causal = parts
+        if causal is not causal_mask_function or \
+                overlay.__qualname__ != "sliding_window_overlay.<locals>.inner_mask":
+            return None
+        (window,) = [c.cell_contents for c in overlay.__closure__]
+    except (AttributeError, TypeError, ValueError):
+        return None
+    return window if type(window) is int and window > 0 else None
 
 
 def _sliding_attention(module, query, key, value, attention_mask, scaling, dropout, kwargs):
@@ -141,27 +139,35 @@ def sparse_topk_attention(module, query, key, value, attention_mask, scaling=Non
     """
     t0 = time.perf_counter()
     md = module.__dict__
-    # the cache this module's forward was given, if its pre-hook noted it:
-    # taken here, whatever the cache, so no later call finds it
-    named = md.pop("_sparse_attn_cache", None)
     sliding = md.get("_sparse_attn_sliding")
     if sliding is None:
         sliding = md["_sparse_attn_sliding"] = layer_kind(module) == "sliding_attention"
-    if sliding:
+    if sliding and not (attention_mask is None or type(attention_mask) is RowSpans):
+        # beyond the window: sdpa's mask, which sdpa applies
+        md.pop("_sparse_attn_cache", None)
         return _sliding_attention(module, query, key, value, attention_mask, scaling, dropout,
                                   kwargs)
+    ph = value is key and isinstance(key, KVPlaceholder)
+    if torch.is_grad_enabled() and (query.requires_grad or not ph and (
+            key.requires_grad or value.requires_grad)):
+        # a forward with grad mode on (the weights require grad): computed
+        # without a graph; its output in the graph refuses a backward
+        with torch.no_grad():
+            out, _ = sparse_topk_attention(module, query, key, value, attention_mask,
+                                           scaling=scaling, dropout=dropout, **kwargs)
+        inputs = [t for t in ((query,) if ph else (query, key, value)) if t.requires_grad]
+        return _NoBackward.apply(out, *inputs), None
+    # the cache this module's forward was given, if its pre-hook noted it:
+    # taken here, whatever the cache, so no later call finds it
+    named = md.pop("_sparse_attn_cache", None)
     settings = md.get("sparse_attn") or settings_of(module)
     # One cheap test of everything refuse_unsupported checks; it runs (and
     # raises with the reason) only when the test fails.
-    # (a SparseKVCache's q8 placeholder stands for K and V, on the CPU,
-    # without grad: its own checks are the shape's)
+    # (a SparseKVCache's q8 placeholder stands for K and V, on the CPU)
     qs, qdt = query.shape, query.dtype
-    ph = value is key and isinstance(key, KVPlaceholder)
     if not (md.get("_sparse_attn_checked") and attention_mask is None and not dropout
             and query.is_cpu and qdt in QUERY_DTYPES and qs[0] == 1
             and (ph or key.is_cpu)
-            and not ((query.requires_grad or not ph and key.requires_grad)
-                     and torch.is_grad_enabled())
             and key.shape[-1] == qs[-1] and (ph or value.shape[-1] == qs[-1])
             and not (ph and key._sparse_attn_layer._rows is not None)):
         refuse_unsupported(module, query, key, value, attention_mask, dropout)
@@ -176,12 +182,30 @@ def sparse_topk_attention(module, query, key, value, attention_mask, scaling=Non
     return _attend(module, md, query, key, value, scaling, named, settings, ph, t0, 0)
 
 
+class _NoBackward(torch.autograd.Function):
+    """sparse_topk's output in an autograd graph (a forward with grad mode
+    on): the forward is the output computed without a graph, so the output
+    requires grad as sdpa's would; a backward through it refuses."""
+
+    @staticmethod
+    def forward(ctx, out, *inputs):
+        return out.view_as(out)
+
+    @staticmethod
+    def backward(ctx, grad):
+        raise UnsupportedError(
+            "sparse_topk has no backward pass: its forward runs with grad mode on, but "
+            "training (or any gradient through attention) needs attn_implementation='sdpa'")
+
+
 def _attend_rows(module, query, key, value, spans, scaling, named, settings, ph, kwargs):
     """A batch (or a padded sequence): each sequence attended as a batch of
-    one over its unpadded tokens (``spans``, a :class:`RowSpans`, or None:
-    every token), its output rows written in place of the batch's; a padded
-    query's output is zeros (nothing reads it: no real token attends a
-    padded one).  A sequence's output is bitwise what it gets alone."""
+    one over its real tokens (``spans``, a :class:`RowSpans`, or None:
+    every token; a sequence with padding between its tokens is attended
+    over its real tokens gathered in order), its output rows written in
+    place of the batch's; a padded query's output is zeros (nothing reads
+    it: no real token attends a padded one).  A sequence's output is
+    bitwise what its real tokens get alone."""
     B, n_heads, T, D = query.shape
     S = key.shape[2]
     if spans is None:
@@ -209,36 +233,96 @@ def _attend_rows(module, query, key, value, spans, scaling, named, settings, ph,
     first = S - T           # the position of the call's first query
     try:
         for b in range(B):
-            s, e = spans.start[b], spans.end[b]
-            lo = max(first, s)      # the row's first real new token
-            if e <= lo:             # none: nothing to keep, nothing to attend
+            new = spans.new(b, first)       # the real new tokens, from first
+            if new is None:                 # none: nothing to keep, nothing to attend
                 if blocks is not None:
                     blocks.append(None)
                 continue
-            qb = query[b:b + 1, :, lo - first:e - first]
+            qb = query[b:b + 1, :, new]
             if layer is not None:
-                kb, vb = layer.take_row(b, lo - first, e - first)
-                if kb.shape[2] != e - s:
+                kb, vb = layer.take_row(b, new)
+                if kb.shape[2] != spans.count[b]:
                     raise UnsupportedError(
                         f"sequence {b} of the batch: its SparseKVCache row holds {kb.shape[2]} "
-                        f"tokens but the mask gives it {e - s}: its padding changed between "
-                        "calls")
+                        f"tokens but the mask gives it {spans.count[b]}: its padding changed "
+                        "between calls")
                 rph = vb is kb and isinstance(kb, KVPlaceholder)
             else:
-                kb, vb, rph = key[b:b + 1, :, s:e], value[b:b + 1, :, s:e], False
+                keys = spans.keys(b)
+                kb, vb, rph = key[b:b + 1, :, keys], value[b:b + 1, :, keys], False
             if blocks is not None:
                 md.pop("sparse_attn_blocks", None)
             o, _ = _attend(module, md, qb, kb, vb, scaling, named, settings, rph,
                            time.perf_counter(), b)
-            out[b, lo - first:e - first] = o[0]
+            out[b, new] = o[0]
             if blocks is not None:
                 blocks.append(md.get("sparse_attn_blocks"))
+        for b in range(B):
+            pads = _padded_queries(spans, b, first, S)
+            if pads:
+                source = layer._rows[b].kv if layer is not None else \
+                    (key[b:b + 1, :, spans.keys(b)], value[b:b + 1, :, spans.keys(b)])
+                for c, rows in pads:
+                    out[b, rows] = _attend_prefix(query[b, :, rows], source, c, module,
+                                                  scaling, settings).to(out.dtype)
     finally:
         if layer is not None:
             layer.release_held()
     if blocks is not None and T == 1:
         md["sparse_attn_blocks"] = blocks
     return out, None
+
+
+def _padded_queries(spans, b, first, S):
+    """Sequence b's padded queries in this call (positions ``[first, S)``)
+    that have real keys before them, grouped by how many: ``[(c, rows)]``,
+    ``rows`` an int64 tensor of positions counted from ``first`` whose
+    preceding real keys are the sequence's first ``c``.  sdpa attends such
+    a query (right padding; padding between tokens) over those keys, its
+    own key being padding, and transformers reads it (``generate`` takes
+    the next token of a right-padded prompt from its last position); a
+    padded query with no real key before it gets zeros, as sdpa gives."""
+    n = spans.count[b]
+    if n == 0:
+        return []
+    idx = spans.index[b]
+    if idx is None:         # right padding: every later query sees all n keys
+        lo = max(spans.end[b], first)
+        return [(n, torch.arange(lo - first, S - first))] if S > lo else []
+    pos = torch.arange(first, S)
+    real = torch.zeros(S - first, dtype=torch.bool)
+    real[idx[idx >= first] - first] = True
+    pad = pos[~real]
+    c = torch.searchsorted(idx, pad)        # real keys before each padded query
+    pad, c = pad[c > 0], c[c > 0]
+    if not pad.numel():
+        return []
+    counts, sizes = torch.unique_consecutive(c, return_counts=True)
+    return [(int(k), rows - first)
+            for k, rows in zip(counts.tolist(), torch.split(pad, sizes.tolist()))]
+
+
+def _attend_prefix(query, source, c, module, scaling, settings):
+    """Exact attention of padded queries (``[H, m, D]``) over the first
+    ``c`` real keys of their sequence, ``source``: its compacted K and V
+    (``[1, Hkv, n, D]`` tensors) or its SparseKVCache row's KVCache.  One
+    C call (every query a dense decode call of sa_decode_batch); no
+    importance is recorded (nothing real attends).  ``[m, H, D]`` float32."""
+    if isinstance(source, tuple):
+        kop, vop, _ = kv_pair(_float32_kv("key", source[0]), _float32_kv("value", source[1]),
+                              None)
+    else:
+        kop, vop, _ = kv_pair(source.k, source.v, None)
+    H, m, D = query.shape
+    if scaling is None:
+        scaling = getattr(module, "scaling", None) or 1.0 / math.sqrt(D)
+    scale = scale_value(scaling, D)
+    q = query.detach().transpose(0, 1).to(torch.float32).contiguous()
+    out = torch.empty((m, H, D), dtype=torch.float32)
+    qp, outp = ffi.cast("float *", q.data_ptr()), ffi.cast("float *", out.data_ptr())
+    batch_call([(qp + i * H * D, H, kop, vop, c, None, None, scale, outp + i * H * D)
+                for i in range(m)], ck.check_threads(settings.threads))
+    return out
 
 
 def _decode_rows(module, query, layer, spans, scaling, settings):
@@ -258,7 +342,7 @@ def _decode_rows(module, query, layer, spans, scaling, settings):
     for b, row in enumerate(rows):
         state = row.state
         if (spans.end[b] != S or type(state) is not CacheState or row._pending[0] is not None
-                or row._kv.seq_len != S - 1 - spans.start[b] or n_heads % row._kv.n_kv_heads):
+                or row._kv.seq_len != spans.count[b] - 1 or n_heads % row._kv.n_kv_heads):
             return None
         decoder = state.decoder(settings, scaling, threads, dense)
         if type(decoder) is not Decoder or decoder.slow:
@@ -266,7 +350,7 @@ def _decode_rows(module, query, layer, spans, scaling, settings):
         decoders.append(decoder)
     slots = []
     for b, row in enumerate(rows):
-        layer.take_row(b, 0, 1)         # the token, handed over to the row (q8) or appended
+        layer.take_row(b, slice(0, 1))  # the token, handed over to the row (q8) or appended
         slots.append(row._pending)
     layer.release_held()
     q, out, qp, outp = _step_buffers(query)
@@ -304,7 +388,7 @@ def _decode_views(module, query, key, value, spans, scaling, named, settings):
     t0 = time.perf_counter()
     B, n_heads, _, D = query.shape
     S = spans.kv_length
-    if any(e != S or S - s < 2 for s, e in zip(spans.start, spans.end)):
+    if any(e != S or n < 2 for e, n in zip(spans.end, spans.count)):
         return None
     if scaling is None:
         scaling = getattr(module, "scaling", None) or 1.0 / math.sqrt(D)
@@ -313,8 +397,8 @@ def _decode_views(module, query, key, value, spans, scaling, named, settings):
     step = n_heads * D
     calls, keep = [], []
     for b in range(B):
-        s = spans.start[b]
-        kb, vb = key[b:b + 1, :, s:], value[b:b + 1, :, s:]
+        keys = spans.keys(b)
+        kb, vb = key[b:b + 1, :, keys], value[b:b + 1, :, keys]
         state = layer_state(module, settings, kb, vb, 1, named, b)
         n = state.bind(module.layer_idx, kb, vb, 1)
         kop, vop, n, sc, sel, bst, pst, importance, kept = state.operands(settings, scaling,

@@ -1,5 +1,6 @@
 """SparseKVCache: a transformers Cache whose layers are sparse_attn KVCaches."""
 import time
+import warnings
 from ctypes import memmove as _memmove
 
 import torch
@@ -79,6 +80,8 @@ class SparseKVLayer(BatchRows, CacheLayerMixin):
         # A layer given batches holds one batch-1 layer per sequence
         # (``rows``); see _batched_update.
         self._rows, self._held, self._batch_len = None, None, 0
+        # a batch row's tokens as runs of the batch's positions (take_row)
+        self._runs = []
         self._args = (dtype, group_size, capacity, block_size, n_probe, copy_probe_rows,
                       copy_channels)
 
@@ -289,6 +292,7 @@ class SparseKVLayer(BatchRows, CacheLayerMixin):
             return
         self._pending[0] = None
         self._prompt = None
+        self._runs = []
         if self._kv is not None:
             self._kv.reset()
         self.keys = self.values = None
@@ -312,13 +316,11 @@ class SparseKVLayer(BatchRows, CacheLayerMixin):
         if tokens_to_remove == 0 or not self.is_initialized:
             return
         if self._rows is not None:
-            # every sequence ends at the padded length (left padding): each
-            # loses the same last tokens
+            # each sequence loses its tokens at the cropped positions
             if self._held is not None:
                 raise UnsupportedError("crop between a batched update and its attention call")
-            for row in self._rows:
-                row.crop(tokens_to_remove)
             self._batch_len = max(self._batch_len + tokens_to_remove, 0)
+            self._crop_rows(self._batch_len)
             self.keys = self.values = None
             return
         self._prompt = None
@@ -440,6 +442,12 @@ class SparseKVCache(Cache):
             if kinds[i][0] == "full_attention" else DynamicSlidingWindowLayer(kinds[i][1])
             for i in range(n_layers)])
         self.dtype = dtype
+        if dtype == "q8" and not self.sparse_layers:
+            warnings.warn(
+                f"SparseKVCache: every layer of this model is a sliding-window layer (window "
+                f"{kinds[0][1]}), which the cache keeps as transformers does, a float window: "
+                "nothing is held in q8. sparse_topk attends each layer sparsely while the "
+                "sequence fits its window, exactly (sdpa) beyond it", stacklevel=2)
         shape = kv_shape(text)
         if shape is not None:
             for layer in self.sparse_layers:

@@ -1,6 +1,5 @@
 """Registering the backend with transformers and switching a model to it (enable), with generate's cache."""
 import inspect
-import types
 
 from transformers import AttentionInterface
 from transformers.cache_utils import DynamicCache
@@ -13,7 +12,7 @@ from sparse_attn.errors import UnsupportedError
 
 from .attention import sparse_topk_attention, sparse_topk_mask
 from .cache import SparseKVCache
-from .refusals import check_group_size, check_layer_type
+from .refusals import check_group_size, check_layer_type, layer_kind
 from .settings import NAME, SparseAttnSettings, attention_modules
 from .state import watch_caches
 
@@ -88,7 +87,9 @@ def enable(model, *, k_blocks=32, block_size=32, n_probe=None, recency=True, pol
     for m in modules:
         m.sparse_attn = settings
         m.config.sparse_attn = settings.to_dict()
-        if settings.kv_dtype is None:       # generate will use transformers' cache
+        # generate will use transformers' cache, or (kv_dtype set) a
+        # SparseKVCache whose sliding-window layers are transformers' too
+        if settings.kv_dtype is None or layer_kind(m) == "sliding_attention":
             watch_caches(m)
     if hasattr(model, "set_attn_implementation"):
         model.set_attn_implementation(NAME)
@@ -102,12 +103,25 @@ def _install_generate_cache(model):
     """Make ``model.generate`` build a :class:`SparseKVCache` when the model's
     settings ask for a kv_dtype, by overriding this instance's
     ``_prepare_cache_for_generation`` (where transformers creates the cache
-    generate uses; a cache the caller passes is left alone).  Bound with
-    MethodType so that a deepcopy of the model rebinds it to the copy."""
+    generate uses; a cache the caller passes is left alone) with a
+    :class:`_GenerateCache`, which holds the model as an attribute: a
+    deepcopy or a pickle of the model carries one bound to the copy."""
     if "_prepare_cache_for_generation" in model.__dict__ or \
             not hasattr(type(model), "_prepare_cache_for_generation"):
         return
-    model._prepare_cache_for_generation = types.MethodType(_prepare_cache_for_generation, model)
+    model._prepare_cache_for_generation = _GenerateCache(model)
+
+
+class _GenerateCache:
+    """The model's ``_prepare_cache_for_generation``, then a
+    :class:`SparseKVCache` in place of the DynamicCache it made."""
+
+    def __init__(self, model):
+        self.model = model
+
+    def __call__(self, generation_config, model_kwargs, *args, **kwargs):
+        return _prepare_cache_for_generation(self.model, generation_config, model_kwargs,
+                                             *args, **kwargs)
 
 
 def _prepare_cache_for_generation(self, generation_config, model_kwargs, *args, **kwargs):

@@ -29,10 +29,22 @@ LAYER_KINDS = ("full_attention", "sliding_attention")
 
 
 def layer_kind(module):
-    """The module's layer type (config.layer_types), "sliding_attention"
-    for a module with a sliding_window of its own."""
-    layer_types = getattr(module.config, "layer_types", None)
-    kind = layer_types[module.layer_idx] if layer_types else "full_attention"
+    """The module's layer type as transformers' caches and masks see it:
+    ``config.layer_types[layer_idx]``, else (no ``layer_types``) every layer
+    is "sliding_attention" when the config sets a model-wide
+    ``sliding_window`` (Mistral), "chunked_attention" when it sets an
+    ``attention_chunk_size``, and "full_attention" otherwise; a module
+    with a ``sliding_window`` of its own is "sliding_attention"."""
+    config = module.config
+    layer_types = getattr(config, "layer_types", None)
+    if layer_types:
+        kind = layer_types[module.layer_idx]
+    elif getattr(config, "sliding_window", None) is not None:
+        kind = "sliding_attention"
+    elif getattr(config, "attention_chunk_size", None) is not None:
+        kind = "chunked_attention"
+    else:
+        kind = "full_attention"
     if kind == "full_attention" and getattr(module, "sliding_window", None):
         kind = "sliding_attention"
     return kind
@@ -56,8 +68,9 @@ def check_cpu(name, t):
 
 
 def refuse_sliding(module, query, key, dropout):
-    """What a sliding-window layer (attended by sdpa) refuses: what the
-    backend refuses everywhere (accelerator tensors, autograd, dropout) and a
+    """What a sliding-window layer beyond its window (attended by sdpa)
+    refuses: what the backend refuses everywhere (accelerator tensors,
+    dropout) and a
     q8 placeholder, which only a SparseKVCache's full-attention layers hand out."""
     check_layer_type(module)
     if isinstance(key, KVPlaceholder):
@@ -69,7 +82,7 @@ def refuse_sliding(module, query, key, dropout):
 
 
 def _refuse_everywhere(query, key, dropout):
-    """What no layer serves: tensors off the CPU, dropout, autograd."""
+    """What no layer serves: tensors off the CPU, dropout."""
     if query.device.type != "cpu":
         check_cpu("query", query)
     if not isinstance(key, KVPlaceholder) and key.device.type != "cpu":
@@ -78,10 +91,6 @@ def _refuse_everywhere(query, key, dropout):
         raise UnsupportedError(
             f"attention dropout ({dropout}) in training: sparse_topk is for inference; call "
             "model.eval(), or train with attn_implementation='sdpa'")
-    if torch.is_grad_enabled() and (query.requires_grad or key.requires_grad):
-        raise UnsupportedError(
-            "sparse_topk has no backward pass: run inference under torch.no_grad() (generate "
-            "does), or use attn_implementation='sdpa' for training")
 
 
 def refuse_unsupported(module, query, key, value, attention_mask, dropout):
@@ -131,11 +140,13 @@ def _refuse_module(module):
 
 def refuse_kwargs(module, kwargs):
     layer_idx = module.layer_idx
-    if kwargs.get("sliding_window") is not None:
+    if kwargs.get("sliding_window") is not None and \
+            not module.__dict__.get("_sparse_attn_sliding"):
         raise UnsupportedError(
             f"layer {layer_idx} was called with sliding_window={kwargs['sliding_window']} but "
-            "is not a sliding-window layer of its config (layer_types): sparse_topk serves "
-            "the windows the config declares; use attn_implementation='sdpa'")
+            "is not a sliding-window layer of its config (layer_types, or a model-wide "
+            "sliding_window): sparse_topk serves the windows the config declares; use "
+            "attn_implementation='sdpa'")
     if kwargs.get("is_causal") is False:
         raise UnsupportedError(
             f"layer {layer_idx} is not causal (an encoder or bidirectional layer): sparse_topk "

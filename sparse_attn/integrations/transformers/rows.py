@@ -82,12 +82,45 @@ class BatchRows:
         self._become_rows([row], S, self.model_dtype, self.device)
         self._held = (k, v)
 
-    def take_row(self, b, first, last):
-        """Row b's new tokens of the held update, rows [first, last) of its
-        T (its unpadded part), given to row b's layer; returns that layer's
-        K and V (what the attention call reads as a batch of one)."""
+    def take_row(self, b, new):
+        """Row b's real new tokens of the held update (``new``: a slice of
+        its T rows, or an int64 tensor of them, ascending: its unpadded
+        part), given to row b's layer; returns that layer's K and V (what the
+        attention call reads as a batch of one).  The row notes their
+        positions (for crop)."""
         k, v = self._held
-        return self._rows[b].update(k[b:b + 1, :, first:last], v[b:b + 1, :, first:last])
+        row = self._rows[b]
+        first = self._batch_len - k.shape[2]
+        if isinstance(new, slice):
+            row._note_positions(first + new.start, first + new.stop)
+        else:
+            for lo, hi in _runs(new):
+                row._note_positions(first + lo, first + hi)
+        return row.update(k[b:b + 1, :, new], v[b:b + 1, :, new])
+
+    def _note_positions(self, lo, hi):
+        """A batch row's tokens [lo, hi) of the batch's positions are its
+        next ones: kept as runs of consecutive positions, so crop knows how
+        many of its tokens sit beyond the cropped length."""
+        runs = self._runs
+        if runs and runs[-1][1] == lo:
+            runs[-1] = (runs[-1][0], hi)
+        elif hi > lo:
+            runs.append((lo, hi))
+
+    def _crop_rows(self, length):
+        """Each row keeps its tokens at batch positions below ``length``."""
+        for row in self._rows:
+            runs, drop = row._runs, 0
+            while runs and runs[-1][1] > length:
+                lo, hi = runs.pop()
+                if lo < length:
+                    runs.append((lo, length))
+                    drop += hi - length
+                else:
+                    drop += hi - lo
+            if drop:
+                row.crop(-drop)
 
     def release_held(self):
         self._held = None
@@ -101,6 +134,7 @@ class BatchRows:
             new._kv = kv.copy()
             new.state = CacheState(new)
             new._token_shape = self._token_shape
+        new._runs = list(self._runs)
         if self.is_initialized:
             new.model_dtype, new.device, new.is_initialized = \
                 self.model_dtype, self.device, True
@@ -142,6 +176,7 @@ class BatchRows:
         kv = self.kv
         row._kv, row._token_shape = kv, self._token_shape
         row.state = CacheState(row)
+        row._runs = [(0, kv.seq_len)] if kv.seq_len else []
         row.model_dtype, row.device, row.is_initialized = self.model_dtype, self.device, True
         row._handles()
         self._become_rows([row], kv.seq_len, self.model_dtype, self.device)
@@ -177,3 +212,14 @@ class BatchRows:
                 return
             self._as_rows()
         self._pick_rows(picks, what)
+
+
+def _runs(index):
+    """[(lo, hi)] runs of consecutive values of an ascending int64 tensor."""
+    idx = index.tolist()
+    runs, lo = [], idx[0]
+    for a, b in zip(idx, idx[1:] + [None]):
+        if b != a + 1:
+            runs.append((lo, a + 1))
+            lo = b
+    return runs

@@ -1,6 +1,5 @@
 """What the backend keeps of a sequence between calls, per layer: on a SparseKVCache's layer, or on transformers' own cache object."""
 import copy
-import functools
 import time
 import warnings
 import weakref
@@ -346,7 +345,9 @@ def _view_state(module, settings, key, value, T, named, row):
     md = module.__dict__
     cache = named() if named is not None else None
     if "_sparse_attn_watched" not in md:
-        if settings.kv_dtype is not None:
+        # (a sliding-window layer's cache layer holds float tensors in a
+        # SparseKVCache too)
+        if settings.kv_dtype is not None and not md.get("_sparse_attn_sliding"):
             warnings.warn(f"sparse_topk: kv_dtype={settings.kv_dtype!r} is set but this forward "
                           "got a transformers cache; it runs on that cache's float K/V. Pass "
                           "cache=SparseKVCache(model) to use the setting", stacklevel=6)
@@ -393,55 +394,79 @@ def _states_on(cache):
 
 
 def _follow_batch(cache):
-    """Wrap the cache object's ``reorder_cache`` (beam search),
-    ``batch_select_indices`` and ``batch_repeat_interleave`` so that the
-    view states of its sequences (importance record, channel copy) go where
-    their K and V go: transformers reorders the tensors, which the
-    attention call cannot see.  A sequence picked twice gets a copy."""
-    def reorder(picks):
-        states = cache._sparse_attn_views
-        by_layer = {}
-        for skey, state in states.items():
-            layer, row = (skey, 0) if isinstance(skey, int) else skey
-            by_layer.setdefault(layer, {})[row] = state
-        states.clear()
-        for layer, rows in by_layer.items():
-            taken = set()
-            for i, src in enumerate(picks):
-                state = rows.get(src)
-                if state is None:
-                    continue
-                if src in taken:
-                    state = copy.deepcopy(state)
-                taken.add(src)
-                states[layer if i == 0 else (layer, i)] = state
+    """Make the cache object's ``reorder_cache`` (beam search),
+    ``batch_select_indices`` and ``batch_repeat_interleave`` move the view
+    states of its sequences (importance record, channel copy) where their
+    K and V go: transformers reorders the tensors, which the attention call
+    cannot see.  Each is a :class:`_FollowBatch` set on the object, which
+    holds the cache as an attribute (not a closure), so a ``deepcopy`` or a
+    pickle of the cache carries methods bound to the copy."""
+    for name in _PICKS:
+        if callable(getattr(type(cache), name, None)):
+            setattr(cache, name, _FollowBatch(cache, name))
 
-    def wrap(name, picks_of):
-        method = getattr(cache, name, None)
-        if method is None:
-            return
 
-        @functools.wraps(method)
-        def wrapped(arg, *args, **kwargs):
-            result = method(arg, *args, **kwargs)
-            reorder(picks_of(arg))
-            return result
-        setattr(cache, name, wrapped)
+class _FollowBatch:
+    """One of a transformers cache's batch-reordering methods, called on the
+    cache's class, then the same reordering of the backend's per-sequence
+    states kept on the cache (a sequence picked twice gets a copy)."""
 
-    def rows_now():
-        return 1 + max((k[1] for k in cache._sparse_attn_views if not isinstance(k, int)),
-                       default=0)
+    def __init__(self, cache, name):
+        self.cache, self.name = cache, name
 
-    def selected(indices):
-        idx = torch.as_tensor(indices)
-        if idx.dtype is torch.bool:
-            idx = idx.nonzero().flatten()
-        return [int(i) for i in idx.tolist()]
+    def __call__(self, arg, *args, **kwargs):
+        cache = self.cache
+        result = getattr(type(cache), self.name)(cache, arg, *args, **kwargs)
+        _reorder_states(cache, _PICKS[self.name](cache, arg))
+        return result
 
-    wrap("reorder_cache", lambda beam_idx: [int(i) for i in torch.as_tensor(beam_idx).tolist()])
-    wrap("batch_select_indices", selected)
-    wrap("batch_repeat_interleave",
-         lambda repeats: [i for i in range(rows_now()) for _ in range(int(repeats))])
+    def __repr__(self):
+        return f"<{self.name} of {type(self.cache).__name__}, moving sparse_topk's states>"
+
+
+def _reorder_states(cache, picks):
+    """Sequence i of the cache's view states becomes the one of sequence
+    ``picks[i]`` (a copy where a sequence is picked again)."""
+    states = cache.__dict__.get("_sparse_attn_views")
+    if states is None:
+        return
+    by_layer = {}
+    for skey, state in states.items():
+        layer, row = (skey, 0) if isinstance(skey, int) else skey
+        by_layer.setdefault(layer, {})[row] = state
+    states.clear()
+    for layer, rows in by_layer.items():
+        taken = set()
+        for i, src in enumerate(picks):
+            state = rows.get(src)
+            if state is None:
+                continue
+            if src in taken:
+                state = copy.deepcopy(state)
+            taken.add(src)
+            states[layer if i == 0 else (layer, i)] = state
+
+
+def _rows_now(cache):
+    return 1 + max((k[1] for k in cache.__dict__.get("_sparse_attn_views", ())
+                    if not isinstance(k, int)), default=0)
+
+
+def _selected(indices):
+    idx = torch.as_tensor(indices)
+    if idx.dtype is torch.bool:
+        idx = idx.nonzero().flatten()
+    return [int(i) for i in idx.tolist()]
+
+
+# each method's argument as the sequences it keeps, in order
+_PICKS = {
+    "reorder_cache": lambda cache, beam_idx: [int(i) for i in
+                                              torch.as_tensor(beam_idx).tolist()],
+    "batch_select_indices": lambda cache, indices: _selected(indices),
+    "batch_repeat_interleave": lambda cache, repeats: [
+        i for i in range(_rows_now(cache)) for _ in range(int(repeats))],
+}
 
 
 def watch_caches(module):
@@ -464,7 +489,26 @@ def _note_cache(module, args, kwargs):
     cache = kwargs.get("cache")
     if cache is None:
         cache = kwargs.get("past_key_values")
-    try:
-        module.__dict__["_sparse_attn_cache"] = None if cache is None else weakref.ref(cache)
-    except TypeError:       # not weakly referenceable: treated as unnamed
-        module.__dict__["_sparse_attn_cache"] = None
+    module.__dict__["_sparse_attn_cache"] = None if cache is None else _NamedCache(cache)
+
+
+class _NamedCache:
+    """A weak reference to the cache a module's forward was given (called,
+    the cache or None).  Kept in the module's ``__dict__`` from its
+    pre-hook to its attention call; should a forward fail between them, a
+    pickle of the module keeps it as a dead reference (a weakref itself
+    cannot be pickled)."""
+
+    __slots__ = ("ref",)
+
+    def __init__(self, cache=None):
+        try:
+            self.ref = None if cache is None else weakref.ref(cache)
+        except TypeError:       # not weakly referenceable: treated as unnamed
+            self.ref = None
+
+    def __call__(self):
+        return None if self.ref is None else self.ref()
+
+    def __reduce__(self):
+        return (_NamedCache, ())
