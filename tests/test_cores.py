@@ -16,19 +16,26 @@ RK3588_CPUINFO = "".join(
 
 
 def fake_sysfs(tmp_path, capacity=None, khz=None):
-    """A sysfs cpu tree with the given per-CPU cpu_capacity / max freq."""
+    """A sysfs cpu tree with the given per-CPU cpu_capacity / max freq: an
+    int is written as sysfs does, a str or bytes as they stand, None leaves
+    the file out."""
     root = tmp_path / "cpu"
     n = len(capacity or khz)
     for c in range(n):
         d = root / f"cpu{c}"
         (d / "cpufreq").mkdir(parents=True)
-        if capacity:
-            (d / "cpu_capacity").write_text(f"{capacity[c]}\n")
-        if khz:
-            (d / "cpufreq" / "cpuinfo_max_freq").write_text(f"{khz[c]}\n")
+        for value, path in ((capacity, d / "cpu_capacity"),
+                            (khz, d / "cpufreq" / "cpuinfo_max_freq")):
+            if value and isinstance(value[c], bytes):
+                path.write_bytes(value[c])
+            elif value and value[c] is not None:
+                path.write_text(value[c] if isinstance(value[c], str) else f"{value[c]}\n")
     info = tmp_path / "cpuinfo"
     info.write_text(RK3588_CPUINFO if n == 8 else "")
     return str(root), str(info)
+
+
+RK3588_KHZ = [1800000] * 4 + [2352000] * 2 + [2304000] * 2
 
 
 def test_rk3588_fast_cores_are_the_a76s(tmp_path):
@@ -64,6 +71,93 @@ def test_alike_or_favoured_cores_are_one_class(tmp_path, khz):
     classes = cores.core_classes(range(4), sysfs=sysfs, cpuinfo=info)
     assert not cores.heterogeneous(classes)
     assert cores.fast_cpus(classes) == [0, 1, 2, 3]
+
+
+@pytest.mark.parametrize("bad", [-1, 0, -1024, "", "garbage\n", "1024 MHz\n", "0x400\n",
+                                 b"\xff\xfe\n", 1025, 10**30, "9" * 5000])
+def test_capacities_that_are_no_reading_leave_the_clocks_to_decide(tmp_path, bad):
+    """A negative, zero, empty, non-integer or out-of-range (over 1024)
+    cpu_capacity is no reading: the A76s' clocks still tell them apart.  A
+    capacity of -1 on every core had made no core fast, so the default
+    thread count fell to 1."""
+    sysfs, info = fake_sysfs(tmp_path, capacity=[bad] * 8, khz=RK3588_KHZ)
+    classes = cores.core_classes(range(8), sysfs=sysfs, cpuinfo=info)
+    assert cores.fast_cpus(classes) == [4, 5, 6, 7]
+    assert all(c["capacity"] is None for c in classes)
+
+
+@pytest.mark.parametrize("capacity", [[414] * 4 + [-1] * 4, [414] * 4 + [0] * 4,
+                                      [10**20] * 4 + [1024] * 4, [414] * 4 + ["x"] * 4])
+def test_a_bad_capacity_on_the_fast_cores_does_not_make_them_slow(tmp_path, capacity):
+    """Bad readings on the A76s only (-1 had made them the slow ones, a huge
+    value on the A55s had made those the fast ones): the clocks, which every
+    core has, decide."""
+    sysfs, info = fake_sysfs(tmp_path, capacity=capacity, khz=RK3588_KHZ)
+    classes = cores.core_classes(range(8), sysfs=sysfs, cpuinfo=info)
+    assert cores.fast_cpus(classes) == [4, 5, 6, 7]
+    assert {c["by"] for c in classes} == {"max_khz"}
+
+
+@pytest.mark.parametrize("khz", [None, [2000000] * 8])
+def test_capacity_on_some_cores_decides_where_the_clocks_cannot(tmp_path, khz):
+    """cpu_capacity on six cores (414 on the A55s, 1024 on two A76s, none on
+    the other two), the clocks missing or alike: the capacities decide, and
+    the two cores without one are fast, not slow for lack of a reading.
+    Falling back to the clocks had made every core fast."""
+    sysfs, info = fake_sysfs(tmp_path, capacity=[414] * 4 + [1024, 1024, None, None], khz=khz)
+    classes = cores.core_classes(range(8), sysfs=sysfs, cpuinfo=info)
+    assert cores.fast_cpus(classes) == [4, 5, 6, 7]
+    assert [c["cpus"] for c in classes] == [[4, 5], [6, 7], [0, 1, 2, 3]]
+    lines = cores.describe(classes)
+    assert lines[1] == f"6-7: Cortex-A76{', 2000 MHz' if khz else ''} (fast, no capacity read)"
+    assert lines[2].endswith("(slow)")
+
+
+def test_a_reading_every_core_has_comes_first(tmp_path):
+    """Capacity on some cores only and clocks on all that differ: the clocks
+    decide (here they disagree with the partial capacities, which would
+    have made 0-3 fast)."""
+    sysfs, info = fake_sysfs(tmp_path, capacity=[1024] * 4 + [414, 414, None, None],
+                             khz=RK3588_KHZ)
+    classes = cores.core_classes(range(8), sysfs=sysfs, cpuinfo=info)
+    assert cores.fast_cpus(classes) == [4, 5, 6, 7]
+
+
+def test_clocks_on_some_cores_decide_and_the_unread_cores_are_fast(tmp_path):
+    sysfs, info = fake_sysfs(tmp_path, khz=[1800000] * 4 + [2400000] * 2 + [None, ""])
+    classes = cores.core_classes(range(8), sysfs=sysfs, cpuinfo=info)
+    assert cores.fast_cpus(classes) == [4, 5, 6, 7]
+    assert classes[0]["cpus"] == [4, 5] and classes[-1]["cpus"] == [0, 1, 2, 3]
+
+
+def test_a_capacity_every_core_shares_leaves_the_clocks_to_decide(tmp_path):
+    """1024 on every core is what an Arm kernel reports when the device tree
+    gives no capacities: it tells nothing, and the clocks decide.  (Had
+    made every core fast.)"""
+    sysfs, info = fake_sysfs(tmp_path, capacity=[1024] * 8, khz=RK3588_KHZ)
+    classes = cores.core_classes(range(8), sysfs=sysfs, cpuinfo=info)
+    assert cores.fast_cpus(classes) == [4, 5, 6, 7]
+
+
+def test_whatever_sysfs_holds_some_core_is_fast(tmp_path):
+    """Random trees of good, bad and missing readings: never no fast core,
+    and the fastest core read (by the deciding reading) always fast."""
+    import random
+    rng = random.Random(63)
+    values = [None, "", "junk", -5, 0, 1, 414, 1024, 1025, 10**12, 1800000, 2400000, 10**9]
+    for t in range(150):
+        n = rng.randint(1, 6)
+        cap = [rng.choice(values) for _ in range(n)]
+        khz = [rng.choice(values) for _ in range(n)]
+        sysfs, info = fake_sysfs(tmp_path / str(t), capacity=cap, khz=khz)
+        classes = cores.core_classes(range(n), sysfs=sysfs, cpuinfo=info)
+        assert sorted(c for cls in classes for c in cls["cpus"]) == list(range(n))
+        assert cores.fast_cpus(classes), (cap, khz)
+        by = classes[0]["by"]
+        if by:
+            top = max(cls[by] for cls in classes if cls[by])
+            assert all(cls["fast"] for cls in classes if cls[by] == top)
+    assert cores.core_classes([], sysfs=sysfs, cpuinfo=info) == []
 
 
 def test_set_worker_cpus_checks_its_arguments():
