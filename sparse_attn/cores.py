@@ -26,9 +26,16 @@ cores apart all are fast.  So the fastest core read is always fast, and a
 process with CPUs has at least one fast core.  Arm cores are named from
 their MIDR part numbers in /proc/cpuinfo.
 
+The workers are kept on the fast cores with ``sa_set_worker_cpus`` (once,
+at the first call that uses threads; :func:`worker_placement` says what it
+did): workers 1 .. n - 1 on the n fast CPUs, with the calling thread the
+first n threads of a call.  The pool has at most 64 threads, the most
+CPUs ``sa_set_worker_cpus`` takes, so beyond 64 fast CPUs it takes the
+first 64.
 """
 import functools
 import os
+import sys
 
 SYSFS = "/sys/devices/system/cpu"
 CPUINFO = "/proc/cpuinfo"
@@ -38,6 +45,7 @@ FAST_WITHIN = 0.85  # a core at least this fraction of the fastest is fast
 # near 100 GHz.  Anything else (negative, zero, huge) is no reading.
 READINGS = (("capacity", "cpu_capacity", 1024),
             ("max_khz", "cpufreq/cpuinfo_max_freq", 100_000_000))
+MAX_PINNED = 64  # the most CPUs sa_set_worker_cpus takes: the pool's threads (threads.c)
 
 # (implementer, part) of the Arm cores boards and laptops carry.
 ARM_PARTS = {
@@ -195,3 +203,51 @@ def default_cores():
     may use (all of them where the cores are alike).  Read once."""
     return tuple(fast_cpus(_classes()))
 
+
+def place_workers(classes, set_worker_cpus, linux=sys.platform.startswith("linux")):
+    """Keep the pool's workers on the fast cores of `classes` if some are
+    slow, through `set_worker_cpus(cpus) -> status` (sa_set_worker_cpus;
+    a test passes its own).  Returns what it did:
+    {"pinned": bool, "cpus": [...], "workers": n, "reason": str}: workers
+    1 .. n on `cpus` (n = 0 and no CPUs when not pinned), and why."""
+    fast = fast_cpus(classes)
+    pin = fast[:MAX_PINNED]
+
+    def report(cpus, why):
+        return {"pinned": bool(cpus), "cpus": list(cpus),
+                "workers": max(0, len(cpus) - 1), "reason": why}
+
+    if not heterogeneous(classes):
+        return report([], "the cores are alike")
+    if not linux:
+        return report([], "threads cannot be placed on this system")
+    if len(pin) < 2:
+        return report([], "one fast core: a call's own thread, no worker")
+    status = set_worker_cpus(pin)
+    if status != 0:
+        return report([], f"sa_set_worker_cpus refused CPUs {cpu_list(pin)} (status {status})")
+    if len(fast) > MAX_PINNED:
+        return report(pin, f"the first {MAX_PINNED} of the {len(fast)} fast cores: "
+                           f"the pool has at most {MAX_PINNED} threads")
+    return report(pin, "the fast cores")
+
+
+@functools.lru_cache(maxsize=None)
+def worker_placement():
+    """Keep the workers on the fast cores (place_workers), once for this
+    process, and say what was done; every call that uses threads comes
+    here first."""
+    from ._ffi import ffi, lib
+
+    def set_worker_cpus(cpus):
+        return lib.sa_set_worker_cpus(ffi.new("int[]", cpus), len(cpus))
+    return place_workers(_classes(), set_worker_cpus)
+
+
+def describe_placement(placement):
+    """'workers 1-3 on CPUs 4-7 (the fast cores)', or 'none (why)'."""
+    if not placement["pinned"]:
+        return f"none ({placement['reason']})"
+    n = placement["workers"]
+    who = "worker 1" if n == 1 else f"workers 1-{n}"
+    return f"{who} on CPUs {cpu_list(placement['cpus'])} ({placement['reason']})"

@@ -160,6 +160,135 @@ def test_whatever_sysfs_holds_some_core_is_fast(tmp_path):
     assert cores.core_classes([], sysfs=sysfs, cpuinfo=info) == []
 
 
+def placement(classes, status=0, linux=True):
+    """cores.place_workers with a stand-in for sa_set_worker_cpus: the report
+    and the CPU lists it was given."""
+    calls = []
+
+    def set_worker_cpus(cpus):
+        calls.append(list(cpus))
+        return status
+    return cores.place_workers(classes, set_worker_cpus, linux=linux), calls
+
+
+def test_workers_are_kept_on_the_fast_cores_and_the_report_says_so(tmp_path):
+    sysfs, info = fake_sysfs(tmp_path, capacity=[414] * 4 + [1024] * 4, khz=RK3588_KHZ)
+    classes = cores.core_classes(range(8), sysfs=sysfs, cpuinfo=info)
+    report, calls = placement(classes)
+    assert calls == [[4, 5, 6, 7]]
+    assert report == {"pinned": True, "cpus": [4, 5, 6, 7], "workers": 3,
+                      "reason": "the fast cores"}
+    assert cores.describe_placement(report) == "workers 1-3 on CPUs 4-7 (the fast cores)"
+
+
+def test_over_64_fast_cores_pin_the_first_64(tmp_path):
+    """sa_set_worker_cpus takes 64 CPUs at most (the pool's threads): 96
+    fast cores and 32 slow ones pin workers 1-63 on the first 64 fast ones,
+    and say so; the whole list had been refused, unchecked."""
+    sysfs, info = fake_sysfs(tmp_path, capacity=[512] * 32 + [1024] * 96)
+    classes = cores.core_classes(range(128), sysfs=sysfs, cpuinfo=info)
+    assert cores.fast_cpus(classes) == list(range(32, 128))
+    report, calls = placement(classes)
+    assert calls == [list(range(32, 96))]
+    assert report["pinned"] and report["cpus"] == list(range(32, 96)) and report["workers"] == 63
+    assert cores.describe_placement(report) == (
+        "workers 1-63 on CPUs 32-95 (the first 64 of the 96 fast cores: "
+        "the pool has at most 64 threads)")
+    # The real function refuses the 96, as its argument check says.
+    ffi, lib = _core.ffi, _core.lib
+    assert lib.sa_set_worker_cpus(ffi.new("int[]", list(range(96))), 96) == lib.SA_ERR_PARAM
+
+
+def test_a_refused_pinning_is_reported_not_pinned(tmp_path):
+    sysfs, info = fake_sysfs(tmp_path, capacity=[414] * 4 + [1024] * 4)
+    classes = cores.core_classes(range(8), sysfs=sysfs, cpuinfo=info)
+    report, calls = placement(classes, status=_core.lib.SA_ERR_PARAM)
+    assert calls == [[4, 5, 6, 7]] and not report["pinned"] and report["cpus"] == []
+    assert cores.describe_placement(report) == (
+        f"none (sa_set_worker_cpus refused CPUs 4-7 (status {_core.lib.SA_ERR_PARAM}))")
+
+
+def test_no_pinning_where_nothing_is_to_be_kept_or_it_cannot_be(tmp_path):
+    sysfs, info = fake_sysfs(tmp_path, capacity=[1024] * 4, khz=[3000000] * 4)
+    alike = cores.core_classes(range(4), sysfs=sysfs, cpuinfo=info)
+    assert placement(alike) == ({"pinned": False, "cpus": [], "workers": 0,
+                                 "reason": "the cores are alike"}, [])
+    sysfs, info = fake_sysfs(tmp_path / "b", capacity=[414] * 4 + [1024] * 4)
+    mixed = cores.core_classes(range(8), sysfs=sysfs, cpuinfo=info)
+    report, calls = placement(mixed, linux=False)
+    assert calls == [] and report["reason"] == "threads cannot be placed on this system"
+    one = cores.core_classes([0, 1, 4], sysfs=sysfs, cpuinfo=info)
+    report, calls = placement(one)
+    assert calls == [] and not report["pinned"] and "one fast core" in report["reason"]
+
+
+def test_info_says_whether_the_workers_are_pinned(capsys):
+    from sparse_attn import cli, machine
+    facts = machine.info()
+    assert facts["pinning"] == cores.worker_placement()
+    assert set(facts["pinning"]) == {"pinned", "cpus", "workers", "reason"}
+    fast = facts["default_cores"]
+    assert facts["pinning"]["pinned"] == (facts["heterogeneous"] and len(fast) > 1)
+    assert cli.main(["info"]) == 0
+    assert f"pinned:      {cores.describe_placement(facts['pinning'])}\n" in capsys.readouterr().out
+
+
+@pytest.mark.parametrize("env", [None, "2"])
+def test_every_call_keeps_the_workers_first_however_its_count_is_chosen(monkeypatch, env):
+    """threads=, SPARSE_ATTN_NUM_THREADS and the default all place the
+    workers first (the default had been the only one)."""
+    import numpy as np
+    import sparse_attn as sa
+    calls = []
+    monkeypatch.setattr(cores, "worker_placement", lambda: calls.append(1))
+    if env:
+        monkeypatch.setenv("SPARSE_ATTN_NUM_THREADS", env)
+    else:
+        monkeypatch.delenv("SPARSE_ATTN_NUM_THREADS", raising=False)
+    k = np.ones((1, 64, 8), np.float32)
+    sa.dense_decode(np.ones((1, 8), np.float32), k, k)
+    sa.dense_decode(np.ones((1, 8), np.float32), k, k, threads=2)
+    assert len(calls) == 2
+
+
+PLACE_CHILD = r"""
+import json, os, sys
+import numpy as np
+import sparse_attn as sa
+from sparse_attn import cores
+sysfs, info = sys.argv[1:]
+a, b = sorted(os.sched_getaffinity(0))[:2]
+slow = max(os.sched_getaffinity(0)) + 1     # a slow core the process is not given
+classes = cores.core_classes([a, b, slow], sysfs=sysfs, cpuinfo=info)
+cores._classes = lambda: classes
+k = np.ones((1, 64, 8), np.float32)
+sa.dense_decode(np.ones((1, 8), np.float32), k, k, threads=2)
+report = cores.worker_placement()
+# the C limit cores.MAX_PINNED stands for
+ffi, lib = sa._ffi.ffi, sa._ffi.lib
+n = cores.MAX_PINNED
+limit = [lib.sa_set_worker_cpus(ffi.new("int[]", [a] * m), m) for m in (n, n + 1)]
+print(json.dumps([a, b, report, limit]))
+"""
+
+
+@pytest.mark.skipif(not hasattr(os, "sched_getaffinity") or len(os.sched_getaffinity(0)) < 2,
+                    reason="needs Linux and two usable CPUs")
+def test_the_real_pinning_reports_what_sa_set_worker_cpus_did(tmp_path):
+    """Through the real sa_set_worker_cpus (in a child, which keeps its own
+    placement): two fast CPUs beside a slow one are pinned, status checked;
+    and the C call takes cores.MAX_PINNED CPUs but not one more."""
+    n = max(os.sched_getaffinity(0)) + 2
+    cap = [1024] * n
+    cap[-1] = 400
+    sysfs, info = fake_sysfs(tmp_path, capacity=cap)
+    run = subprocess.run([sys.executable, "-c", PLACE_CHILD, sysfs, info],
+                         capture_output=True, text=True, check=True)
+    a, b, report, limit = json.loads(run.stdout)
+    assert report == {"pinned": True, "cpus": [a, b], "workers": 1, "reason": "the fast cores"}
+    assert limit == [_core.lib.SA_OK, _core.lib.SA_ERR_PARAM]
+
+
 def test_set_worker_cpus_checks_its_arguments():
     ffi, lib = _core.ffi, _core.lib
     assert lib.sa_set_worker_cpus(ffi.NULL, 0) == lib.SA_OK
