@@ -10,6 +10,7 @@ import os
 
 import numpy as np
 
+from . import cores
 from .errors import ArgumentError, ArgumentTypeError
 
 # The C core takes sizes and counts as C ints.
@@ -135,6 +136,7 @@ def check_output(name, a, *, dtype, shape):
 
 
 def default_threads():
+    cores.worker_placement()
     env = os.environ.get("SPARSE_ATTN_NUM_THREADS")
     if env:
         try:
@@ -152,16 +154,15 @@ def default_threads():
 def _usable_cores():
     """The cores the default thread count covers, read once (it sits on every
     call's path): those this process may run on, only the fast ones of a
-    big.LITTLE CPU, whose worker threads are then kept on them (cores.py)."""
-    from . import cores
-    fast = cores.default_cores()
-    if cores.heterogeneous():
-        from ._ffi import ffi, lib
-        lib.sa_set_worker_cpus(ffi.new("int[]", list(fast)), len(fast))
-    return max(1, len(fast))
+    big.LITTLE CPU (cores.py); at least one."""
+    return max(1, len(cores.default_cores()))
 
 
 def check_threads(threads):
+    """A call's thread count.  Either way the workers are first kept on the
+    fast cores of a big.LITTLE CPU (cores.worker_placement, once), however
+    the count is chosen."""
     if threads is None:
         return default_threads()
+    cores.worker_placement()
     return check_int("threads", threads, minimum=1)

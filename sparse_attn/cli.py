@@ -19,10 +19,10 @@ SUBCOMMANDS = ("bench", "kernels", "eval", "info")
 
 def _info(argv):
     import argparse
-    from . import machine
+    from . import cores, machine
     ap = argparse.ArgumentParser(prog="sparse-attn info", description=(
         "What this installation is and runs on: version, ISAs built, available and in use, "
-        "threads, the CPU and its caches, how the C core was built."))
+        "threads and the CPUs they are kept on, the CPU and its caches, how the C core was built."))
     ap.add_argument("--json", action="store_true", help="print the facts as JSON")
     args = ap.parse_args(argv)
     facts = machine.info()
@@ -41,6 +41,7 @@ def _info(argv):
         f", default covers the {len(facts['default_cores'])} fast ones"
     print(f"threads:     {facts['threads']} ({tenv}; {facts['usable_cores']} usable cores{fast})")
     print(f"cores:       {'; '.join(facts['core_classes'])}")
+    print(f"pinned:      {cores.describe_placement(facts['pinning'])}")
     cpu_id = f", {facts['cpu_id']}" if facts["cpu_id"] else ""
     print(f"CPU:         {facts['cpu']} ({facts['machine']}{cpu_id})")
     caches = ", ".join(f"L{c['level']}{'d' if c['type'] == 'Data' else 'i' if c['type'] == 'Instruction' else ''}"

@@ -140,16 +140,20 @@ def info():
     """Everything `sparse-attn info` prints, as a dict."""
     from . import __file__ as package_file
     classes = cores.core_classes()
+    threads = default_threads()    # keeps the workers on the fast cores first
     return dict(
         package=os.path.dirname(package_file), versions=versions(), isa=isa(),
         isa_env=os.environ.get("SPARSE_ATTN_ISA"), built_isas=built_isas(),
-        available_isas=available_isas(), threads=default_threads(),
+        available_isas=available_isas(), threads=threads,
         threads_env=os.environ.get("SPARSE_ATTN_NUM_THREADS"),
         usable_cores=len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity")
         else os.cpu_count(),
         cpus=cores.cpu_list(cores.allowed_cpus()),
         core_classes=cores.describe(classes), heterogeneous=cores.heterogeneous(classes),
         default_cores=list(cores.default_cores()),
+        # whether the pool's workers are kept on some CPUs, which, and why
+        # (or why not): {"pinned", "cpus", "workers", "reason"}
+        pinning=cores.worker_placement(),
         machine=platform.machine(), cpu=cpu_model(), cpu_id=cpu_id(), caches=cpu_caches(),
         build=build_info(),
         platform=platform.platform())
