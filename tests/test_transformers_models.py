@@ -208,3 +208,13 @@ def test_a_used_cache_and_model_pickle_and_copy_with_their_states(ref):
     twin = pickle.loads(pickle.dumps(model))
     assert twin._prepare_cache_for_generation.model is twin
     assert torch.equal(generate(twin, ids)[0], generate(model, ids)[0])
+
+
+def test_a_static_cache_is_refused_by_name(ref):
+    """A pre-allocated cache (generate's ``cache_implementation="static"``)
+    is refused at its first call, with the reason, on every family: the
+    Mistral-style windows too (whose layers had reached torch's sdpa and
+    then crashed at the step that filled the cache)."""
+    ids = prompts([40])[0][None]
+    with pytest.raises(sat.UnsupportedError, match="static"):
+        generate(sparse(ref), ids, cache_implementation="static", max_new_tokens=3)

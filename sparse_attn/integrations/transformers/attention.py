@@ -39,11 +39,21 @@ def sparse_topk_mask(batch_size, q_length, kv_length, q_offset=0, kv_offset=0,
     raises :class:`UnsupportedError`.
     """
     config = kwargs.get("config")
+    q_offset = int(q_offset)
+    if int(kv_offset) + kv_length != q_offset + q_length:
+        # transformers' own caches hold what they report up to the last
+        # query (a window's offset included); a pre-allocated layer reports
+        # its whole length
+        raise UnsupportedError(
+            f"the cache reports kv_length {kv_length} at offset {int(kv_offset)} for "
+            f"{q_length} queries after {q_offset} cached tokens: a pre-allocated (static) "
+            "cache, which sparse_topk does not read. Use the default DynamicCache "
+            "or sparse_attn.integrations.transformers.SparseKVCache")
     if mask_function is not causal_mask_function:
         window = kwargs.get("local_size")
         sliding = _sliding_window_of(mask_function)
         if sliding is not None and sliding == window and int(kv_offset) == 0 and \
-                q_offset + q_length == kv_length <= window:
+                kv_length <= window:
             pass        # every query sees every key: plain causal attention
         elif window is not None and window == getattr(config, "sliding_window", None) and \
                 getattr(config, "attention_chunk_size", None) != window:
@@ -59,13 +69,11 @@ def sparse_topk_mask(batch_size, q_length, kv_length, q_offset=0, kv_offset=0,
                 f"sparse_topk computes causal attention (and sliding windows); this model asked "
                 f"for another mask pattern ({name}: chunked, bidirectional, packed sequences or "
                 "an overlay): use attn_implementation='sdpa' for it")
-    q_offset = int(q_offset)
-    if int(kv_offset) != 0 or q_offset + q_length != kv_length:
+    if int(kv_offset) != 0:
         raise UnsupportedError(
-            f"the cache reports kv_length {kv_length} at offset {int(kv_offset)} for "
-            f"{q_length} queries after {q_offset} cached tokens: a pre-allocated (static) "
-            "cache, which sparse_topk does not read. Use the default DynamicCache "
-            "or sparse_attn.integrations.transformers.SparseKVCache")
+            f"the cache reports {kv_length} keys from offset {int(kv_offset)} for a layer "
+            "sparse_topk attends in full: a windowed cache layer for a full-attention layer; "
+            "use attn_implementation='sdpa' for this cache")
     if attention_mask is None:
         return None if batch_size == 1 else \
             RowSpans((0,) * batch_size, (kv_length,) * batch_size, kv_length)
