@@ -1,4 +1,6 @@
 """A growing per-layer KV cache in the layout the kernels read directly."""
+from threading import get_ident
+
 import numpy as np
 
 from . import _checks as ck, _storage
@@ -144,20 +146,22 @@ class KVCache:
     @property
     def importance(self):
         """float32 ``[seq_len]``: the importance recorded so far (a copy)."""
-        self._lock.acquire_read()
+        lock, me = self._lock, get_ident()
         try:
+            lock.acquire_read(me)
             return self._buf.importance[:self._n].copy()
         finally:
-            self._lock.release_read()
+            lock.release_read(me)
 
     def _snapshot(self, take):
         """take(buffers, n, cache) under the read lock: an append, prefill or
         truncate in another thread writes the arrays in place."""
-        self._lock.acquire_read()
+        lock, me = self._lock, get_ident()
         try:
+            lock.acquire_read(me)
             return take(self._buf, self._n, self)
         finally:
-            self._lock.release_read()
+            lock.release_read(me)
 
     @property
     def bounds(self):
@@ -220,22 +224,24 @@ class KVCache:
         torch tensors' data this way)."""
         if T == 0:
             return
-        self._lock.acquire_write()
+        lock, me = self._lock, get_ident()
         try:
+            lock.acquire_write(me)
             self._append_locked(kp, vp, T)
         finally:
-            self._lock.release_write()
+            lock.release_write(me)
 
     def _append_pending(self, slot):
         """Append the one token a handoff slot holds (``slot[0]``: a cffi
         pointer to float32 ``[n_kv_heads, 1, head_dim]`` K rows, what keeps
         them alive, the same two for V; or None), emptying the slot under the
         write lock: of threads that race to append it, one does."""
-        self._lock.acquire_write()
+        lock, me = self._lock, get_ident()
         try:
+            lock.acquire_write(me)
             self._append_pending_locked(slot)
         finally:
-            self._lock.release_write()
+            lock.release_write(me)
 
     def _append_pending_locked(self, slot):
         """_append_pending's work, the write lock held by the caller."""
@@ -270,8 +276,9 @@ class KVCache:
                                  allow_empty=True)
         if not np.isfinite(importance).all():
             raise ArgumentError("importance holds NaN or Inf values")
-        self._lock.acquire_write()
+        lock, me = self._lock, get_ident()
         try:
+            lock.acquire_write(me)
             m = importance.shape[0]
             if m > self._n:
                 raise ArgumentError(f"importance has {m} entries, more than the cache's "
@@ -288,7 +295,7 @@ class KVCache:
             record[:] = total
             self._has_importance = self._has_importance or bool(importance.any())
         finally:
-            self._lock.release_write()
+            lock.release_write(me)
 
     def truncate(self, seq_len):
         """Keep the first ``seq_len`` tokens (roll back appended tokens).  The
@@ -296,8 +303,9 @@ class KVCache:
         prefill queries of removed tokens gave them); removed tokens' entries
         are cleared and the bounds (and channel copy) of a now partial last
         block recomputed."""
-        self._lock.acquire_write()
+        lock, me = self._lock, get_ident()
         try:
+            lock.acquire_write(me)
             seq_len = ck.check_int("seq_len", seq_len, minimum=0, maximum=self._n)
             buf = self._buf
             buf.importance[seq_len:self._n] = 0
@@ -312,7 +320,7 @@ class KVCache:
             self._n = seq_len
             self._has_importance = bool(buf.importance[:seq_len].any())
         finally:
-            self._lock.release_write()
+            lock.release_write(me)
 
     def copy(self):
         """An independent cache holding the same tokens: K and V as stored
@@ -320,20 +328,22 @@ class KVCache:
         record, the key bounds and the copies, at the same capacity.  What
         beam search does to a sequence's cache when two beams continue it."""
         new = object.__new__(KVCache)
-        self._lock.acquire_read()
+        lock, me = self._lock, get_ident()
         try:
+            lock.acquire_read(me)
             new.__dict__.update({k: v for k, v in self.__dict__.items()
                                  if k not in ("_lock", "_buf")})
             new._lock = RWLock()
             new._buf = _storage.allocate(new, self._buf.capacity, self._buf, self._n, self._n)
         finally:
-            self._lock.release_read()
+            lock.release_read(me)
         return new
 
     def reset(self):
         """Forget every token (keeps the allocation)."""
-        self._lock.acquire_write()
+        lock, me = self._lock, get_ident()
         try:
+            lock.acquire_write(me)
             buf = self._buf
             buf.importance[:] = 0
             buf.bounds_st.k_rows = 0
@@ -344,7 +354,7 @@ class KVCache:
             self._n = 0
             self._has_importance = False
         finally:
-            self._lock.release_write()
+            lock.release_write(me)
 
     # ----------------------------------------------------------------- attention
     def prefill(self, q, *, k_blocks=None, block_size=None, n_probe=None, recency=True,
@@ -370,8 +380,9 @@ class KVCache:
         if k_blocks is not None:
             sel = self._selection(policy, k_blocks, block_size, n_probe, recency,
                                   importance_fraction, sink_blocks, share, scoring, n_channels)
-        self._lock.acquire_write()
+        lock, me = self._lock, get_ident()
         try:
+            lock.acquire_write(me)
             buf, n = self._buf, self._n
             q, n_heads = query(q, buf.kop, 3)
             T = q.shape[1]
@@ -393,7 +404,7 @@ class KVCache:
             self._has_importance = self._has_importance or bool(imp.any())
             return out
         finally:
-            self._lock.release_write()
+            lock.release_write(me)
 
     def decode(self, q, *, seq_len=None, k_blocks=32, block_size=None, n_probe=None,
                importance=_RECORDED, recency=True, scale=None, policy=CACHE_POLICY,
@@ -413,8 +424,9 @@ class KVCache:
         scale = scale_value(scale, self.head_dim)
         threads = ck.check_threads(threads)
         return_blocks = ck.check_bool("return_blocks", return_blocks)
-        self._lock.acquire_read()
+        lock, me = self._lock, get_ident()
         try:
+            lock.acquire_read(me)
             buf, n = self._buf, self._n          # one snapshot of the state
             if n == 0:
                 raise ArgumentError("the cache is empty: append tokens before decoding")
@@ -437,7 +449,7 @@ class KVCache:
             del keep
             return result
         finally:
-            self._lock.release_read()
+            lock.release_read(me)
 
     def decoder(self, *, k_blocks=32, block_size=None, n_probe=None, recency=True,
                 policy=CACHE_POLICY, importance_fraction=None, sink_blocks=None, share=None,
@@ -461,15 +473,16 @@ class KVCache:
         """Exact attention of ``q`` over the cache (:func:`sparse_attn.dense_decode`)."""
         scale = scale_value(scale, self.head_dim)
         threads = ck.check_threads(threads)
-        self._lock.acquire_read()
+        lock, me = self._lock, get_ident()
         try:
+            lock.acquire_read(me)
             buf, n = self._buf, self._n
             if n == 0:
                 raise ArgumentError("the cache is empty: append tokens before decoding")
             q, n_heads = query(q, buf.kop, 2)
             return dense_call(q, n_heads, buf.kop, buf.vop, n, scale, threads)
         finally:
-            self._lock.release_read()
+            lock.release_read(me)
 
     def _selection(self, policy, k_blocks, block_size, n_probe, recency, importance_fraction,
                    sink_blocks, share, scoring, n_channels):

@@ -1,5 +1,8 @@
 """KVCache.decoder's prepared decode call, and the transformers backend's
 zero-copy appends and batched decode step (package-internal)."""
+from operator import methodcaller
+from threading import get_ident
+
 import numpy as np
 
 from . import _ffi, _storage
@@ -73,20 +76,22 @@ class Decoder:
         step on a q8 SparseKVCache: the token its update handed over, then
         the attention, in one lock and two C calls."""
         c = self.cache
-        c._lock.acquire_write()
+        lock, me = c._lock, get_ident()
         try:
+            lock.acquire_write(me)
             c._append_pending_locked(slot)
             return self._run_locked(qp, n_heads, outp)
         finally:
-            c._lock.release_write()
+            lock.release_write(me)
 
     def _run(self, qp, n_heads, outp):
         c = self.cache
-        c._lock.acquire_read()
+        lock, me = c._lock, get_ident()
         try:
+            lock.acquire_read(me)
             return self._run_locked(qp, n_heads, outp)
         finally:
-            c._lock.release_read()
+            lock.release_read(me)
 
     def _run_locked(self, qp, n_heads, outp):
         c = self.cache
@@ -137,12 +142,15 @@ def decode_rows(decoders, slots, qp, outp, n_heads):
     in one order (by id) so two threads never wait on each other; no other
     thread sees a cache between its append and its attention."""
     caches = [d.cache for d in decoders]
-    order = sorted(range(len(caches)), key=lambda i: id(caches[i]))
-    held = []
+    locks = [caches[i]._lock for i in sorted(range(len(caches)), key=lambda i: id(caches[i]))]
+    me = get_ident()
+    # every lock's release, run by one C call in the finally (any() consuming
+    # the map): no point between two releases where an interrupt could
+    # leave one held
+    releases = map(methodcaller("release_write", me), locks)
     try:
-        for i in order:
-            caches[i]._lock.acquire_write()
-            held.append(i)
+        for lock in locks:
+            lock.acquire_write(me)
         calls = []
         step = n_heads * caches[0].head_dim
         for i, (d, c, slot) in enumerate(zip(decoders, caches, slots)):
@@ -159,5 +167,4 @@ def decode_rows(decoders, slots, qp, outp, n_heads):
                           outp + i * step))
         batch_call(calls, decoders[0].threads)
     finally:
-        for i in held:
-            caches[i]._lock.release_write()
+        any(releases)
