@@ -107,14 +107,19 @@ class KVCache:
         self.copy_channels = ck.check_bool("copy_channels", copy_channels)
         self.scale_group = default_scale_group(self.group_size, self.head_dim)
         self._lock = RWLock()
-        self._n = 0
+        # whether the importance record holds a nonzero entry; None while an
+        # update of the record is under way, or was interrupted: then
+        # _recorded() finds out from the record
         self._has_importance = False
+        # Everything the cache holds, its length included (the bounds'
+        # k_rows: C memory that the C call of an append or truncation
+        # writes), so that the call returning is the update's commit.
         self._buf = _storage.allocate(self, capacity)
 
     @property
     def seq_len(self):
         """The number of valid tokens."""
-        return self._n
+        return self._buf.bounds_st.k_rows
 
     @property
     def capacity(self):
@@ -130,15 +135,15 @@ class KVCache:
     def k(self):
         """The valid keys, ``[n_kv_heads, seq_len, head_dim]`` (a view: see
         the class docstring on truncation)."""
-        buf, n = self._buf, self._n
-        return self._view(buf.k, n)
+        buf = self._buf
+        return self._view(buf.k, buf.bounds_st.k_rows)
 
     @property
     def v(self):
         """The valid values, ``[n_kv_heads, seq_len, head_dim]`` (a view: see
         the class docstring on truncation)."""
-        buf, n = self._buf, self._n
-        return self._view(buf.v, n)
+        buf = self._buf
+        return self._view(buf.v, buf.bounds_st.k_rows)
 
     # The properties below copy under the read lock: an append, prefill or
     # truncate running in another thread writes these arrays in place.
@@ -146,12 +151,7 @@ class KVCache:
     @property
     def importance(self):
         """float32 ``[seq_len]``: the importance recorded so far (a copy)."""
-        lock, me = self._lock, get_ident()
-        try:
-            lock.acquire_read(me)
-            return self._buf.importance[:self._n].copy()
-        finally:
-            lock.release_read(me)
+        return self._snapshot(lambda buf, n, cache: buf.importance[:n].copy())
 
     def _snapshot(self, take):
         """take(buffers, n, cache) under the read lock: an append, prefill or
@@ -159,9 +159,19 @@ class KVCache:
         lock, me = self._lock, get_ident()
         try:
             lock.acquire_read(me)
-            return take(self._buf, self._n, self)
+            buf = self._buf
+            return take(buf, buf.bounds_st.k_rows, self)
         finally:
             lock.release_read(me)
+
+    def _recorded(self, buf, n):
+        """Whether the importance record of the n tokens of buf (the
+        cache's) holds a nonzero entry: the flag, or, when an interrupted
+        update left it unknown, the record's answer (kept).  Under the lock."""
+        has = self._has_importance
+        if has is None:
+            has = self._has_importance = bool(buf.importance[:n].any())
+        return has
 
     @property
     def bounds(self):
@@ -252,7 +262,16 @@ class KVCache:
 
     def _append_locked(self, kp, vp, T):
         """_append_at's work, the write lock held by the caller."""
-        n, buf = self._n, self._buf
+        buf, n = self._append_target(T)
+        self._append_into(buf, n, kp, vp, T)
+
+    def _append_target(self, T):
+        """(the buffers an append of T rows writes, the cache's length): the
+        cache's own, or, when they are full, a grown copy that is not yet
+        the cache's.  Everything an append does that can fail for want of
+        memory, done before it changes anything."""
+        buf = self._buf
+        n = buf.bounds_st.k_rows
         if n + T > ck.INT_MAX:
             raise ArgumentError(f"the cache would hold {n + T} rows; at most "
                                 f"{ck.INT_MAX} are supported")
@@ -261,11 +280,21 @@ class KVCache:
                                    n + T)
         elif not buf.advised:
             _storage.advise(buf, n + T)
-        rc = lib.sa_kv_append(buf.kop.struct, buf.vop.struct, n, kp, vp, T, buf.bounds_st,
-                              buf.probe_st if buf.probe_st is not None else ffi.NULL,
-                              buf.channels_st if buf.channels_st is not None else ffi.NULL)
-        _ffi.check(rc, "KVCache.append")
-        self._buf, self._n = buf, n + T
+        return buf, n
+
+    @staticmethod
+    def _append_args(buf, n, kp, vp, T):
+        return (buf.kop.struct, buf.vop.struct, n, kp, vp, T, buf.bounds_st,
+                buf.probe_st if buf.probe_st is not None else ffi.NULL,
+                buf.channels_st if buf.channels_st is not None else ffi.NULL)
+
+    def _append_into(self, buf, n, kp, vp, T):
+        """Write T rows at row n of buf (_append_target's) and make buf the
+        cache's.  Into the cache's own buffers the C call is the commit;
+        into grown ones the store of buf is (one store: an interrupt before
+        it leaves the cache as it was, its old buffers untouched)."""
+        _ffi.check(lib.sa_kv_append(*self._append_args(buf, n, kp, vp, T)), "KVCache.append")
+        self._buf = buf
 
     def add_importance(self, importance):
         """Add per-token importance (float32 ``[m <= seq_len]``, any strides,
@@ -279,11 +308,12 @@ class KVCache:
         lock, me = self._lock, get_ident()
         try:
             lock.acquire_write(me)
-            m = importance.shape[0]
-            if m > self._n:
+            buf = self._buf
+            n, m = buf.bounds_st.k_rows, importance.shape[0]
+            if m > n:
                 raise ArgumentError(f"importance has {m} entries, more than the cache's "
-                                    f"seq_len ({self._n})")
-            record = self._buf.importance[:m]
+                                    f"seq_len ({n})")
+            record = buf.importance[:m]
             with np.errstate(over="ignore"):
                 total = record + importance
             if not np.isfinite(total).all():
@@ -292,8 +322,9 @@ class KVCache:
                     f"importance would overflow the recorded importance at token {at} "
                     f"({record[at]:.4g} + {importance[at]:.4g} is beyond float32); the "
                     f"record is unchanged")
-            record[:] = total
-            self._has_importance = self._has_importance or bool(importance.any())
+            self._has_importance = None         # unknown until the record is written
+            record[:] = total                   # one C copy: the commit
+            self._has_importance = bool(buf.importance[:n].any())
         finally:
             lock.release_write(me)
 
@@ -306,21 +337,23 @@ class KVCache:
         lock, me = self._lock, get_ident()
         try:
             lock.acquire_write(me)
-            seq_len = ck.check_int("seq_len", seq_len, minimum=0, maximum=self._n)
             buf = self._buf
-            buf.importance[seq_len:self._n] = 0
-            start = seq_len // self.block_size * self.block_size
-            _ffi.check(lib.sa_bounds_update(buf.kop.struct, start, seq_len, buf.bounds_st),
-                       "KVCache.truncate")
-            if buf.probe_st is not None:
-                buf.probe_st.k_rows = seq_len    # the copies of kept rows stay valid
-            if buf.channels_st is not None:
-                _ffi.check(lib.sa_channels_update(buf.kop.struct, start, seq_len,
-                                                  buf.channels_st), "KVCache.truncate")
-            self._n = seq_len
+            seq_len = ck.check_int("seq_len", seq_len, minimum=0,
+                                   maximum=buf.bounds_st.k_rows)
+            self._cut(buf, seq_len, "KVCache.truncate")
             self._has_importance = bool(buf.importance[:seq_len].any())
         finally:
             lock.release_write(me)
+
+    def _cut(self, buf, seq_len, what):
+        """Keep the first seq_len rows of buf (the cache's): one C call,
+        which is the commit (the importance flag unknown across it)."""
+        self._has_importance = None
+        _ffi.check(lib.sa_kv_truncate(
+            buf.kop.struct, seq_len, buf.bounds_st,
+            buf.probe_st if buf.probe_st is not None else ffi.NULL,
+            buf.channels_st if buf.channels_st is not None else ffi.NULL,
+            _ffi.out_ptr(buf.importance, "float"), buf.importance.shape[0]), what)
 
     def copy(self):
         """An independent cache holding the same tokens: K and V as stored
@@ -334,7 +367,9 @@ class KVCache:
             new.__dict__.update({k: v for k, v in self.__dict__.items()
                                  if k not in ("_lock", "_buf")})
             new._lock = RWLock()
-            new._buf = _storage.allocate(new, self._buf.capacity, self._buf, self._n, self._n)
+            buf = self._buf
+            n = buf.bounds_st.k_rows
+            new._buf = _storage.allocate(new, buf.capacity, buf, n, n)
         finally:
             lock.release_read(me)
         return new
@@ -344,14 +379,7 @@ class KVCache:
         lock, me = self._lock, get_ident()
         try:
             lock.acquire_write(me)
-            buf = self._buf
-            buf.importance[:] = 0
-            buf.bounds_st.k_rows = 0
-            if buf.probe_st is not None:
-                buf.probe_st.k_rows = 0
-            if buf.channels_st is not None:
-                buf.channels_st.k_rows = 0
-            self._n = 0
+            self._cut(self._buf, 0, "KVCache.reset")
             self._has_importance = False
         finally:
             lock.release_write(me)
@@ -383,7 +411,8 @@ class KVCache:
         lock, me = self._lock, get_ident()
         try:
             lock.acquire_write(me)
-            buf, n = self._buf, self._n
+            buf = self._buf
+            n = buf.bounds_st.k_rows
             q, n_heads = query(q, buf.kop, 3)
             T = q.shape[1]
             if T > n:
@@ -396,12 +425,13 @@ class KVCache:
                     bst, pst, keep = metadata_structs(sel, self._view(buf.k, n), buf.kop, n,
                                                       None, None)
                 params = sel.params(bst, pst, exact_tail)
-                prior = buf.importance if self._has_importance else None
+                prior = buf.importance if self._recorded(buf, n) else None
             out, imp = prefill_call(q, n_heads, buf.kop, buf.vop, n - T, params, prior, scale,
                                     threads)
             del keep
-            buf.importance[:n] += imp
-            self._has_importance = self._has_importance or bool(imp.any())
+            self._has_importance = None         # unknown until the record is written
+            buf.importance[:n] += imp           # one C add: the commit
+            self._has_importance = bool(buf.importance[:n].any())
             return out
         finally:
             lock.release_write(me)
@@ -427,14 +457,15 @@ class KVCache:
         lock, me = self._lock, get_ident()
         try:
             lock.acquire_read(me)
-            buf, n = self._buf, self._n          # one snapshot of the state
+            buf = self._buf                     # one snapshot of the state
+            n = buf.bounds_st.k_rows
             if n == 0:
                 raise ArgumentError("the cache is empty: append tokens before decoding")
             seq = n if seq_len is None else ck.check_int("seq_len", seq_len, minimum=1,
                                                          maximum=n)
             q, n_heads = query(q, buf.kop, 2)
             if importance is _RECORDED:
-                imp = buf.importance if self._has_importance else None
+                imp = buf.importance if self._recorded(buf, n) else None
             else:
                 imp = importance_array(importance, seq)
             keep = None
@@ -476,7 +507,8 @@ class KVCache:
         lock, me = self._lock, get_ident()
         try:
             lock.acquire_read(me)
-            buf, n = self._buf, self._n
+            buf = self._buf
+            n = buf.bounds_st.k_rows
             if n == 0:
                 raise ArgumentError("the cache is empty: append tokens before decoding")
             q, n_heads = query(q, buf.kop, 2)
@@ -505,7 +537,7 @@ class KVCache:
                         n_probe=n_probe, scoring=scoring, n_channels=n_channels,
                         **{k: v for k, v in knobs.items() if k in
                            ("recency", "importance_fraction", "sink_blocks", "share")})
-        n = self._n
+        n = self.seq_len
         seq = n if seq_len is None else seq_len
         return _storage.own_metadata(self, sel, seq, n, bounds, probe_rows, channels)
 

@@ -85,8 +85,7 @@ class Decoder:
             lock.release_write(me)
 
     def _run(self, qp, n_heads, outp):
-        c = self.cache
-        lock, me = c._lock, get_ident()
+        lock, me = self.cache._lock, get_ident()
         try:
             lock.acquire_read(me)
             return self._run_locked(qp, n_heads, outp)
@@ -95,7 +94,8 @@ class Decoder:
 
     def _run_locked(self, qp, n_heads, outp):
         c = self.cache
-        buf, n = c._buf, c._n
+        buf = c._buf
+        n = buf.bounds_st.k_rows
         if n == 0:
             raise ArgumentError("the cache is empty: append tokens before decoding")
         if buf is not self.buf:
@@ -107,9 +107,12 @@ class Decoder:
             return None
         blocks = np.empty((n_heads, self.sel.n_selected(n)), np.int32) \
             if self.return_blocks else None
+        has = c._has_importance
+        if has is None:
+            has = c._recorded(buf, n)
         rc = lib.sa_sparse_decode(
             qp, n_heads, buf.kop.struct, buf.vop.struct, n, self.params,
-            self.imp if c._has_importance else ffi.NULL, n, self.scale, outp,
+            self.imp if has else ffi.NULL, n, self.scale, outp,
             ffi.from_buffer("int32_t[]", blocks) if blocks is not None else ffi.NULL,
             self.threads)
         _ffi.check(rc, "sparse_decode")
@@ -155,15 +158,19 @@ def decode_rows(decoders, slots, qp, outp, n_heads):
         step = n_heads * caches[0].head_dim
         for i, (d, c, slot) in enumerate(zip(decoders, caches, slots)):
             c._append_pending_locked(slot)
-            buf, n = c._buf, c._n
+            buf = c._buf
+            n = buf.bounds_st.k_rows
             if n == 0:
                 raise ArgumentError(f"sequence {i}'s cache is empty: append tokens before "
                                     "decoding")
             if buf is not d.buf:
                 d._bind(buf)
+            has = c._has_importance
+            if has is None:
+                has = c._recorded(buf, n)
             calls.append((qp + i * step, n_heads, buf.kop, buf.vop, n,
                           None if d.dense else d.params,
-                          buf.importance[:n] if c._has_importance else None, d.scale,
+                          buf.importance[:n] if has else None, d.scale,
                           outp + i * step))
         batch_call(calls, decoders[0].threads)
     finally:
