@@ -241,11 +241,17 @@ class KVCache:
         finally:
             lock.release_write(me)
 
+    # The transformers backend hands a decode step's token over in a slot, a
+    # one-item list: slot[0] is None or (a cffi pointer to float32
+    # [n_kv_heads, 1, head_dim] K rows, what keeps them alive, the same two
+    # for V, the cache's length the token goes at).  Appending it is
+    # idempotent: it goes in only while the cache's length is that, and the
+    # slot is emptied after, so an interrupt between the two leaves a token
+    # that the next flush finds in the cache and drops.
+
     def _append_pending(self, slot):
-        """Append the one token a handoff slot holds (``slot[0]``: a cffi
-        pointer to float32 ``[n_kv_heads, 1, head_dim]`` K rows, what keeps
-        them alive, the same two for V; or None), emptying the slot under the
-        write lock: of threads that race to append it, one does."""
+        """Append the token a handoff slot holds, if any, under the write
+        lock: of threads that race to append it, one does."""
         lock, me = self._lock, get_ident()
         try:
             lock.acquire_write(me)
@@ -254,11 +260,19 @@ class KVCache:
             lock.release_write(me)
 
     def _append_pending_locked(self, slot):
-        """_append_pending's work, the write lock held by the caller."""
+        """_append_pending's work, the write lock held by the caller.  A
+        token refused for its values (or for want of memory) is dropped, as
+        it could never go in; an interrupt leaves it in the slot."""
         pending = slot[0]               # keeps the rows alive through the append
-        slot[0] = None
-        if pending is not None:
-            self._append_locked(pending[0], pending[2], 1)
+        if pending is None:
+            return
+        if self._buf.bounds_st.k_rows == pending[4]:
+            try:
+                self._append_locked(pending[0], pending[2], 1)
+            except Exception:
+                slot[0] = None
+                raise
+        slot[0] = None      # appended now or before (or the cache was cut back past it)
 
     def _append_locked(self, kp, vp, T):
         """_append_at's work, the write lock held by the caller."""
