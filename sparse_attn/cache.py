@@ -274,6 +274,28 @@ class KVCache:
                 raise
         slot[0] = None      # appended now or before (or the cache was cut back past it)
 
+    def _pending_plan(self, slot):
+        """The first half of _append_pending_locked, for a batch that checks
+        every sequence before it changes any (decoder.decode_rows): the
+        arguments of the _append_into that appends the slot's token, checked
+        as the C append checks them and with any growth made, or None when
+        there is nothing to append; the cache and the slot unchanged.
+        Raises what the append would."""
+        pending = slot[0]
+        if pending is None or self._buf.bounds_st.k_rows != pending[4]:
+            return None
+        buf, n = self._append_target(1)
+        plan = (buf, n, pending[0], pending[2], 1)
+        _ffi.check(lib.sa_kv_append_check(*self._append_args(*plan)), "KVCache.append")
+        return plan
+
+    def _pending_commit(self, slot, plan):
+        """The second half: append what _pending_plan planned (it cannot be
+        refused), then empty the slot."""
+        if plan is not None:
+            self._append_into(*plan)
+        slot[0] = None
+
     def _append_locked(self, kp, vp, T):
         """_append_at's work, the write lock held by the caller."""
         buf, n = self._append_target(T)

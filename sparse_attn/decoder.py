@@ -9,7 +9,7 @@ from . import _ffi, _storage
 from ._ffi import ffi, lib
 from ._operands import query
 from .attention import batch_call
-from .errors import ArgumentError
+from .errors import ArgumentError, SparseAttnError
 
 
 class Decoder:
@@ -143,7 +143,14 @@ def decode_rows(decoders, slots, qp, outp, n_heads):
     sequence's output bitwise what its own call gives), on the first
     decoder's threads.  The caches' write locks are held throughout, taken
     in one order (by id) so two threads never wait on each other; no other
-    thread sees a cache between its append and its attention."""
+    thread sees a cache between its append and its attention.
+
+    Every sequence is checked (its token's values as the C append checks
+    them, its cache not empty) and every growth allocated before any cache
+    changes: a refusal raises naming the sequence, changes no cache and
+    drops every token of the step.  An interrupt can land between two
+    caches' appends (each its own commit); the tokens not yet in stay in
+    their slots, which the next read of those layers appends."""
     caches = [d.cache for d in decoders]
     locks = [caches[i]._lock for i in sorted(range(len(caches)), key=lambda i: id(caches[i]))]
     me = get_ident()
@@ -154,15 +161,18 @@ def decode_rows(decoders, slots, qp, outp, n_heads):
     try:
         for lock in locks:
             lock.acquire_write(me)
+        try:
+            plans = [_checked(i, c, slot) for i, (c, slot) in enumerate(zip(caches, slots))]
+        except Exception:       # refused (or no memory to grow): the step is dropped
+            for slot in slots:
+                slot[0] = None
+            raise
         calls = []
         step = n_heads * caches[0].head_dim
-        for i, (d, c, slot) in enumerate(zip(decoders, caches, slots)):
-            c._append_pending_locked(slot)
+        for i, (d, c, slot, plan) in enumerate(zip(decoders, caches, slots, plans)):
+            c._pending_commit(slot, plan)
             buf = c._buf
             n = buf.bounds_st.k_rows
-            if n == 0:
-                raise ArgumentError(f"sequence {i}'s cache is empty: append tokens before "
-                                    "decoding")
             if buf is not d.buf:
                 d._bind(buf)
             has = c._has_importance
@@ -175,3 +185,15 @@ def decode_rows(decoders, slots, qp, outp, n_heads):
         batch_call(calls, decoders[0].threads)
     finally:
         any(releases)
+
+
+def _checked(i, cache, slot):
+    """Sequence i's KVCache._pending_plan, its cache checked not to be empty
+    after it; what is refused is refused naming the sequence."""
+    try:
+        plan = cache._pending_plan(slot)
+        if plan is None and cache.seq_len == 0:
+            raise ArgumentError("its cache is empty: append tokens before decoding")
+        return plan
+    except (SparseAttnError, MemoryError) as e:
+        raise type(e)(f"sequence {i} of the batch: {e}") from e
