@@ -37,6 +37,17 @@ class KVCache:
     after an append, never half of one.  Each call reads the cache's state
     once.
 
+    Every update (:meth:`append`, :meth:`truncate`, :meth:`reset`,
+    :meth:`prefill`'s importance, :meth:`add_importance`) is all or
+    nothing, interrupts included (docs/spec.md §5): one that is refused
+    (bad values) or fails (no memory to grow) changes nothing, and a
+    ``KeyboardInterrupt`` (Ctrl-C) during one leaves the cache as it was
+    before the call or as it is after it, never between, with its lock
+    free.  The cache's length lives in C memory that the C call of an
+    append or truncation writes, so that call is the commit; an append
+    that grows the cache fills new buffers and swaps them in with one
+    store.
+
     ``importance``, ``bounds``, ``channels`` and ``probe_rows`` are copies,
     made when read: snapshots of the cache at that moment that nothing the
     cache does later changes (the bounds and channel copy of a partial last
@@ -48,8 +59,6 @@ class KVCache:
     one capacity share one allocation (for transparent huge pages), so a
     view of K or V taken before the cache grew keeps all of that capacity's
     memory.
-
-    An append that fails (bad values, no memory to grow) changes nothing.
 
     Parameters
     ----------
