@@ -28,6 +28,7 @@ import pytest
 
 import sparse_attn as sa
 from sparse_attn import _ffi, _storage
+from sparse_attn._rwlock import RWLock
 from sparse_attn.decoder import append_pending, decode_rows
 
 HKV, H, D, BS = 2, 4, 64, 8         # blocks of 8 rows: a few dozen tokens span several
@@ -265,6 +266,88 @@ def interrupt_everywhere(setup, op, *, at_least=10):
             assert then_append(c) == then[0 if got == before[j] else 1][j], \
                 f"cache {j}: an append after an interrupt at {inj.where} differs"
     return dry.count
+
+
+# ---------------------------------------------------------------- the lock
+
+def _free(lock):
+    return not (lock._readers or lock._writer or lock._waiting)
+
+
+def test_a_lock_hold_is_its_threads_and_a_release_without_one_does_nothing():
+    """A release drops the calling thread's own hold, and nothing when it
+    has none (what makes an interrupted acquire safe to release); a thread
+    that asks for the lock while it holds it takes its hold over."""
+    lock, me = RWLock(), threading.get_ident()
+    lock.acquire_write(me)
+    lock.acquire_write(me)                  # no deadlock on itself
+    lock.release_write(me)
+    lock.release_write(me)
+    lock.release_read(me)
+    assert _free(lock)
+    lock.acquire_read(me)
+    lock.acquire_write(me)                  # its read, taken over by the write
+    assert lock._readers == set() and lock._writer == {me}
+    lock.acquire_read(me)                   # its write, taken over by the read
+    assert lock._writer == set() and lock._readers == {me}
+    lock.release_read(me)
+    assert _free(lock)
+    other_in, done = threading.Event(), threading.Event()
+
+    def other():
+        i = threading.get_ident()
+        lock.acquire_write(i)
+        other_in.set()
+        done.wait(5)
+        lock.release_write(i)
+
+    t = threading.Thread(target=other)
+    t.start()
+    assert other_in.wait(5)
+    lock.release_write(me)                  # not this thread's: still held
+    assert len(lock._writer) == 1
+    done.set()
+    t.join()
+    assert _free(lock)
+
+
+@pytest.mark.parametrize("wants", ["write", "read"])
+def test_a_wait_for_the_lock_cut_short_by_sigint_leaves_no_trace(wants):
+    """The main thread waits for the lock another thread holds (a read
+    against a writer, or the write against a reader) and gets a real
+    SIGINT while it waits: it leaves without a hold and without its mark
+    as a waiting writer, and the lock works on."""
+    if threading.current_thread() is not threading.main_thread():
+        pytest.skip("signals reach the main thread only")
+    lock, me = RWLock(), threading.get_ident()
+    other_kind = "read" if wants == "write" else "write"
+    held, done = threading.Event(), threading.Event()
+
+    def holder():
+        i = threading.get_ident()
+        getattr(lock, "acquire_" + other_kind)(i)
+        held.set()
+        done.wait(10)
+        getattr(lock, "release_" + other_kind)(i)
+
+    t = threading.Thread(target=holder)
+    t.start()
+    assert held.wait(5)
+    timer = threading.Timer(0.1, signal.pthread_kill, (me, signal.SIGINT))
+    timer.start()
+    with pytest.raises(KeyboardInterrupt):
+        try:
+            getattr(lock, "acquire_" + wants)(me)
+            time.sleep(5)                   # (not reached: the lock is held)
+        finally:
+            getattr(lock, "release_" + wants)(me)
+    timer.join()
+    assert me not in lock._readers | lock._writer | lock._waiting
+    done.set()
+    t.join()
+    assert _free(lock)
+    lock.acquire_write(me)
+    lock.release_write(me)
 
 
 # ---------------------------------------------------------------- one cache
