@@ -1,6 +1,7 @@
 """KVCache.decoder's prepared decode call, and the transformers backend's
 zero-copy appends and batched decode step (package-internal)."""
-from operator import methodcaller
+from itertools import repeat
+from operator import methodcaller, setitem
 from threading import get_ident
 
 import numpy as np
@@ -154,18 +155,18 @@ def decode_rows(decoders, slots, qp, outp, n_heads):
     caches = [d.cache for d in decoders]
     locks = [caches[i]._lock for i in sorted(range(len(caches)), key=lambda i: id(caches[i]))]
     me = get_ident()
-    # every lock's release, run by one C call in the finally (any() consuming
-    # the map): no point between two releases where an interrupt could
-    # leave one held
+    # Every lock's release, and every slot's emptying, each run by one C call
+    # (any() consuming a map made here): no point between two of them where
+    # an interrupt could leave a lock held or half the slots full.
     releases = map(methodcaller("release_write", me), locks)
+    drops = map(setitem, slots, repeat(0), repeat(None))
     try:
         for lock in locks:
             lock.acquire_write(me)
         try:
             plans = [_checked(i, c, slot) for i, (c, slot) in enumerate(zip(caches, slots))]
-        except Exception:       # refused (or no memory to grow): the step is dropped
-            for slot in slots:
-                slot[0] = None
+        except Exception:       # refused (or no memory to grow): the step's tokens dropped
+            any(drops)
             raise
         calls = []
         step = n_heads * caches[0].head_dim

@@ -571,6 +571,30 @@ def test_a_refused_token_refuses_the_whole_batch_step_by_name(bad, where):
     assert all(lock_is_free(c) for c in caches)
 
 
+def test_a_refused_batch_step_interrupted_anywhere_drops_all_its_tokens_or_none():
+    """A refusal drops the step's tokens all at once: an interrupt anywhere
+    in a refused step leaves every cache unchanged and the slots all full
+    (the step did not happen) or all empty (it was refused), never half."""
+    def refused():
+        state = batch()
+        state[1][1][2][0][1][0, 0, 0] = np.nan         # sequence 2's K
+        return state
+
+    ref = refused()
+    before = [gives(c) for c in ref[0]]
+    points = Interrupter()
+    with pytest.raises(sa.ArgumentError, match="^sequence 2 of the batch"):
+        points.run(lambda: step(ref))
+    for i in range(points.count):
+        state = refused()
+        with pytest.raises(KeyboardInterrupt):
+            Interrupter(at=i).run(lambda: step(state))
+        full = [s[0] is not None for s in state[1][1]]
+        assert all(full) or not any(full), f"point {i}: slots {full}"
+        assert all(lock_is_free(c) for c in state[0]), f"point {i}"
+        assert [gives(c) for c in state[0]] == before, f"point {i}"
+
+
 def test_a_batch_step_that_cannot_grow_a_cache_changes_none(monkeypatch):
     """The growth of a full cache is made before any cache changes: when it
     fails for want of memory the error names the sequence and no cache

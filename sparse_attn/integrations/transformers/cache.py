@@ -206,13 +206,13 @@ class SparseKVLayer(BatchRows, CacheLayerMixin):
         """The handoff of a one-token update (``[1, Hkv, 1, D]`` K and V) that
         goes at row ``at`` (the cache's length now), as
         KVCache._append_pending takes it: pointers to float32 copies of the
-        token's rows, made now, what owns them, and ``at``.  The append comes later
-        (in the attention call), when the caller may have reused, resized
-        or freed its tensors.  Float32 rows are copied to one of the
-        layer's two handoffs, in turn: one is taken (under the cache's
-        lock) before the next is made, so the one written is never one
-        still being read; memory the layer keeps stays in the CPU's caches.
-        Other layouts and dtypes get torch's float32 copy."""
+        token's rows, made now, what owns them, and ``at``.  The append
+        comes later (in the attention call), when the caller may have
+        reused, resized or freed its tensors.  Float32 rows are copied to
+        one of the layer's two handoffs, in turn: one is taken (under the
+        cache's lock) before the next is made, so the one written is never
+        one still being read; memory the layer keeps stays in the CPU's
+        caches.  Other layouts and dtypes get torch's float32 copy."""
         k, v = key_states, value_states
         if (k.dtype is torch.float32 and v.dtype is torch.float32 and k.is_contiguous()
                 and v.is_contiguous() and k.is_cpu and v.is_cpu):
