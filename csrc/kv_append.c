@@ -1,8 +1,11 @@
 /*
  * Appending tokens to a cache (sa_kv_append): K and V rows, the key bounds
  * of the blocks they touch, the probe-row copies, the channel copy.  Everything is checked
- * (arguments, then both inputs' values) before the first byte is written,
- * and nothing allocates, so a refused append leaves the cache as it was.
+ * (arguments, then both inputs' values: sa_kv_append_check) before the
+ * first byte is written, and nothing allocates, so a refused append leaves
+ * the cache as it was and one that returns SA_OK has written everything:
+ * the Python layer reads the cache's length from the bounds' k_rows, so
+ * this call is the append's commit.
  */
 #include <string.h>
 
@@ -31,9 +34,9 @@ static void write_rows(const sa_kv *dst, int at, const float *src, int T)
     }
 }
 
-int sa_kv_append(const sa_kv *k, const sa_kv *v, int at, const float *k_new,
-                 const float *v_new, int T, sa_bounds *bounds, sa_probe_rows *probe_rows,
-                 sa_channels *channels)
+int sa_kv_append_check(const sa_kv *k, const sa_kv *v, int at, const float *k_new,
+                       const float *v_new, int T, const sa_bounds *bounds,
+                       const sa_probe_rows *probe_rows, const sa_channels *channels)
 {
     int rc = sa_check_kv_pair(k, v);
     if (rc)
@@ -62,6 +65,17 @@ int sa_kv_append(const sa_kv *k, const sa_kv *v, int at, const float *k_new,
         return SA_ERR_K_VALUES;
     if (!sa_values_ok(v_new, n))
         return SA_ERR_V_VALUES;
+    return SA_OK;
+}
+
+int sa_kv_append(const sa_kv *k, const sa_kv *v, int at, const float *k_new,
+                 const float *v_new, int T, sa_bounds *bounds, sa_probe_rows *probe_rows,
+                 sa_channels *channels)
+{
+    const int rc = sa_kv_append_check(k, v, at, k_new, v_new, T, bounds, probe_rows, channels);
+    if (rc)
+        return rc;
+    const int end = at + T;
     write_rows(k, at, k_new, T);
     write_rows(v, at, v_new, T);
     if (bounds)

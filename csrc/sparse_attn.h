@@ -287,6 +287,28 @@ int sa_kv_append(const sa_kv *k, const sa_kv *v, int at, const float *k_new,
                  const float *v_new, int T, sa_bounds *bounds, sa_probe_rows *probe_rows,
                  sa_channels *channels);
 
+/* sa_kv_append's checks alone (arguments, then both inputs' values), with
+ * its arguments; writes nothing.  SA_OK means sa_kv_append with the same
+ * arguments, made before anything changes them, succeeds: a batch checks
+ * every sequence's append before it makes any. */
+int sa_kv_append_check(const sa_kv *k, const sa_kv *v, int at, const float *k_new,
+                       const float *v_new, int T, const sa_bounds *bounds,
+                       const sa_probe_rows *probe_rows, const sa_channels *channels);
+
+/* Keep a cache's first seq_len rows.  The cache's length is bounds->k_rows
+ * (its one record of it: the Python layer reads it there); the probe-row
+ * copies (if not NULL) and the channel copy (if not NULL) must be current
+ * for that many rows and importance (if not NULL) hold at least that many
+ * entries (n_importance).  The bounds and the channel copy of the block
+ * holding row seq_len - 1 are recomputed from K's rows when it is now
+ * partial, the copies of kept rows stay, importance[seq_len, old length)
+ * becomes 0, and the k_rows of each become seq_len.  Everything is checked
+ * before anything is written and nothing allocates, so a refused call
+ * leaves every buffer as it was and one that returns SA_OK has done all of
+ * it: a truncation is one call.  seq_len = 0 empties the cache. */
+int sa_kv_truncate(const sa_kv *k, int seq_len, sa_bounds *bounds, sa_probe_rows *probe_rows,
+                   sa_channels *channels, float *importance, int64_t n_importance);
+
 /* Recompute the bounds of every block that holds a row in [from_row, to_row)
  * from K's rows [block start, to_row), and set b->k_rows = to_row.
  * from_row = 0 computes bounds from scratch; a cache that drops rows

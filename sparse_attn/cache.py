@@ -1,4 +1,6 @@
 """A growing per-layer KV cache in the layout the kernels read directly."""
+from threading import get_ident
+
 import numpy as np
 
 from . import _checks as ck, _storage
@@ -35,6 +37,17 @@ class KVCache:
     after an append, never half of one.  Each call reads the cache's state
     once.
 
+    Every update (:meth:`append`, :meth:`truncate`, :meth:`reset`,
+    :meth:`prefill`'s importance, :meth:`add_importance`) is all or
+    nothing, interrupts included (docs/spec.md §5): one that is refused
+    (bad values) or fails (no memory to grow) changes nothing, and a
+    ``KeyboardInterrupt`` (Ctrl-C) during one leaves the cache as it was
+    before the call or as it is after it, never between, with its lock
+    free.  The cache's length lives in C memory that the C call of an
+    append or truncation writes, so that call is the commit; an append
+    that grows the cache fills new buffers and swaps them in with one
+    store.
+
     ``importance``, ``bounds``, ``channels`` and ``probe_rows`` are copies,
     made when read: snapshots of the cache at that moment that nothing the
     cache does later changes (the bounds and channel copy of a partial last
@@ -46,8 +59,6 @@ class KVCache:
     one capacity share one allocation (for transparent huge pages), so a
     view of K or V taken before the cache grew keeps all of that capacity's
     memory.
-
-    An append that fails (bad values, no memory to grow) changes nothing.
 
     Parameters
     ----------
@@ -105,14 +116,19 @@ class KVCache:
         self.copy_channels = ck.check_bool("copy_channels", copy_channels)
         self.scale_group = default_scale_group(self.group_size, self.head_dim)
         self._lock = RWLock()
-        self._n = 0
+        # whether the importance record holds a nonzero entry; None while an
+        # update of the record is under way, or was interrupted: then
+        # _recorded() finds out from the record
         self._has_importance = False
+        # Everything the cache holds, its length included (the bounds'
+        # k_rows: C memory that the C call of an append or truncation
+        # writes), so that the call returning is the update's commit.
         self._buf = _storage.allocate(self, capacity)
 
     @property
     def seq_len(self):
         """The number of valid tokens."""
-        return self._n
+        return self._buf.bounds_st.k_rows
 
     @property
     def capacity(self):
@@ -128,15 +144,15 @@ class KVCache:
     def k(self):
         """The valid keys, ``[n_kv_heads, seq_len, head_dim]`` (a view: see
         the class docstring on truncation)."""
-        buf, n = self._buf, self._n
-        return self._view(buf.k, n)
+        buf = self._buf
+        return self._view(buf.k, buf.bounds_st.k_rows)
 
     @property
     def v(self):
         """The valid values, ``[n_kv_heads, seq_len, head_dim]`` (a view: see
         the class docstring on truncation)."""
-        buf, n = self._buf, self._n
-        return self._view(buf.v, n)
+        buf = self._buf
+        return self._view(buf.v, buf.bounds_st.k_rows)
 
     # The properties below copy under the read lock: an append, prefill or
     # truncate running in another thread writes these arrays in place.
@@ -144,20 +160,27 @@ class KVCache:
     @property
     def importance(self):
         """float32 ``[seq_len]``: the importance recorded so far (a copy)."""
-        self._lock.acquire_read()
-        try:
-            return self._buf.importance[:self._n].copy()
-        finally:
-            self._lock.release_read()
+        return self._snapshot(lambda buf, n, cache: buf.importance[:n].copy())
 
     def _snapshot(self, take):
         """take(buffers, n, cache) under the read lock: an append, prefill or
         truncate in another thread writes the arrays in place."""
-        self._lock.acquire_read()
+        lock, me = self._lock, get_ident()
         try:
-            return take(self._buf, self._n, self)
+            lock.acquire_read(me)
+            buf = self._buf
+            return take(buf, buf.bounds_st.k_rows, self)
         finally:
-            self._lock.release_read()
+            lock.release_read(me)
+
+    def _recorded(self, buf, n):
+        """Whether the importance record of the n tokens of buf (the
+        cache's) holds a nonzero entry: the flag, or, when an interrupted
+        update left it unknown, the record's answer (kept).  Under the lock."""
+        has = self._has_importance
+        if has is None:
+            has = self._has_importance = bool(buf.importance[:n].any())
+        return has
 
     @property
     def bounds(self):
@@ -220,33 +243,80 @@ class KVCache:
         torch tensors' data this way)."""
         if T == 0:
             return
-        self._lock.acquire_write()
+        lock, me = self._lock, get_ident()
         try:
+            lock.acquire_write(me)
             self._append_locked(kp, vp, T)
         finally:
-            self._lock.release_write()
+            lock.release_write(me)
+
+    # The transformers backend hands a decode step's token over in a slot, a
+    # one-item list: slot[0] is None or (a cffi pointer to float32
+    # [n_kv_heads, 1, head_dim] K rows, what keeps them alive, the same two
+    # for V, the cache's length the token goes at).  Appending it is
+    # idempotent: it goes in only while the cache's length is that, and the
+    # slot is emptied after, so an interrupt between the two leaves a token
+    # that the next flush finds in the cache and drops.
 
     def _append_pending(self, slot):
-        """Append the one token a handoff slot holds (``slot[0]``: a cffi
-        pointer to float32 ``[n_kv_heads, 1, head_dim]`` K rows, what keeps
-        them alive, the same two for V; or None), emptying the slot under the
-        write lock: of threads that race to append it, one does."""
-        self._lock.acquire_write()
+        """Append the token a handoff slot holds, if any, under the write
+        lock: of threads that race to append it, one does."""
+        lock, me = self._lock, get_ident()
         try:
+            lock.acquire_write(me)
             self._append_pending_locked(slot)
         finally:
-            self._lock.release_write()
+            lock.release_write(me)
 
     def _append_pending_locked(self, slot):
-        """_append_pending's work, the write lock held by the caller."""
+        """_append_pending's work, the write lock held by the caller.  A
+        token refused for its values (or for want of memory) is dropped, as
+        it could never go in; an interrupt leaves it in the slot."""
         pending = slot[0]               # keeps the rows alive through the append
+        if pending is None:
+            return
+        if self._buf.bounds_st.k_rows == pending[4]:
+            try:
+                self._append_locked(pending[0], pending[2], 1)
+            except Exception:
+                slot[0] = None
+                raise
+        slot[0] = None      # appended now or before (or the cache was cut back past it)
+
+    def _pending_plan(self, slot):
+        """The first half of _append_pending_locked, for a batch that checks
+        every sequence before it changes any (decoder.decode_rows): the
+        arguments of the _append_into that appends the slot's token, checked
+        as the C append checks them and with any growth made, or None when
+        there is nothing to append; the cache and the slot unchanged.
+        Raises what the append would."""
+        pending = slot[0]
+        if pending is None or self._buf.bounds_st.k_rows != pending[4]:
+            return None
+        buf, n = self._append_target(1)
+        plan = (buf, n, pending[0], pending[2], 1)
+        _ffi.check(lib.sa_kv_append_check(*self._append_args(*plan)), "KVCache.append")
+        return plan
+
+    def _pending_commit(self, slot, plan):
+        """The second half: append what _pending_plan planned (it cannot be
+        refused), then empty the slot."""
+        if plan is not None:
+            self._append_into(*plan)
         slot[0] = None
-        if pending is not None:
-            self._append_locked(pending[0], pending[2], 1)
 
     def _append_locked(self, kp, vp, T):
         """_append_at's work, the write lock held by the caller."""
-        n, buf = self._n, self._buf
+        buf, n = self._append_target(T)
+        self._append_into(buf, n, kp, vp, T)
+
+    def _append_target(self, T):
+        """(the buffers an append of T rows writes, the cache's length): the
+        cache's own, or, when they are full, a grown copy that is not yet
+        the cache's.  Everything an append does that can fail for want of
+        memory, done before it changes anything."""
+        buf = self._buf
+        n = buf.bounds_st.k_rows
         if n + T > ck.INT_MAX:
             raise ArgumentError(f"the cache would hold {n + T} rows; at most "
                                 f"{ck.INT_MAX} are supported")
@@ -255,11 +325,21 @@ class KVCache:
                                    n + T)
         elif not buf.advised:
             _storage.advise(buf, n + T)
-        rc = lib.sa_kv_append(buf.kop.struct, buf.vop.struct, n, kp, vp, T, buf.bounds_st,
-                              buf.probe_st if buf.probe_st is not None else ffi.NULL,
-                              buf.channels_st if buf.channels_st is not None else ffi.NULL)
-        _ffi.check(rc, "KVCache.append")
-        self._buf, self._n = buf, n + T
+        return buf, n
+
+    @staticmethod
+    def _append_args(buf, n, kp, vp, T):
+        return (buf.kop.struct, buf.vop.struct, n, kp, vp, T, buf.bounds_st,
+                buf.probe_st if buf.probe_st is not None else ffi.NULL,
+                buf.channels_st if buf.channels_st is not None else ffi.NULL)
+
+    def _append_into(self, buf, n, kp, vp, T):
+        """Write T rows at row n of buf (_append_target's) and make buf the
+        cache's.  Into the cache's own buffers the C call is the commit;
+        into grown ones the store of buf is (one store: an interrupt before
+        it leaves the cache as it was, its old buffers untouched)."""
+        _ffi.check(lib.sa_kv_append(*self._append_args(buf, n, kp, vp, T)), "KVCache.append")
+        self._buf = buf
 
     def add_importance(self, importance):
         """Add per-token importance (float32 ``[m <= seq_len]``, any strides,
@@ -270,13 +350,15 @@ class KVCache:
                                  allow_empty=True)
         if not np.isfinite(importance).all():
             raise ArgumentError("importance holds NaN or Inf values")
-        self._lock.acquire_write()
+        lock, me = self._lock, get_ident()
         try:
-            m = importance.shape[0]
-            if m > self._n:
+            lock.acquire_write(me)
+            buf = self._buf
+            n, m = buf.bounds_st.k_rows, importance.shape[0]
+            if m > n:
                 raise ArgumentError(f"importance has {m} entries, more than the cache's "
-                                    f"seq_len ({self._n})")
-            record = self._buf.importance[:m]
+                                    f"seq_len ({n})")
+            record = buf.importance[:m]
             with np.errstate(over="ignore"):
                 total = record + importance
             if not np.isfinite(total).all():
@@ -285,10 +367,11 @@ class KVCache:
                     f"importance would overflow the recorded importance at token {at} "
                     f"({record[at]:.4g} + {importance[at]:.4g} is beyond float32); the "
                     f"record is unchanged")
-            record[:] = total
-            self._has_importance = self._has_importance or bool(importance.any())
+            self._has_importance = None         # unknown until the record is written
+            record[:] = total                   # one C copy: the commit
+            self._has_importance = bool(buf.importance[:n].any())
         finally:
-            self._lock.release_write()
+            lock.release_write(me)
 
     def truncate(self, seq_len):
         """Keep the first ``seq_len`` tokens (roll back appended tokens).  The
@@ -296,23 +379,26 @@ class KVCache:
         prefill queries of removed tokens gave them); removed tokens' entries
         are cleared and the bounds (and channel copy) of a now partial last
         block recomputed."""
-        self._lock.acquire_write()
+        lock, me = self._lock, get_ident()
         try:
-            seq_len = ck.check_int("seq_len", seq_len, minimum=0, maximum=self._n)
+            lock.acquire_write(me)
             buf = self._buf
-            buf.importance[seq_len:self._n] = 0
-            start = seq_len // self.block_size * self.block_size
-            _ffi.check(lib.sa_bounds_update(buf.kop.struct, start, seq_len, buf.bounds_st),
-                       "KVCache.truncate")
-            if buf.probe_st is not None:
-                buf.probe_st.k_rows = seq_len    # the copies of kept rows stay valid
-            if buf.channels_st is not None:
-                _ffi.check(lib.sa_channels_update(buf.kop.struct, start, seq_len,
-                                                  buf.channels_st), "KVCache.truncate")
-            self._n = seq_len
+            seq_len = ck.check_int("seq_len", seq_len, minimum=0,
+                                   maximum=buf.bounds_st.k_rows)
+            self._cut(buf, seq_len, "KVCache.truncate")
             self._has_importance = bool(buf.importance[:seq_len].any())
         finally:
-            self._lock.release_write()
+            lock.release_write(me)
+
+    def _cut(self, buf, seq_len, what):
+        """Keep the first seq_len rows of buf (the cache's): one C call,
+        which is the commit (the importance flag unknown across it)."""
+        self._has_importance = None
+        _ffi.check(lib.sa_kv_truncate(
+            buf.kop.struct, seq_len, buf.bounds_st,
+            buf.probe_st if buf.probe_st is not None else ffi.NULL,
+            buf.channels_st if buf.channels_st is not None else ffi.NULL,
+            _ffi.out_ptr(buf.importance, "float"), buf.importance.shape[0]), what)
 
     def copy(self):
         """An independent cache holding the same tokens: K and V as stored
@@ -320,31 +406,28 @@ class KVCache:
         record, the key bounds and the copies, at the same capacity.  What
         beam search does to a sequence's cache when two beams continue it."""
         new = object.__new__(KVCache)
-        self._lock.acquire_read()
+        lock, me = self._lock, get_ident()
         try:
+            lock.acquire_read(me)
             new.__dict__.update({k: v for k, v in self.__dict__.items()
                                  if k not in ("_lock", "_buf")})
             new._lock = RWLock()
-            new._buf = _storage.allocate(new, self._buf.capacity, self._buf, self._n, self._n)
+            buf = self._buf
+            n = buf.bounds_st.k_rows
+            new._buf = _storage.allocate(new, buf.capacity, buf, n, n)
         finally:
-            self._lock.release_read()
+            lock.release_read(me)
         return new
 
     def reset(self):
         """Forget every token (keeps the allocation)."""
-        self._lock.acquire_write()
+        lock, me = self._lock, get_ident()
         try:
-            buf = self._buf
-            buf.importance[:] = 0
-            buf.bounds_st.k_rows = 0
-            if buf.probe_st is not None:
-                buf.probe_st.k_rows = 0
-            if buf.channels_st is not None:
-                buf.channels_st.k_rows = 0
-            self._n = 0
+            lock.acquire_write(me)
+            self._cut(self._buf, 0, "KVCache.reset")
             self._has_importance = False
         finally:
-            self._lock.release_write()
+            lock.release_write(me)
 
     # ----------------------------------------------------------------- attention
     def prefill(self, q, *, k_blocks=None, block_size=None, n_probe=None, recency=True,
@@ -370,9 +453,11 @@ class KVCache:
         if k_blocks is not None:
             sel = self._selection(policy, k_blocks, block_size, n_probe, recency,
                                   importance_fraction, sink_blocks, share, scoring, n_channels)
-        self._lock.acquire_write()
+        lock, me = self._lock, get_ident()
         try:
-            buf, n = self._buf, self._n
+            lock.acquire_write(me)
+            buf = self._buf
+            n = buf.bounds_st.k_rows
             q, n_heads = query(q, buf.kop, 3)
             T = q.shape[1]
             if T > n:
@@ -385,15 +470,16 @@ class KVCache:
                     bst, pst, keep = metadata_structs(sel, self._view(buf.k, n), buf.kop, n,
                                                       None, None)
                 params = sel.params(bst, pst, exact_tail)
-                prior = buf.importance if self._has_importance else None
+                prior = buf.importance if self._recorded(buf, n) else None
             out, imp = prefill_call(q, n_heads, buf.kop, buf.vop, n - T, params, prior, scale,
                                     threads)
             del keep
-            buf.importance[:n] += imp
-            self._has_importance = self._has_importance or bool(imp.any())
+            self._has_importance = None         # unknown until the record is written
+            buf.importance[:n] += imp           # one C add: the commit
+            self._has_importance = bool(buf.importance[:n].any())
             return out
         finally:
-            self._lock.release_write()
+            lock.release_write(me)
 
     def decode(self, q, *, seq_len=None, k_blocks=32, block_size=None, n_probe=None,
                importance=_RECORDED, recency=True, scale=None, policy=CACHE_POLICY,
@@ -413,16 +499,18 @@ class KVCache:
         scale = scale_value(scale, self.head_dim)
         threads = ck.check_threads(threads)
         return_blocks = ck.check_bool("return_blocks", return_blocks)
-        self._lock.acquire_read()
+        lock, me = self._lock, get_ident()
         try:
-            buf, n = self._buf, self._n          # one snapshot of the state
+            lock.acquire_read(me)
+            buf = self._buf                     # one snapshot of the state
+            n = buf.bounds_st.k_rows
             if n == 0:
                 raise ArgumentError("the cache is empty: append tokens before decoding")
             seq = n if seq_len is None else ck.check_int("seq_len", seq_len, minimum=1,
                                                          maximum=n)
             q, n_heads = query(q, buf.kop, 2)
             if importance is _RECORDED:
-                imp = buf.importance if self._has_importance else None
+                imp = buf.importance if self._recorded(buf, n) else None
             else:
                 imp = importance_array(importance, seq)
             keep = None
@@ -437,7 +525,7 @@ class KVCache:
             del keep
             return result
         finally:
-            self._lock.release_read()
+            lock.release_read(me)
 
     def decoder(self, *, k_blocks=32, block_size=None, n_probe=None, recency=True,
                 policy=CACHE_POLICY, importance_fraction=None, sink_blocks=None, share=None,
@@ -461,15 +549,17 @@ class KVCache:
         """Exact attention of ``q`` over the cache (:func:`sparse_attn.dense_decode`)."""
         scale = scale_value(scale, self.head_dim)
         threads = ck.check_threads(threads)
-        self._lock.acquire_read()
+        lock, me = self._lock, get_ident()
         try:
-            buf, n = self._buf, self._n
+            lock.acquire_read(me)
+            buf = self._buf
+            n = buf.bounds_st.k_rows
             if n == 0:
                 raise ArgumentError("the cache is empty: append tokens before decoding")
             q, n_heads = query(q, buf.kop, 2)
             return dense_call(q, n_heads, buf.kop, buf.vop, n, scale, threads)
         finally:
-            self._lock.release_read()
+            lock.release_read(me)
 
     def _selection(self, policy, k_blocks, block_size, n_probe, recency, importance_fraction,
                    sink_blocks, share, scoring, n_channels):
@@ -492,7 +582,7 @@ class KVCache:
                         n_probe=n_probe, scoring=scoring, n_channels=n_channels,
                         **{k: v for k, v in knobs.items() if k in
                            ("recency", "importance_fraction", "sink_blocks", "share")})
-        n = self._n
+        n = self.seq_len
         seq = n if seq_len is None else seq_len
         return _storage.own_metadata(self, sel, seq, n, bounds, probe_rows, channels)
 

@@ -1,12 +1,16 @@
 """KVCache.decoder's prepared decode call, and the transformers backend's
 zero-copy appends and batched decode step (package-internal)."""
+from itertools import repeat
+from operator import methodcaller, setitem
+from threading import get_ident
+
 import numpy as np
 
 from . import _ffi, _storage
 from ._ffi import ffi, lib
 from ._operands import query
 from .attention import batch_call
-from .errors import ArgumentError
+from .errors import ArgumentError, SparseAttnError
 
 
 class Decoder:
@@ -73,24 +77,26 @@ class Decoder:
         step on a q8 SparseKVCache: the token its update handed over, then
         the attention, in one lock and two C calls."""
         c = self.cache
-        c._lock.acquire_write()
+        lock, me = c._lock, get_ident()
         try:
+            lock.acquire_write(me)
             c._append_pending_locked(slot)
             return self._run_locked(qp, n_heads, outp)
         finally:
-            c._lock.release_write()
+            lock.release_write(me)
 
     def _run(self, qp, n_heads, outp):
-        c = self.cache
-        c._lock.acquire_read()
+        lock, me = self.cache._lock, get_ident()
         try:
+            lock.acquire_read(me)
             return self._run_locked(qp, n_heads, outp)
         finally:
-            c._lock.release_read()
+            lock.release_read(me)
 
     def _run_locked(self, qp, n_heads, outp):
         c = self.cache
-        buf, n = c._buf, c._n
+        buf = c._buf
+        n = buf.bounds_st.k_rows
         if n == 0:
             raise ArgumentError("the cache is empty: append tokens before decoding")
         if buf is not self.buf:
@@ -102,9 +108,12 @@ class Decoder:
             return None
         blocks = np.empty((n_heads, self.sel.n_selected(n)), np.int32) \
             if self.return_blocks else None
+        has = c._has_importance
+        if has is None:
+            has = c._recorded(buf, n)
         rc = lib.sa_sparse_decode(
             qp, n_heads, buf.kop.struct, buf.vop.struct, n, self.params,
-            self.imp if c._has_importance else ffi.NULL, n, self.scale, outp,
+            self.imp if has else ffi.NULL, n, self.scale, outp,
             ffi.from_buffer("int32_t[]", blocks) if blocks is not None else ffi.NULL,
             self.threads)
         _ffi.check(rc, "sparse_decode")
@@ -135,29 +144,57 @@ def decode_rows(decoders, slots, qp, outp, n_heads):
     sequence's output bitwise what its own call gives), on the first
     decoder's threads.  The caches' write locks are held throughout, taken
     in one order (by id) so two threads never wait on each other; no other
-    thread sees a cache between its append and its attention."""
+    thread sees a cache between its append and its attention.
+
+    Every sequence is checked (its token's values as the C append checks
+    them, its cache not empty) and every growth allocated before any cache
+    changes: a refusal raises naming the sequence, changes no cache and
+    drops every token of the step.  An interrupt can land between two
+    caches' appends (each its own commit); the tokens not yet in stay in
+    their slots, which the next read of those layers appends."""
     caches = [d.cache for d in decoders]
-    order = sorted(range(len(caches)), key=lambda i: id(caches[i]))
-    held = []
+    locks = [caches[i]._lock for i in sorted(range(len(caches)), key=lambda i: id(caches[i]))]
+    me = get_ident()
+    # Every lock's release, and every slot's emptying, each run by one C call
+    # (any() consuming a map made here): no point between two of them where
+    # an interrupt could leave a lock held or half the slots full.
+    releases = map(methodcaller("release_write", me), locks)
+    drops = map(setitem, slots, repeat(0), repeat(None))
     try:
-        for i in order:
-            caches[i]._lock.acquire_write()
-            held.append(i)
+        for lock in locks:
+            lock.acquire_write(me)
+        try:
+            plans = [_checked(i, c, slot) for i, (c, slot) in enumerate(zip(caches, slots))]
+        except Exception:       # refused (or no memory to grow): the step's tokens dropped
+            any(drops)
+            raise
         calls = []
         step = n_heads * caches[0].head_dim
-        for i, (d, c, slot) in enumerate(zip(decoders, caches, slots)):
-            c._append_pending_locked(slot)
-            buf, n = c._buf, c._n
-            if n == 0:
-                raise ArgumentError(f"sequence {i}'s cache is empty: append tokens before "
-                                    "decoding")
+        for i, (d, c, slot, plan) in enumerate(zip(decoders, caches, slots, plans)):
+            c._pending_commit(slot, plan)
+            buf = c._buf
+            n = buf.bounds_st.k_rows
             if buf is not d.buf:
                 d._bind(buf)
+            has = c._has_importance
+            if has is None:
+                has = c._recorded(buf, n)
             calls.append((qp + i * step, n_heads, buf.kop, buf.vop, n,
                           None if d.dense else d.params,
-                          buf.importance[:n] if c._has_importance else None, d.scale,
+                          buf.importance[:n] if has else None, d.scale,
                           outp + i * step))
         batch_call(calls, decoders[0].threads)
     finally:
-        for i in held:
-            caches[i]._lock.release_write()
+        any(releases)
+
+
+def _checked(i, cache, slot):
+    """Sequence i's KVCache._pending_plan, its cache checked not to be empty
+    after it; what is refused is refused naming the sequence."""
+    try:
+        plan = cache._pending_plan(slot)
+        if plan is None and cache.seq_len == 0:
+            raise ArgumentError("its cache is empty: append tokens before decoding")
+        return plan
+    except (SparseAttnError, MemoryError) as e:
+        raise type(e)(f"sequence {i} of the batch: {e}") from e

@@ -291,23 +291,38 @@ def test_concurrent_decodes_while_one_thread_appends(rng, policy):
 
 def test_cache_lock_readers_share_and_a_waiting_writer_holds_back_new_readers():
     """The cache's read/write lock: readers overlap; a writer waits for them;
-    while it waits no new reader gets in; once it is done everyone runs."""
+    while it waits no new reader gets in; once it is done everyone runs.
+    A hold is a thread's (its ident): two readers are two threads."""
     lock = RWLock()
-    lock.acquire_read()
-    lock.acquire_read()                 # two readers at once
+    me = threading.get_ident()
+    lock.acquire_read(me)
+    other_in, other_go = threading.Event(), threading.Event()
+
+    def other_reader():
+        i = threading.get_ident()
+        lock.acquire_read(i)
+        other_in.set()
+        other_go.wait(5)
+        lock.release_read(i)
+
+    o = threading.Thread(target=other_reader)
+    o.start()
+    assert other_in.wait(5)             # two readers at once
     order, writer_in, late_in = [], threading.Event(), threading.Event()
 
     def writer():
-        lock.acquire_write()
+        i = threading.get_ident()
+        lock.acquire_write(i)
         order.append("writer")
         writer_in.set()
-        lock.release_write()
+        lock.release_write(i)
 
     def late_reader():
-        lock.acquire_read()
+        i = threading.get_ident()
+        lock.acquire_read(i)
         order.append("late reader")
         late_in.set()
-        lock.release_read()
+        lock.release_read(i)
 
     w = threading.Thread(target=writer)
     w.start()
@@ -316,13 +331,13 @@ def test_cache_lock_readers_share_and_a_waiting_writer_holds_back_new_readers():
     r = threading.Thread(target=late_reader)
     r.start()
     assert not late_in.wait(0.05) and not writer_in.is_set()
-    lock.release_read()
-    lock.release_read()
+    lock.release_read(me)
+    other_go.set()
     assert writer_in.wait(5) and late_in.wait(5)
-    w.join()
-    r.join()
+    for t in (o, w, r):
+        t.join()
     assert order == ["writer", "late reader"]
-    assert (lock._readers, lock._writer, lock._waiting, lock._sleepers) == (0, False, 0, 0)
+    assert (lock._readers, lock._writer, lock._waiting) == (set(), set(), set())
 
 
 # ------------------------------------------------------------------ sizes near 2**31

@@ -2266,6 +2266,260 @@ static void test_bad_args(void)
     free(kf), free(vf), free(kq), free(vq), free(ks), free(vs);
 }
 
+/* ---- a cache's updates as single calls --------------------------------- */
+
+/* A cache the way the Python layer lays one out: K, V, key bounds, probe-row
+ * copies, channel copy and importance over TC_ROWS rows, all zeroed. */
+enum { TC_HKV = 2, TC_D = 64, TC_GS = 32, TC_NG = TC_D / TC_GS, TC_ROWS = 40, TC_BS = 8,
+       TC_NB = TC_ROWS / TC_BS, TC_PROBE = 2, TC_CNT = 2, TC_PROWS = TC_NB * TC_CNT };
+
+typedef struct {
+    sa_kv k, v;
+    sa_bounds b;
+    sa_probe_rows r;
+    sa_channels c;
+    float imp[TC_ROWS];
+    void *mem[12];              /* every array, in the order of tc_sizes */
+} test_cache;
+
+static void tc_sizes(size_t len[12])
+{
+    const size_t nf = (size_t)TC_HKV * TC_ROWS * TC_D, ns = (size_t)TC_HKV * TC_ROWS * TC_NG;
+    const size_t bb = (size_t)TC_HKV * TC_NB * TC_D, pr = (size_t)TC_HKV * TC_PROWS * TC_D;
+    const size_t lens[12] = {nf * 4, nf * 4, nf, nf, ns * 4, ns * 4, bb, bb,
+                             (size_t)TC_HKV * TC_NB * TC_NG * 4, pr * 4,
+                             pr + (size_t)TC_HKV * TC_PROWS * TC_NG * 4,
+                             bb * TC_BS + bb * 4};
+    memcpy(len, lens, sizeof lens);
+}
+
+static void tc_init(test_cache *tc, int q8)
+{
+    size_t len[12];
+    tc_sizes(len);
+    for (int i = 0; i < 12; i++)
+        memset(tc->mem[i] = xmalloc(len[i]), 0, len[i]);
+    float *kf = tc->mem[0], *vf = tc->mem[1], *ks = tc->mem[4], *vs = tc->mem[5];
+    int8_t *kq = tc->mem[2], *vq = tc->mem[3];
+    tc->k = q8 ? (sa_kv){SA_DTYPE_Q8, TC_HKV, TC_ROWS, TC_ROWS, TC_D, TC_GS, NULL, kq, ks}
+               : (sa_kv){SA_DTYPE_F32, TC_HKV, TC_ROWS, TC_ROWS, TC_D, 0, kf, NULL, NULL};
+    tc->v = q8 ? (sa_kv){SA_DTYPE_Q8, TC_HKV, TC_ROWS, TC_ROWS, TC_D, TC_GS, NULL, vq, vs}
+               : (sa_kv){SA_DTYPE_F32, TC_HKV, TC_ROWS, TC_ROWS, TC_D, 0, vf, NULL, NULL};
+    tc->b = (sa_bounds){TC_HKV, TC_D, TC_BS, TC_GS, TC_NB, 0, tc->mem[6], tc->mem[7],
+                        tc->mem[8]};
+    tc->r = (sa_probe_rows){.rows = tc->k, .block_size = TC_BS, .n_probe = TC_PROBE};
+    tc->r.rows.head_stride = tc->r.rows.n_rows = TC_PROWS;
+    int8_t *rq = tc->mem[10];
+    tc->r.rows.f32 = q8 ? NULL : tc->mem[9];
+    tc->r.rows.q8 = q8 ? rq : NULL;
+    tc->r.rows.scales = q8 ? (float *)(rq + (size_t)TC_HKV * TC_PROWS * TC_D) : NULL;
+    int8_t *cq = tc->mem[11];
+    tc->c = (sa_channels){TC_HKV, TC_D, TC_BS, TC_BS, TC_NB, 0, cq,
+                          (float *)(cq + (size_t)TC_HKV * TC_NB * TC_D * TC_BS)};
+    memset(tc->imp, 0, sizeof tc->imp);
+}
+
+static void tc_free(test_cache *tc)
+{
+    for (int i = 0; i < 12; i++)
+        free(tc->mem[i]);
+}
+
+/* rows [r0, r1) of src [TC_HKV, TC_ROWS, TC_D] appended at r0 */
+static int tc_append(test_cache *tc, const float *ksrc, const float *vsrc, int r0, int r1)
+{
+    const int T = r1 - r0;
+    float *kn = xmalloc((size_t)TC_HKV * (T ? T : 1) * TC_D * 4);
+    float *vn = xmalloc((size_t)TC_HKV * (T ? T : 1) * TC_D * 4);
+    for (int kh = 0; kh < TC_HKV; kh++) {
+        memcpy(kn + (size_t)kh * T * TC_D, ksrc + ((size_t)kh * TC_ROWS + r0) * TC_D,
+               (size_t)T * TC_D * 4);
+        memcpy(vn + (size_t)kh * T * TC_D, vsrc + ((size_t)kh * TC_ROWS + r0) * TC_D,
+               (size_t)T * TC_D * 4);
+    }
+    const int rc = sa_kv_append(&tc->k, &tc->v, r0, kn, vn, T, &tc->b, &tc->r, &tc->c);
+    free(kn), free(vn);
+    return rc;
+}
+
+/* Whether a and b hold the same cache of n rows: K and V rows, bounds and
+ * channel copy of the blocks those rows span (the channel copy's bytes of
+ * the rows a partial block has), probe-row copies of the full blocks, the
+ * k_rows of all three, every importance entry. */
+static int tc_same(const test_cache *a, const test_cache *b, int n)
+{
+    int same = a->b.k_rows == n && b->b.k_rows == n && a->r.k_rows == n && b->r.k_rows == n &&
+               a->c.k_rows == n && b->c.k_rows == n;
+    const int q8 = a->k.dtype == SA_DTYPE_Q8, nb = (n + TC_BS - 1) / TC_BS;
+    for (int kh = 0; kh < TC_HKV; kh++) {
+        const size_t row = (size_t)kh * TC_ROWS * TC_D, srow = (size_t)kh * TC_ROWS * TC_NG;
+        if (q8)
+            for (int i = 2; i < 6; i++) {
+                const size_t at = i < 4 ? row : srow * 4, len = i < 4 ? (size_t)n * TC_D
+                                                                      : (size_t)n * TC_NG * 4;
+                same &= !memcmp((char *)a->mem[i] + at, (char *)b->mem[i] + at, len);
+            }
+        else
+            for (int i = 0; i < 2; i++)
+                same &= !memcmp((float *)a->mem[i] + row, (float *)b->mem[i] + row,
+                                (size_t)n * TC_D * 4);
+        for (int blk = 0; blk < nb; blk++) {
+            const size_t at = (size_t)kh * TC_NB + blk;
+            same &= !memcmp(a->b.mn + at * TC_D, b->b.mn + at * TC_D, TC_D) &&
+                    !memcmp(a->b.mx + at * TC_D, b->b.mx + at * TC_D, TC_D) &&
+                    !memcmp(a->b.scales + at * TC_NG, b->b.scales + at * TC_NG, TC_NG * 4);
+            const int rows = blk < n / TC_BS ? TC_BS : n - blk * TC_BS;
+            for (int i = 0; i < TC_D; i++) {
+                const size_t c = ((size_t)kh * TC_D + i) * TC_NB + blk;
+                same &= !memcmp(a->c.q8 + c * TC_BS, b->c.q8 + c * TC_BS, (size_t)rows) &&
+                        a->c.scales[c] == b->c.scales[c];
+            }
+        }
+        const size_t pr = (size_t)kh * TC_PROWS, full = (size_t)(n / TC_BS) * TC_CNT;
+        if (q8)
+            same &= !memcmp(a->r.rows.q8 + pr * TC_D, b->r.rows.q8 + pr * TC_D, full * TC_D) &&
+                    !memcmp(a->r.rows.scales + pr * TC_NG, b->r.rows.scales + pr * TC_NG,
+                            full * TC_NG * 4);
+        else
+            same &= !memcmp(a->r.rows.f32 + pr * TC_D, b->r.rows.f32 + pr * TC_D,
+                            full * TC_D * 4);
+    }
+    return same && !memcmp(a->imp, b->imp, sizeof a->imp);
+}
+
+/* Every byte of a cache and its k_rows, for "a refused call wrote nothing". */
+typedef struct {
+    void *mem[12];
+    float imp[TC_ROWS];
+    int k_rows[3];
+} tc_snapshot;
+
+static void tc_take(const test_cache *tc, tc_snapshot *s)
+{
+    size_t len[12];
+    tc_sizes(len);
+    for (int i = 0; i < 12; i++)
+        memcpy(s->mem[i] = xmalloc(len[i]), tc->mem[i], len[i]);
+    memcpy(s->imp, tc->imp, sizeof s->imp);
+    s->k_rows[0] = tc->b.k_rows, s->k_rows[1] = tc->r.k_rows, s->k_rows[2] = tc->c.k_rows;
+}
+
+static int tc_unchanged(const test_cache *tc, tc_snapshot *s)
+{
+    size_t len[12];
+    tc_sizes(len);
+    int same = !memcmp(s->imp, tc->imp, sizeof s->imp) && s->k_rows[0] == tc->b.k_rows &&
+               s->k_rows[1] == tc->r.k_rows && s->k_rows[2] == tc->c.k_rows;
+    for (int i = 0; i < 12; i++) {
+        same &= !memcmp(s->mem[i], tc->mem[i], len[i]);
+        free(s->mem[i]);
+    }
+    return same;
+}
+
+/* sa_kv_truncate leaves a cache holding exactly what one that was only
+ * ever given its first m rows holds (bounds and channel copy of a partial
+ * last block recomputed, importance of the dropped rows 0), so appends
+ * after it give what appends to that cache give; a refused truncation
+ * writes nothing.  sa_kv_append_check refuses what sa_kv_append refuses
+ * and writes nothing either. */
+static void test_kv_updates(void)
+{
+    float *ka = xmalloc((size_t)TC_HKV * TC_ROWS * TC_D * 4);
+    float *va = xmalloc((size_t)TC_HKV * TC_ROWS * TC_D * 4);
+    float *kb = xmalloc((size_t)TC_HKV * TC_ROWS * TC_D * 4);
+    float *vb = xmalloc((size_t)TC_HKV * TC_ROWS * TC_D * 4);
+    fill_gauss(ka, TC_HKV * TC_ROWS * TC_D), fill_gauss(va, TC_HKV * TC_ROWS * TC_D);
+    fill_gauss(kb, TC_HKV * TC_ROWS * TC_D), fill_gauss(vb, TC_HKV * TC_ROWS * TC_D);
+    for (int i = 0; i < TC_HKV * TC_ROWS * TC_D; i++)
+        kb[i] *= 8.0f;          /* other magnitudes: a recomputed block's scales change */
+    enum { FULL = 37 };         /* rows before a truncation: block 4 partial */
+    static const int KEEP[] = {FULL, 35, 33, 32, 31, 8, 5, 1, 0};
+    for (int q8 = 0; q8 < 2; q8++)
+        for (int i = 0; i < LEN(KEEP); i++) {
+            const int m = KEEP[i];
+            set_where("sa_kv_truncate %s, %d of %d rows", q8 ? "q8" : "f32", m, FULL);
+            test_cache cut, ref;
+            tc_init(&cut, q8), tc_init(&ref, q8);
+            EXPECT(SA_OK, tc_append(&cut, ka, va, 0, 20));
+            EXPECT(SA_OK, tc_append(&cut, ka, va, 20, FULL));
+            for (int t = 0; t < FULL; t++)
+                cut.imp[t] = 1.0f + (float)t;
+            EXPECT(SA_OK, tc_append(&ref, ka, va, 0, m));
+            for (int t = 0; t < m; t++)
+                ref.imp[t] = 1.0f + (float)t;
+            EXPECT(SA_OK, sa_kv_truncate(&cut.k, m, &cut.b, &cut.r, &cut.c, cut.imp, TC_ROWS));
+            check(tc_same(&cut, &ref, m), "the truncated cache differs from one of %d rows", m);
+            /* appends after it: other rows in the place of the dropped ones */
+            EXPECT(SA_OK, tc_append(&cut, kb, vb, m, FULL));
+            EXPECT(SA_OK, tc_append(&ref, kb, vb, m, FULL));
+            check(tc_same(&cut, &ref, FULL), "appends after a truncation to %d rows differ", m);
+            tc_free(&cut), tc_free(&ref);
+        }
+
+    for (int q8 = 0; q8 < 2; q8++) {
+        set_where("sa_kv_truncate %s, refused", q8 ? "q8" : "f32");
+        test_cache tc;
+        tc_init(&tc, q8);
+        EXPECT(SA_OK, tc_append(&tc, ka, va, 0, FULL));
+        for (int t = 0; t < FULL; t++)
+            tc.imp[t] = 1.0f;
+        tc_snapshot snap;
+        tc_take(&tc, &snap);
+        EXPECT(SA_ERR_NULL, sa_kv_truncate(NULL, 3, &tc.b, &tc.r, &tc.c, tc.imp, TC_ROWS));
+        EXPECT(SA_ERR_NULL, sa_kv_truncate(&tc.k, 3, NULL, &tc.r, &tc.c, tc.imp, TC_ROWS));
+        EXPECT(SA_ERR_SEQ_LEN, sa_kv_truncate(&tc.k, FULL + 1, &tc.b, &tc.r, &tc.c, tc.imp,
+                                              TC_ROWS));
+        EXPECT(SA_ERR_SEQ_LEN, sa_kv_truncate(&tc.k, -1, &tc.b, &tc.r, &tc.c, tc.imp, TC_ROWS));
+        EXPECT(SA_ERR_IMPORTANCE, sa_kv_truncate(&tc.k, 3, &tc.b, &tc.r, &tc.c, tc.imp,
+                                                 FULL - 1));
+        tc.r.k_rows = FULL - 1;         /* copies not current for the cache's rows */
+        EXPECT(SA_ERR_PROBE_ROWS, sa_kv_truncate(&tc.k, 3, &tc.b, &tc.r, &tc.c, tc.imp,
+                                                 TC_ROWS));
+        tc.r.k_rows = FULL, tc.c.k_rows = FULL - 1;
+        EXPECT(SA_ERR_CHANNELS, sa_kv_truncate(&tc.k, 3, &tc.b, &tc.r, &tc.c, tc.imp,
+                                               TC_ROWS));
+        tc.c.k_rows = FULL, tc.b.k_rows = TC_ROWS + 1;  /* a length beyond K's rows */
+        EXPECT(SA_ERR_BOUNDS, sa_kv_truncate(&tc.k, 3, &tc.b, &tc.r, &tc.c, tc.imp, TC_ROWS));
+        tc.b.k_rows = FULL, tc.c.block_rows = 0;
+        EXPECT(SA_ERR_SHAPE, sa_kv_truncate(&tc.k, 3, &tc.b, &tc.r, &tc.c, tc.imp, TC_ROWS));
+        tc.c.block_rows = TC_BS;
+        check(tc_unchanged(&tc, &snap), "a refused sa_kv_truncate wrote to the cache");
+
+        /* without the optional parts: the bounds alone, then to nothing */
+        EXPECT(SA_OK, sa_kv_truncate(&tc.k, 30, &tc.b, NULL, NULL, NULL, 0));
+        check(tc.b.k_rows == 30 && tc.r.k_rows == FULL && tc.c.k_rows == FULL &&
+              tc.imp[FULL - 1] == 1.0f, "sa_kv_truncate changed a part it was not given");
+        tc.r.k_rows = tc.c.k_rows = 30;
+        EXPECT(SA_OK, sa_kv_truncate(&tc.k, 0, &tc.b, &tc.r, &tc.c, tc.imp, TC_ROWS));
+        int zero = tc.b.k_rows == 0 && tc.r.k_rows == 0 && tc.c.k_rows == 0;
+        for (int t = 0; t < TC_ROWS; t++)
+            zero &= tc.imp[t] == (t >= 30 && t < FULL ? 1.0f : 0.0f); /* [30, 37): not given */
+        check(zero, "sa_kv_truncate to 0 rows left rows, or importance of the dropped rows");
+
+        set_where("sa_kv_append_check %s", q8 ? "q8" : "f32");
+        EXPECT(SA_OK, tc_append(&tc, ka, va, 0, 10));
+        float kn[TC_HKV * 2 * TC_D], vn[TC_HKV * 2 * TC_D];
+        fill_gauss(kn, TC_HKV * 2 * TC_D), fill_gauss(vn, TC_HKV * 2 * TC_D);
+        tc_take(&tc, &snap);
+        EXPECT(SA_OK, sa_kv_append_check(&tc.k, &tc.v, 10, kn, vn, 2, &tc.b, &tc.r, &tc.c));
+        EXPECT(SA_ERR_BOUNDS, sa_kv_append_check(&tc.k, &tc.v, 11, kn, vn, 2, &tc.b, NULL,
+                                                 NULL));
+        EXPECT(SA_ERR_SEQ_LEN, sa_kv_append_check(&tc.k, &tc.v, TC_ROWS - 1, kn, vn, 2, NULL,
+                                                  NULL, NULL));
+        kn[TC_HKV * 2 * TC_D - 1] = NAN;
+        EXPECT(SA_ERR_K_VALUES, sa_kv_append_check(&tc.k, &tc.v, 10, kn, vn, 2, &tc.b, &tc.r,
+                                                   &tc.c));
+        EXPECT(SA_ERR_K_VALUES, sa_kv_append(&tc.k, &tc.v, 10, kn, vn, 2, &tc.b, &tc.r, &tc.c));
+        kn[TC_HKV * 2 * TC_D - 1] = 0.0f, vn[3] = 0x1p48f;
+        EXPECT(SA_ERR_V_VALUES, sa_kv_append_check(&tc.k, &tc.v, 10, kn, vn, 2, &tc.b, &tc.r,
+                                                   &tc.c));
+        check(tc_unchanged(&tc, &snap), "sa_kv_append_check wrote to the cache");
+        tc_free(&tc);
+    }
+    free(ka), free(va), free(kb), free(vb);
+}
+
 /* ====================================================================== */
 
 /* Every table the build knows about, from isa_list.h. */
@@ -2601,6 +2855,7 @@ int main(int argc, char **argv)
      * kernel, so an incomplete table elsewhere cannot crash them. */
     sa_set_isa("portable");
     test_bad_args();
+    test_kv_updates();
     sa_set_isa(def);
 
     printf("%ld passed, %ld failed\n", n_passed, n_failed);

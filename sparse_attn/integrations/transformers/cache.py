@@ -63,8 +63,10 @@ class SparseKVLayer(BatchRows, CacheLayerMixin):
         self.capacity = ck.check_int("capacity", capacity, minimum=1)
         self._kv = None
         # a decode step's new token, handed over to the attention (update):
-        # a one-slot list, emptied under the cache's write lock by whoever
-        # appends it (KVCache._append_pending, Decoder.append_call_at)
+        # a one-slot list holding the token and the cache's length it goes
+        # at (_hold_token), appended under the cache's write lock by whoever
+        # flushes it (KVCache._append_pending, Decoder.append_call_at),
+        # idempotently: an interrupt cannot drop it or append it twice
         self._pending = [None]
         # the two handoffs (rows) a decode step's token is copied to, in
         # turn (_hold_token), their rows' addresses, and which one is next
@@ -158,7 +160,7 @@ class SparseKVLayer(BatchRows, CacheLayerMixin):
             # a q8 decode step: the token is handed over to the attention
             # call (see below), and the placeholder made with no other work
             # (the general path below does the same, after its checks)
-            self._pending[0] = self._hold_token(key_states, value_states)
+            self._pending[0] = self._hold_token(key_states, value_states, self._kv.seq_len)
             self._prompt = None
             i = self._kv.seq_len + 1 - self._phs_first
             self.keys = self.values = self._phs[i] if 0 <= i < len(self._phs) else \
@@ -187,7 +189,7 @@ class SparseKVLayer(BatchRows, CacheLayerMixin):
         self._prompt = (key_states, value_states, key_states._version,
                         value_states._version) if kv.seq_len == 0 else None
         if shape[2] == 1 and self.dtype == "q8":
-            self._pending[0] = self._hold_token(key_states, value_states)
+            self._pending[0] = self._hold_token(key_states, value_states, kv.seq_len)
             self.keys = self.values = self._placeholder.make(
                 (1, shape[1], kv.seq_len + 1, shape[3]), self.model_dtype)
             st[0] += 1
@@ -203,16 +205,17 @@ class SparseKVLayer(BatchRows, CacheLayerMixin):
         st[2] += t2 - t1
         return self.keys, self.values
 
-    def _hold_token(self, key_states, value_states):
-        """The handoff of a one-token update (``[1, Hkv, 1, D]`` K and V), as
+    def _hold_token(self, key_states, value_states, at):
+        """The handoff of a one-token update (``[1, Hkv, 1, D]`` K and V) that
+        goes at row ``at`` (the cache's length now), as
         KVCache._append_pending takes it: pointers to float32 copies of the
-        token's rows, made now, and what owns them.  The append comes later
-        (in the attention call), when the caller may have reused, resized
-        or freed its tensors.  Float32 rows are copied to one of the
-        layer's two handoffs, in turn: one is taken (under the cache's
-        lock) before the next is made, so the one written is never one
-        still being read; memory the layer keeps stays in the CPU's caches.
-        Other layouts and dtypes get torch's float32 copy."""
+        token's rows, made now, what owns them, and ``at``.  The append
+        comes later (in the attention call), when the caller may have
+        reused, resized or freed its tensors.  Float32 rows are copied to
+        one of the layer's two handoffs, in turn: one is taken (under the
+        cache's lock) before the next is made, so the one written is never
+        one still being read; memory the layer keeps stays in the CPU's
+        caches.  Other layouts and dtypes get torch's float32 copy."""
         k, v = key_states, value_states
         if (k.dtype is torch.float32 and v.dtype is torch.float32 and k.is_contiguous()
                 and v.is_contiguous() and k.is_cpu and v.is_cpu):
@@ -224,8 +227,8 @@ class SparseKVLayer(BatchRows, CacheLayerMixin):
             # ctypes takes the addresses as ints: no cffi pointer is made per step
             _memmove(k_to, k.data_ptr(), nbytes)
             _memmove(v_to, v.data_ptr(), nbytes)
-            return self._token_rows[i]
-        return _rows_at(k, copy=True) + _rows_at(v, copy=True)
+            return self._token_rows[i] + (at,)
+        return _rows_at(k, copy=True) + _rows_at(v, copy=True) + (at,)
 
     def _new_token_rows(self, row):
         """The layer's two handoffs of ``row`` floats of K and of V each, in
