@@ -4,6 +4,7 @@ huge page's size on (docs/design.md, "One allocation per cache")."""
 import ctypes
 import math
 import mmap
+import types
 
 import numpy as np
 
@@ -172,6 +173,41 @@ def allocate(cache, capacity, old=None, n=0, filled=0):
         b.probe_st = probe_rows_struct(b.probe, cache.group_size, cache.block_size,
                                        cache.n_probe, probe_rows_done)
     return b
+
+def held(cache, b):
+    """(capacity, n, arrays) of what a cache holds at its length n: the
+    valid rows of K and V, their importance, the bounds and channel copy of
+    their blocks, the probe copies of those blocks (each a copy), and how
+    many rows the probe copies cover: what a pickle of the cache keeps
+    (from_held makes the buffers again)."""
+    n = b.bounds_st.k_rows
+    nb = -(-n // cache.block_size)
+    probe = None
+    if b.probe is not None:
+        cnt, _ = probe_geometry(cache.block_size, cache.n_probe)
+        rows = min(nb * cnt, probe_arrays(b.probe)[0].shape[1])
+        probe = tuple(a[:, :rows].copy() for a in probe_arrays(b.probe))
+    arrays = dict(
+        karr=tuple(a[:, :n].copy() for a in b.karr),
+        varr=tuple(a[:, :n].copy() for a in b.varr),
+        importance=b.importance[:n].copy(),
+        bounds=tuple(a[:, :nb].copy() for a in b.bounds),
+        channels=None if b.channels is None else tuple(a[:, :, :nb].copy() for a in b.channels),
+        probe=probe, probe_rows=None if b.probe_st is None else b.probe_st.k_rows)
+    return b.capacity, n, arrays
+
+
+def from_held(cache, capacity, n, arrays):
+    """The Buffers of `capacity` rows holding what held() kept, copied in as
+    a growth copies the old buffers (allocate): the same bits."""
+    probe = arrays["probe"]
+    old = types.SimpleNamespace(
+        karr=arrays["karr"], varr=arrays["varr"], importance=arrays["importance"],
+        bounds=arrays["bounds"], channels=arrays["channels"],
+        probe=None if probe is None else (probe if len(probe) > 1 else probe[0]),
+        probe_st=types.SimpleNamespace(k_rows=arrays["probe_rows"]))
+    return allocate(cache, capacity, old, n, n)
+
 
 def advise(b, filled):
     """Once the first `filled` rows about to be written make b three

@@ -46,7 +46,7 @@ class KVCache:
     free.  The cache's length lives in C memory that the C call of an
     append or truncation writes, so that call is the commit; an append
     that grows the cache fills new buffers and swaps them in with one
-    store.
+    store.  A cache pickles (and deep-copies) with all it holds, as stored.
 
     ``importance``, ``bounds``, ``channels`` and ``probe_rows`` are copies,
     made when read: snapshots of the cache at that moment that nothing the
@@ -283,28 +283,6 @@ class KVCache:
                 raise
         slot[0] = None      # appended now or before (or the cache was cut back past it)
 
-    def _pending_plan(self, slot):
-        """The first half of _append_pending_locked, for a batch that checks
-        every sequence before it changes any (decoder.decode_rows): the
-        arguments of the _append_into that appends the slot's token, checked
-        as the C append checks them and with any growth made, or None when
-        there is nothing to append; the cache and the slot unchanged.
-        Raises what the append would."""
-        pending = slot[0]
-        if pending is None or self._buf.bounds_st.k_rows != pending[4]:
-            return None
-        buf, n = self._append_target(1)
-        plan = (buf, n, pending[0], pending[2], 1)
-        _ffi.check(lib.sa_kv_append_check(*self._append_args(*plan)), "KVCache.append")
-        return plan
-
-    def _pending_commit(self, slot, plan):
-        """The second half: append what _pending_plan planned (it cannot be
-        refused), then empty the slot."""
-        if plan is not None:
-            self._append_into(*plan)
-        slot[0] = None
-
     def _append_locked(self, kp, vp, T):
         """_append_at's work, the write lock held by the caller."""
         buf, n = self._append_target(T)
@@ -418,6 +396,19 @@ class KVCache:
         finally:
             lock.release_read(me)
         return new
+
+    def __reduce__(self):
+        """Pickling (and ``copy.deepcopy``): the valid rows of K and V as
+        stored, their importance, key bounds, channel and probe copies, and
+        the settings; unpickled, a cache of the same capacity that decodes
+        bitwise as this one did (nothing quantised or computed again)."""
+        lock, me = self._lock, get_ident()
+        try:
+            lock.acquire_read(me)
+            settings = {k: v for k, v in self.__dict__.items() if k not in ("_lock", "_buf")}
+            return (_unpickled_cache, (settings, *_storage.held(self, self._buf)))
+        finally:
+            lock.release_read(me)
 
     def reset(self):
         """Forget every token (keeps the allocation)."""
@@ -589,3 +580,13 @@ class KVCache:
     def __repr__(self):
         return (f"KVCache(n_kv_heads={self.n_kv_heads}, head_dim={self.head_dim}, "
                 f"dtype={self.dtype!r}, seq_len={self.seq_len}, capacity={self.capacity})")
+
+
+
+def _unpickled_cache(settings, capacity, n, held):
+    """The KVCache KVCache.__reduce__ describes."""
+    new = object.__new__(KVCache)
+    new.__dict__.update(settings)
+    new._lock = RWLock()
+    new._buf = _storage.from_held(new, capacity, n, held)
+    return new

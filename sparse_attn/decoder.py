@@ -171,7 +171,7 @@ def decode_rows(decoders, slots, qp, outp, n_heads):
         calls = []
         step = n_heads * caches[0].head_dim
         for i, (d, c, slot, plan) in enumerate(zip(decoders, caches, slots, plans)):
-            c._pending_commit(slot, plan)
+            _pending_commit(c, slot, plan)
             buf = c._buf
             n = buf.bounds_st.k_rows
             if buf is not d.buf:
@@ -189,12 +189,36 @@ def decode_rows(decoders, slots, qp, outp, n_heads):
 
 
 def _checked(i, cache, slot):
-    """Sequence i's KVCache._pending_plan, its cache checked not to be empty
+    """Sequence i's _pending_plan, its cache checked not to be empty
     after it; what is refused is refused naming the sequence."""
     try:
-        plan = cache._pending_plan(slot)
+        plan = _pending_plan(cache, slot)
         if plan is None and cache.seq_len == 0:
             raise ArgumentError("its cache is empty: append tokens before decoding")
         return plan
     except (SparseAttnError, MemoryError) as e:
         raise type(e)(f"sequence {i} of the batch: {e}") from e
+
+
+def _pending_plan(cache, slot):
+    """The first half of KVCache._append_pending_locked, for a batch that
+    checks every sequence before it changes any (decode_rows): the
+    arguments of the KVCache._append_into that appends the slot's token,
+    checked as the C append checks them and with any growth made, or None
+    when there is nothing to append; the cache and the slot unchanged.
+    Raises what the append would.  The caller holds the write lock."""
+    pending = slot[0]
+    if pending is None or cache._buf.bounds_st.k_rows != pending[4]:
+        return None
+    buf, n = cache._append_target(1)
+    plan = (buf, n, pending[0], pending[2], 1)
+    _ffi.check(lib.sa_kv_append_check(*cache._append_args(*plan)), "KVCache.append")
+    return plan
+
+
+def _pending_commit(cache, slot, plan):
+    """The second half: append what _pending_plan planned (it cannot be
+    refused), then empty the slot."""
+    if plan is not None:
+        cache._append_into(*plan)
+    slot[0] = None

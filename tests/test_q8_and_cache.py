@@ -190,3 +190,31 @@ def test_policy_presets_and_overrides(rng):
             sa.select_blocks(q, k, k_blocks=4, importance=imp, **knobs))
     with pytest.raises(ValueError, match="policy must be one of"):
         sa.sparse_decode(q, k, k, policy="best")
+
+
+@pytest.mark.parametrize("dtype", ["q8", "float32"])
+@pytest.mark.parametrize("copy_probe_rows", [False, True])
+def test_a_cache_pickles_and_deepcopies_as_stored(dtype, copy_probe_rows):
+    """pickle and copy.deepcopy of a prefilled cache: the copy decodes
+    bitwise as the cache under every policy (K, V, importance, bounds,
+    channel and probe copies as stored), keeps its capacity, and goes on
+    appending as the cache does; the cache itself is unchanged."""
+    import copy
+    import pickle
+    rng = np.random.default_rng(5)
+    cache = sa.KVCache(2, 64, capacity=64, dtype=dtype, copy_probe_rows=copy_probe_rows)
+    k = rng.standard_normal((2, 150, 64), dtype=np.float32)
+    cache.append(k, -k)
+    cache.prefill(rng.standard_normal((4, 150, 64), dtype=np.float32))
+    q = rng.standard_normal((4, 64), dtype=np.float32)
+    more = rng.standard_normal((2, 7, 64), dtype=np.float32)
+    for twin in (pickle.loads(pickle.dumps(cache)), copy.deepcopy(cache)):
+        assert (twin.seq_len, twin.capacity) == (cache.seq_len, cache.capacity)
+        assert np.array_equal(twin.importance, cache.importance)
+        for policy in ("balanced", "seed", "fast", "recall"):
+            assert np.array_equal(twin.decode(q, k_blocks=2, policy=policy),
+                                  cache.decode(q, k_blocks=2, policy=policy)), policy
+        twin.append(more, more)
+        assert twin.seq_len == 157 and cache.seq_len == 150
+    cache.append(more, more)
+    assert np.array_equal(twin.decode(q, k_blocks=2), cache.decode(q, k_blocks=2))

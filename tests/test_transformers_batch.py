@@ -605,3 +605,39 @@ def test_bfloat16_batch():
     seqs, _ = generate(model, ids, mask, n=4)
     for i, p in enumerate(ps):
         assert torch.equal(seqs[i], generate(model, p, n=4)[0][0])
+
+
+@pytest.mark.parametrize("dtype", ["float32", "q8"])
+@pytest.mark.parametrize("step", ["prompt", "decode"])
+def test_a_refused_token_in_a_batch_changes_no_sequence(ref, dtype, step):
+    """A batch whose sequence 1 brings a NaN key (prompt or decode step) on a
+    SparseKVCache: refused naming sequence 1, and every row keeps the
+    length it had; the batch then goes on with good tokens."""
+    model = sparse(ref, k_blocks=FEW_BLOCKS)
+    module = model.model.layers[0].self_attn
+    cache = sat.SparseKVCache(model, dtype=dtype)
+    layer = cache.layers[0]
+    g = torch.Generator().manual_seed(7)
+    S, H, Hkv, D = 40, 4, 2, 128
+    spans = sat.RowSpans([0, 5, 10], [S] * 3, S)
+
+    def call(q, k, v, sp):
+        kk, vv = layer.update(k, v)
+        with torch.no_grad():
+            return sat.sparse_topk_attention(module, q, kk, vv, sp, scaling=module.scaling)
+
+    q, k, v = (torch.randn(3, h, S, D, generator=g) for h in (H, Hkv, Hkv))
+    if step == "decode":
+        call(q, k, v, spans)
+        spans = sat.RowSpans([0, 5, 10], [S + 1] * 3, S + 1)
+        q, k, v = (torch.randn(3, h, 1, D, generator=g) for h in (H, Hkv, Hkv))
+    before = [row.kv.seq_len if row.kv is not None else 0 for row in layer.rows] \
+        if layer.rows else [0, 0, 0]
+    bad = k.clone()
+    bad[1, 0, -1, 3] = float("nan")
+    with pytest.raises(sat.ArgumentError, match="sequence 1 of the batch"):
+        call(q, bad, v, spans)
+    assert [row.kv.seq_len for row in layer.rows] == before
+    assert layer.get_seq_length() == (S if step == "decode" else 0)
+    out, _ = call(q, k, v, spans)
+    assert torch.isfinite(out).all()

@@ -218,3 +218,20 @@ def test_a_static_cache_is_refused_by_name(ref):
     ids = prompts([40])[0][None]
     with pytest.raises(sat.UnsupportedError, match="static"):
         generate(sparse(ref), ids, cache_implementation="static", max_new_tokens=3)
+
+
+
+@pytest.mark.filterwarnings("ignore:SparseKVCache. every layer")
+@pytest.mark.parametrize("kv_dtype", ["q8", "float32"])
+def test_a_sparse_kv_cache_pickles_with_its_rows(ref, kv_dtype):
+    """A SparseKVCache holding a padded batch (a row per sequence), pickled
+    after its prompt: generating from the unpickled cache gives the tokens
+    generating from the original gives."""
+    model = sparse(ref, k_blocks=2, kv_dtype=kv_dtype)
+    ids, mask = padded(prompts([PROMPT, 97]), "left")
+    cache = sat.SparseKVCache(model)
+    with torch.no_grad():
+        model(ids[:, :-10], attention_mask=mask[:, :-10], cache=cache)
+    twin = pickle.loads(pickle.dumps(cache))
+    want = generate(model, ids, mask, cache=cache)[0]
+    assert torch.equal(generate(model, ids, mask, cache=twin)[0], want)

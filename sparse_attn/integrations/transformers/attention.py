@@ -7,12 +7,12 @@ import torch
 from transformers.integrations.sdpa_attention import sdpa_attention_forward
 from transformers.masking_utils import causal_mask_function, sdpa_mask
 
-from sparse_attn import _checks as ck
+from sparse_attn import _checks as ck, _ffi
 from sparse_attn._ffi import ffi
 from sparse_attn._operands import kv_pair, scale_value
 from sparse_attn.attention import batch_call
 from sparse_attn.decoder import Decoder, decode_rows
-from sparse_attn.errors import UnsupportedError
+from sparse_attn.errors import ArgumentError, UnsupportedError
 
 from .refusals import (CHECKED_KWARGS, QUERY_DTYPES, SLIDING_CHECKED_KWARGS, layer_kind,
                        refuse_kwargs, refuse_sliding, refuse_unsupported)
@@ -231,6 +231,8 @@ def _attend_rows(module, query, key, value, spans, scaling, named, settings, ph,
     if layer is not None and (layer._rows is None or len(layer._rows) != B):
         raise UnsupportedError(f"a SparseKVCache layer of one sequence read by a batch of {B}")
     md = module.__dict__
+    if layer is not None:
+        _check_new_rows(layer, spans, S - T)
     if T == 1 and not (settings.record_blocks or settings.compare_exact):
         out = _decode_rows(module, query, layer, spans, scaling, settings) if layer else \
             _decode_views(module, query, key, value, spans, scaling, named, settings)
@@ -279,6 +281,30 @@ def _attend_rows(module, query, key, value, spans, scaling, named, settings, ph,
     if blocks is not None and T == 1:
         md["sparse_attn_blocks"] = blocks
     return out, None
+
+
+def _check_new_rows(layer, spans, first):
+    """Check every sequence's real new tokens of a batched SparseKVCache
+    update (held by the layer) as its KVCache's append would, before any
+    row takes its own: a refusal names the sequence, and no row nor the
+    layer's length has changed (the update is dropped, as a refused
+    append's rows are).  One
+    pass over the whole update; its sequences one by one only when that
+    finds a value out of range (maybe at a padded position, not stored)."""
+    k, v = layer._held
+    limit = 2.0 ** _ffi.VALUE_LIMIT_LOG2
+    if bool((k.detach().abs() < limit).all()) and bool((v.detach().abs() < limit).all()):
+        return      # (NaN compares False)
+    for b in range(len(spans)):
+        new = spans.new(b, first)
+        if new is None:
+            continue
+        for name, t in (("key", k), ("value", v)):
+            if not bool((t[b, :, new].detach().abs() < limit).all()):
+                layer.drop_held()
+                raise ArgumentError(
+                    f"sequence {b} of the batch: its new {name} states {_ffi._VALUES}; no "
+                    "sequence's cache has changed")
 
 
 def _padded_queries(spans, b, first, S):

@@ -125,6 +125,13 @@ class BatchRows:
     def release_held(self):
         self._held = None
 
+    def drop_held(self):
+        """Forget a held update that was refused: none of its tokens went to
+        a row, so the layer's length goes back to what it was."""
+        if self._held is not None:
+            self._batch_len -= self._held[0].shape[2]
+            self._held = None
+
     def _copy_row(self):
         """A new batch-1 layer holding a copy of this one's sequence (q8 data
         and scales, importance, bounds and copies: no quantisation)."""
@@ -154,6 +161,20 @@ class BatchRows:
                          self.model_dtype, self.device)
         new.keys = new.values = None
         return new
+
+    def __reduce__(self):
+        """Pickling: the layer's settings, its KVCache (or each row's, for a
+        batch: :meth:`sparse_attn.KVCache.__reduce__`, the data as stored)
+        and where its rows' tokens sit; unpickled, a layer that attends as
+        this one did."""
+        if self._held is not None:
+            raise UnsupportedError("pickling between a batched update and its attention call")
+        state = dict(rows=self._rows, batch_len=self._batch_len, runs=self._runs,
+                     initialized=self.is_initialized,
+                     model_dtype=getattr(self, "model_dtype", None),
+                     device=getattr(self, "device", None), token_shape=self._token_shape,
+                     kv=None if self._rows is not None else self.kv)
+        return (_unpickled_layer, (type(self), self._args, state))
 
     def _pick_rows(self, picks, what):
         """Rows picked by index, in order: a row picked again is copied."""
@@ -223,3 +244,23 @@ def _runs(index):
             runs.append((lo, a + 1))
             lo = b
     return runs
+
+
+def _unpickled_layer(cls, args, state):
+    """The layer SparseKVLayer.__reduce__ describes."""
+    layer = cls(*args)
+    layer._runs = list(state["runs"])
+    if state["rows"] is not None:
+        layer._become_rows(state["rows"], state["batch_len"], state["model_dtype"],
+                           state["device"])
+        return layer
+    kv = state["kv"]
+    if kv is not None:
+        layer._kv, layer._token_shape = kv, state["token_shape"]
+        layer.state = CacheState(layer)
+    if state["initialized"]:
+        layer.model_dtype, layer.device, layer.is_initialized = \
+            state["model_dtype"], state["device"], True
+        if kv is not None:
+            layer._handles()
+    return layer
