@@ -56,28 +56,6 @@
  * odd number of cache lines, so the heads' rows do not share L1 sets. */
 #define SCORE_STRIDE (CHUNK_CELLS + 16)
 
-/* IEEE half to float, exactly (every half is a float), without a table or
- * an F16C instruction: this file is ISA-free.  A normal half is rebiased in
- * its integer bits; a subnormal or zero is m * 2^-24, an exact product;
- * Inf and NaN keep their class and payload. */
-static inline float half_to_float(uint16_t h)
-{
-    const uint32_t em = h & 0x7fffu;
-    uint32_t bits;
-    if (em >= 0x7c00u) {
-        bits = 0x7f800000u | ((em & 0x3ffu) << 13);
-    } else if (em >= 0x0400u) {
-        bits = (em << 13) + ((uint32_t)(127 - 15) << 23);
-    } else {
-        const float f = (float)em * 0x1p-24f;
-        memcpy(&bits, &f, sizeof bits);
-    }
-    bits |= (uint32_t)(h & 0x8000u) << 16;
-    float f;
-    memcpy(&f, &bits, sizeof f);
-    return f;
-}
-
 static inline const char *row_at(const sa_ggml_tensor *t, int64_t i1, int64_t i2, int64_t i3)
 {
     return (const char *)t->data + i1 * t->nb[1] + i2 * t->nb[2] + i3 * t->nb[3];
@@ -165,6 +143,7 @@ typedef struct {
     int8_t *kq, *vq;      /* CHUNK_CELLS x D int8 rows (Q8_0) ... */
     float *kd, *vd;       /* ... and their scales, CHUNK_CELLS x D/32 */
     int32_t *slot;        /* per cell of the chunk: its scratch row, or -1 */
+    uint16_t *halves;     /* halves on their way to floats (mask values, scales) */
     float *bias;          /* the mask values of the cells one row reads */
     int32_t *run;         /* (first scratch row, count) of the runs one row reads */
     float *scores;        /* G x SCORE_STRIDE: scores, then softmax weights */
@@ -235,38 +214,36 @@ static void load_queries(const call *c, worker *w, int s, int kh, int r0, int nr
         }
 }
 
-/* Cell `cell` of KV head kh of tensor t into scratch row j. */
-static void convert_row(const call *c, const sa_ggml_tensor *t, int cell, int kh, int s,
-                        float *f, int8_t *q, float *d, int j)
+/* Cell `cell` of KV head kh of tensor t into scratch row j: F16 to
+ * float32 (the table's exact conversion), Q8_0 to int8 values and float32
+ * scales. */
+static void convert_row(const call *c, worker *w, const sa_ggml_tensor *t, int cell, int kh,
+                        int s, float *f, int8_t *q, float *d, int j)
 {
     const int D = c->D;
     const char *src = row_at(t, cell, kh, s);
     if (!c->q8) {
-        const uint16_t *h = (const uint16_t *)src;
-        float *out = f + (ptrdiff_t)j * D;
-        for (int i = 0; i < D; i++)
-            out[i] = half_to_float(h[i]);
+        c->kern->halves_to_floats((const uint16_t *)src, f + (ptrdiff_t)j * D, D);
         return;
     }
     for (int b = 0; b < c->ng; b++, src += Q8_0_BYTES) {
-        uint16_t h;
-        memcpy(&h, src, sizeof h);
-        d[(ptrdiff_t)j * c->ng + b] = half_to_float(h);
+        memcpy(&w->halves[b], src, sizeof w->halves[b]);
         memcpy(q + (ptrdiff_t)j * D + (ptrdiff_t)b * Q8_0_GROUP, src + 2, Q8_0_GROUP);
     }
+    c->kern->halves_to_floats(w->halves, d + (ptrdiff_t)j * c->ng, c->ng);
 }
 
-/* The cells [0, n) of the chunk that query row `row` reads with the mask
- * row mr (NULL: all): their mask values into w->bias, their scratch rows
- * as runs into w->run; the number of cells, *n_runs the runs. */
-static int row_cells(worker *w, const uint16_t *mr, int n, int *n_runs)
+/* The cells [0, n) of the chunk that a query row reads with the mask row
+ * mr (NULL: all): their mask values into w->bias, their scratch rows as
+ * runs into w->run; the number of cells, *n_runs the runs. */
+static int row_cells(const call *c, worker *w, const uint16_t *mr, int n, int *n_runs)
 {
     int cnt = 0, runs = 0;
     for (int t = 0; t < n; t++) {
         if (mr && mr[t] == HALF_NEG_INF)
             continue;
         const int j = w->slot[t];
-        w->bias[cnt++] = mr ? half_to_float(mr[t]) : 0.0f;
+        w->halves[cnt++] = mr ? mr[t] : 0; /* 0: the half +0 */
         if (runs && w->run[2 * runs - 2] + w->run[2 * runs - 1] == j) {
             w->run[2 * runs - 1]++;
         } else {
@@ -275,6 +252,7 @@ static int row_cells(worker *w, const uint16_t *mr, int n, int *n_runs)
             runs++;
         }
     }
+    c->kern->halves_to_floats(w->halves, w->bias, cnt);
     *n_runs = runs;
     return cnt;
 }
@@ -352,15 +330,15 @@ static void attend_chunk(const call *c, worker *w, int s, int kh, int r0, int nr
         return;
     for (int t = 0; t < n; t++)
         if (w->slot[t] >= 0) {
-            convert_row(c, &c->a->k, c0 + t, kh, s, w->kf, w->kq, w->kd, w->slot[t]);
-            convert_row(c, &c->a->v, c0 + t, kh, s, w->vf, w->vq, w->vd, w->slot[t]);
+            convert_row(c, w, &c->a->k, c0 + t, kh, s, w->kf, w->kq, w->kd, w->slot[t]);
+            convert_row(c, w, &c->a->v, c0 + t, kh, s, w->vf, w->vq, w->vd, w->slot[t]);
         }
     for (int r = 0; r < nr; r++)
         for (int set = 0; set < sets; set++) {
             const int g0 = c->shared_mask ? 0 : set, nh = c->shared_mask ? G : 1;
             const uint16_t *mr = c->a->mask ? mask_row(c, r0 + r, kh * G + g0, s) + c0 : NULL;
             int runs;
-            const int cnt = row_cells(w, mr, n, &runs);
+            const int cnt = row_cells(c, w, mr, n, &runs);
             if (cnt)
                 attend_cells(c, w, r, g0, nh, cnt, runs);
         }
@@ -460,6 +438,7 @@ static int worker_new(const call *c, worker **out)
     const size_t o_kd = take(&l, cells, ng * q8, sizeof(float));
     const size_t o_vd = take(&l, cells, ng * q8, sizeof(float));
     const size_t o_slot = take(&l, cells, 1, sizeof(int32_t));
+    const size_t o_half = take(&l, cells > ng ? cells : ng, 1, sizeof(uint16_t));
     const size_t o_bias = take(&l, cells, 1, sizeof(float));
     const size_t o_run = take(&l, cells, 2, sizeof(int32_t));
     const size_t o_sc = take(&l, G, SCORE_STRIDE, sizeof(float));
@@ -479,7 +458,8 @@ static int worker_new(const call *c, worker **out)
         .kf = (float *)(mem + o_kf), .vf = (float *)(mem + o_vf),
         .kq = (int8_t *)(mem + o_kq), .vq = (int8_t *)(mem + o_vq),
         .kd = (float *)(mem + o_kd), .vd = (float *)(mem + o_vd),
-        .slot = (int32_t *)(mem + o_slot), .bias = (float *)(mem + o_bias),
+        .slot = (int32_t *)(mem + o_slot), .halves = (uint16_t *)(mem + o_half),
+        .bias = (float *)(mem + o_bias),
         .run = (int32_t *)(mem + o_run), .scores = (float *)(mem + o_sc),
         .acc = (float *)(mem + o_acc), .mx = (float *)(mem + o_mx), .z = (float *)(mem + o_z),
         .state = (float *)(mem + o_st), .sp = (float **)(mem + o_sp),
