@@ -431,7 +431,8 @@ static int worker_new(const call *c, worker **out)
     const size_t cells = CHUNK_CELLS, q8 = (size_t)c->q8;
     carve l = {sizeof(worker), 0};
     const size_t o_qf = take(&l, qb * G, D, sizeof(float));
-    const size_t o_qq = take(&l, qb * G, D * q8, 1), o_qd = take(&l, qb * G, ng * q8, sizeof(float));
+    const size_t o_qq = take(&l, qb * G, D * q8, 1);
+    const size_t o_qd = take(&l, qb * G, ng * q8, sizeof(float));
     const size_t o_kf = take(&l, cells, D * !q8, sizeof(float));
     const size_t o_vf = take(&l, cells, D * !q8, sizeof(float));
     const size_t o_kq = take(&l, cells, D * q8, 1), o_vq = take(&l, cells, D * q8, 1);
