@@ -55,10 +55,20 @@ mapfile -t isa < <(isa_sources "$arch")
 # renames registers after allocation (the A55's in-order schedule).
 flags=(-O3 -std=gnu11 -fvisibility=hidden -ffp-contract=off)
 [[ $arch == aarch64 ]] && flags+=(-frename-registers)
+# A llama.cpp whose CPU backend runs its threads with OpenMP (the default
+# where the compiler has it): the core's items run on that OpenMP team, not
+# on the core's own pool, whose workers would compete with the team's
+# spinning threads for the cores (csrc/threads.c, SA_PARALLEL_OPENMP).
+parallel="the core's thread pool"
+cpu_lib="$(ggml_lib "$lib_dir" ggml-cpu 2>/dev/null)" || cpu_lib=""
+if [[ -n $cpu_lib ]] && readelf -d "$cpu_lib" | grep -q 'NEEDED.*libgomp'; then
+    flags+=(-fopenmp -DSA_PARALLEL_OPENMP)
+    parallel="llama.cpp's OpenMP threads"
+fi
 flags+=("-DSA_BUILD_FLAGS=\"${flags[*]}\"")
 
 mkdir -p "$(dirname "$out")"
-echo "== building $out ($cc, $arch, linked against $lib)"
+echo "== building $out ($cc, $arch, linked against $lib; items on $parallel)"
 "$cc" "${flags[@]}" -Wall -Wextra -fPIC -shared -pthread \
     -I"$repo/csrc" -I"$llama/ggml/include" -I"$llama/ggml/src" \
     "$repo"/csrc/*.c "${isa[@]}" "$repo/csrc/ggml/backend.c" \
