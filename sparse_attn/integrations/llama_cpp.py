@@ -21,8 +21,10 @@ this one computes in float32).  Threads: ``SPARSE_ATTN_NUM_THREADS``, else
 the context's ``n_threads`` (``n_threads_batch`` for prompts).
 
 llama.cpp's own tools take the same file without Python:
-``GGML_BACKEND_PATH=/path/libsparse_attn_ggml.so llama-cli ...`` (a
-llama.cpp built with ``GGML_BACKEND_DL=ON``).
+``GGML_BACKEND_PATH=/path/libsparse_attn_ggml.so llama-cli -fa on ...`` (a
+llama.cpp built with ``GGML_BACKEND_DL=ON``).  Flash attention must be on
+explicitly: llama.cpp's ``auto`` finds the attention nodes on a device other
+than their layer's and turns flash attention off.
 """
 import ctypes
 import os
