@@ -16,8 +16,8 @@
  *
  * An item walks its cells a chunk of CHUNK_CELLS at a time.  The cells any
  * of its rows may read (mask value not -Inf) are converted into the
- * worker's scratch, compacted: F16 to float32 rows, Q8_0 to q8 rows with
- * float32 scales.  Then for each query row, the cells its own mask row
+ * worker's scratch, compacted: F16 to float32 rows (the table's exact
+ * halves_to_floats), Q8_0 to q8 rows with float32 scales.  Then for each query row, the cells its own mask row
  * allows are runs of that scratch: scored by the kernel table, scaled,
  * biased by the mask, turned into softmax weights relative to the chunk's
  * largest score, and added into V; the chunk's (maximum, sum, weighted V)
@@ -38,8 +38,9 @@
 
 #include "internal.h"
 
-/* Cells converted at a time: a chunk's K and V in float32 at D = 128 are
- * 64 KB each, which an L2 holds beside the item's query rows and state. */
+/* The split below is chosen, not yet tuned by measurement.  Cells
+ * converted at a time: a chunk's K and V in float32 at D = 128 are 64 KB
+ * each, which an L2 holds beside the item's query rows and state. */
 #define CHUNK_CELLS 128
 /* Query rows per item: the cells an item converts serve this many rows. */
 #define QUERY_BLOCK 32
