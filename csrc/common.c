@@ -31,6 +31,12 @@ const char *sa_strerror(int status)
     case SA_ERR_SIZE: return "the sizes need more scratch than size_t can address";
     case SA_ERR_CHANNELS:
         return "the channel copy is missing or was not made for this K, seq_len and block_size";
+    case SA_ERR_UNSUPPORTED:
+        return "an attention feature sa_ggml_flash_attn does not compute: ALiBi (max_bias), "
+               "logit softcap, sinks, n_kv_max, or V's head size differing from K's";
+    case SA_ERR_LAYOUT:
+        return "a tensor's layout: rows not contiguous, a negative or misaligned stride or "
+               "address, or an output that is not contiguous";
     default: return "unknown status";
     }
 }

@@ -33,7 +33,8 @@ static int runs_portable(void) { return 1; }
 static int runs_avx2(void)
 {
     __builtin_cpu_init();
-    return __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma");
+    return __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") &&
+           __builtin_cpu_supports("f16c");
 }
 
 static int runs_avx512_vnni(void)

@@ -304,6 +304,13 @@ typedef struct sa_kernels {
     /* The sum of the n_words 64-bit words at buf (8-byte aligned), read once
      * front to back with the widest loads of the ISA: the bandwidth probe. */
     uint64_t (*stream_sum)(const uint64_t *buf, size_t n_words);
+
+    /* out[i] = the IEEE half h[i] as a float, i < n (h 2-byte aligned):
+     * exact, every half being a float, subnormals included; a NaN keeps its
+     * sign and payload and is made quiet (what F16C's and NEON's conversions
+     * do).  The same bits on every ISA.  llama.cpp's f16 K and V rows
+     * (ggml_attn.c). */
+    void (*halves_to_floats)(const uint16_t *h, float *out, int n);
 } sa_kernels;
 
 /* The walk of the GEMM-form scores over a call's panels (keys from `first`
@@ -344,6 +351,7 @@ typedef struct sa_kernels {
         .accumulate_v_q8 = accumulate_v_q8_##id, .minmax_scores = minmax_scores_##id, \
         .dequantize_rows = dequantize_rows_##id, .q8_v_scaled = q8_v_scaled_##id,    \
         .channel_scores = channel_scores_##id, .stream_sum = stream_sum_##id,          \
+        .halves_to_floats = halves_to_floats_##id,                                    \
     }
 
 /* The same, for an id that is itself a macro (SA_ISA_ID). */

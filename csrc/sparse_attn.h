@@ -66,8 +66,14 @@ enum sa_status {
                                  >= SA_VALUE_LIMIT */
     SA_ERR_V_VALUES = 19,     /* the V rows appended likewise */
     SA_ERR_SIZE = 20,         /* sizes whose scratch would not fit size_t */
-    SA_ERR_CHANNELS = 21      /* channel copy missing, or not made for this K,
+    SA_ERR_CHANNELS = 21,     /* channel copy missing, or not made for this K,
                                  seq_len and block_size */
+    SA_ERR_UNSUPPORTED = 22,  /* sa_ggml_flash_attn: an attention feature it does
+                                 not compute (ALiBi, logit softcap, sinks,
+                                 n_kv_max, K and V head sizes that differ) */
+    SA_ERR_LAYOUT = 23        /* sa_ggml_flash_attn: a row that is not contiguous,
+                                 a negative or misaligned stride or address, or
+                                 an output that is not contiguous */
 };
 
 /* SA_VALUE_LIMIT = 2^48: |q|, |k| < 2^48 keep any dot over < 2^31 channels
@@ -339,6 +345,61 @@ int sa_kernel_accumulate_v(const float *p, const sa_kv *v, int n, float *out);
  * its 64-bit words (and of the bytes after the last whole word), the same
  * on every ISA, so the reads happen. */
 int sa_stream_read(const void *buf, int64_t n_bytes, int threads, uint64_t *checksum);
+
+/* llama.cpp's attention op (ggml's GGML_OP_FLASH_ATTN_EXT) over its own
+ * tensors, read in place (docs/design.md, "The ggml backend").  A tensor is
+ * ggml's view of memory: ne[0] is the innermost dimension, nb[i] the bytes
+ * from one index of dimension i to the next; rows (dimension 0) are
+ * contiguous.  The type ids are ggml's own: F16 is IEEE half, Q8_0 is
+ * blocks of 32 values, each an fp16 scale d then 32 int8 q (34 bytes,
+ * value d * q), so a Q8_0 row of D values is D / 32 blocks and nb[0] = 34. */
+enum sa_ggml_type { SA_GGML_F32 = 0, SA_GGML_F16 = 1, SA_GGML_Q8_0 = 8 };
+
+typedef struct sa_ggml_tensor {
+    int type;                 /* enum sa_ggml_type */
+    void *data;
+    int64_t ne[4];
+    int64_t nb[4];
+} sa_ggml_tensor;
+
+/* One attention node, in ggml's shapes (D the head size, n_q query rows,
+ * H query heads, Hkv KV heads, n_kv KV cells, ns streams):
+ *   q     F32          [D, n_q, H, ns]
+ *   k, v  F16 or Q8_0  [D, n_kv, Hkv, ns], both of one type; H % Hkv == 0
+ *                      and query head h reads KV head h / (H / Hkv)
+ *   mask  F16          [>= n_kv, >= n_q, m2, m3] with H % m2 == 0 and
+ *                      ns % m3 == 0, or NULL: query row i of head h in
+ *                      stream s reads mask row (i, h % m2, s % m3); a cell
+ *                      whose value is -Inf is not attended (never read),
+ *                      any other value is added to the scaled score
+ *   out   F32          [D, H, n_q, ns], contiguous (written, never read)
+ * Per query row and head: exact softmax attention over the cells its mask
+ * row does not exclude, scores scale * dot(q, k) + mask; a row that may
+ * read no cell gets zeros.  Computed in float32 with the active kernel
+ * table: F16 K and V converted to float32 rows, Q8_0 K and V to q8 rows
+ * with float32 scales (spec §4: the query is quantised as q8 with groups of
+ * 32 for the dot), a chunk of cells at a time into per-thread scratch,
+ * never a copy of the whole cache.  Bitwise the same for every thread
+ * count.  What the entry does not compute is refused with
+ * SA_ERR_UNSUPPORTED, not approximated: max_bias (ALiBi), logit_softcap
+ * and n_kv_max must be 0, has_sinks 0, and v's D that of q and k. */
+typedef struct sa_ggml_attn {
+    sa_ggml_tensor q, k, v;
+    const sa_ggml_tensor *mask;
+    sa_ggml_tensor out;
+    float scale;              /* finite and > 0 */
+    float max_bias;
+    float logit_softcap;
+    int n_kv_max;
+    int has_sinks;
+} sa_ggml_attn;
+
+/* Everything sa_ggml_flash_attn checks but the data pointers: SA_OK when
+ * it computes this node (a ggml backend's supports_op asks it before any
+ * tensor has memory). */
+int sa_ggml_flash_attn_check(const sa_ggml_attn *a);
+
+int sa_ggml_flash_attn(const sa_ggml_attn *a, int threads);
 /* cdef-end */
 
 #define SA_VALUE_LIMIT 281474976710656.0f /* 2^SA_VALUE_LIMIT_LOG2 */

@@ -34,6 +34,10 @@
 
 #include "internal.h"
 
+#ifdef SA_PARALLEL_OPENMP
+#include <omp.h>
+#endif
+
 #define SA_MAX_WORKERS 64
 
 typedef struct {
@@ -240,6 +244,22 @@ int sa_workers_for(int n_items, int threads)
     return n_items < threads ? (n_items < 1 ? 1 : n_items) : threads;
 }
 
+#ifdef SA_PARALLEL_OPENMP
+/* A copy of the core built into a host that runs its own threads with
+ * OpenMP (llama.cpp's CPU backend; scripts/build-llama-backend.sh builds
+ * the ggml backend this way when the host's ggml links libgomp): the items
+ * run on the host's OpenMP team.  Its threads spin for a while after each
+ * of the host's parallel regions, so between two of them (where the ggml
+ * backend computes) the pool's workers would compete with them for the
+ * cores, and the caller would wait on a worker preempted inside an item.
+ * Items are claimed as the pool claims them: no result changes. */
+static void run_team(job *j, int n_workers)
+{
+#pragma omp parallel num_threads(n_workers)
+    run_items(j, omp_get_thread_num());
+}
+#endif
+
 int sa_parallel_for(int n_items, int n_workers, sa_item_fn fn, void *ctx)
 {
     n_workers = sa_workers_for(n_items, n_workers);
@@ -248,6 +268,11 @@ int sa_parallel_for(int n_items, int n_workers, sa_item_fn fn, void *ctx)
         return SA_ERR_NOMEM;
     job j = {fn, ctx, n_items, 0, status};
 
+#ifdef SA_PARALLEL_OPENMP
+    if (n_workers > 1) {
+        run_team(&j, n_workers);
+    } else
+#endif
     if (n_workers > 1 && pthread_mutex_trylock(&pool.owner) == 0) {
         const int helpers = sa_min(n_workers, ensure_workers(n_workers)) - 1;
         if (helpers > 0) {

@@ -54,24 +54,8 @@ mkdir -p "$build"
 # The whole core, plus the kernel files csrc/isa_list.h lists for the target
 # architecture (cpu_features.c references every table of that architecture).
 core=("$repo"/csrc/*.c)
-isa_sources() {  # arch (x86_64, aarch64 or other) -> prints the kernel files
-    local want line arch file
-    case "$1" in
-        x86_64) want=X86_64 ;;
-        aarch64) want=AARCH64 ;;
-        *) want=none ;;
-    esac
-    while IFS= read -r line; do
-        [[ $line =~ ^SA_ISA\(([a-z0-9_]+),\ \"[^\"]+\",\ ([A-Z0-9_]+),\ \"([^\"]+)\"\)$ ]] || continue
-        arch="${BASH_REMATCH[2]}" file="${BASH_REMATCH[3]}"
-        [[ $arch == ANY || $arch == "$want" ]] || continue
-        if [[ ! -f "$repo/csrc/$file" ]]; then
-            echo "test-c.sh: csrc/$file (csrc/isa_list.h) is missing" >&2
-            return 1
-        fi
-        echo "$repo/csrc/$file"
-    done <"$repo/csrc/isa_list.h"
-}
+# isa_sources ARCH: the kernel files of csrc/isa_list.h for that architecture
+. "$repo/scripts/lib/isa-sources.sh"
 common=(-std=gnu11 -Wall -Wextra -I"$repo/csrc" -pthread)
 harness="$repo/tests/c/test_kernels.c"
 cc="${CC:-gcc}"

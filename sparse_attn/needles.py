@@ -97,6 +97,19 @@ def build_prompt(tokenizer, n_tokens, depth, needle, filler, seed):
     return tokenizer(text + prefix, add_special_tokens=False)["input_ids"]
 
 
+def chatml_text(n_facts, needle=NEEDLES[0], filler="facts", seed=7):
+    """The text of a needle prompt in the ChatML format SmolLM2 and Qwen2.5
+    use, for engines that tokenise it themselves (llama.cpp): ``n_facts``
+    filler sentences (about 12 tokens each) with the needle in the middle,
+    the question, and the assistant turn opened with the answer prefix."""
+    rng = random.Random(seed)
+    facts = [FILLERS[filler](rng) for _ in range(n_facts)]
+    sentence, question, _, prefix = needle
+    facts.insert(len(facts) // 2, sentence)
+    return ("<|im_start|>user\n" + " ".join(facts) + "\n\n" + question + "<|im_end|>\n"
+            "<|im_start|>assistant\n" + prefix)
+
+
 def normalise(text):
     """Lower case, letters and digits only (what answer matching compares)."""
     return re.sub(r"[^a-z0-9]", "", text.lower())

@@ -386,3 +386,52 @@ def prefill(q, k, v, *, start=0, scale=None, k_blocks=None, block_size=32, n_pro
                                                  scale)
                 imp_out[keys] += p
     return out, imp_out
+
+
+# --------------------------------------------------------------------------- llama.cpp's op
+
+def ggml_flash_attn(q, k, v, mask, scale):
+    """llama.cpp's attention op (``GGML_OP_FLASH_ATTN_EXT``, without ALiBi,
+    softcap or sinks) over arrays in its layouts, as
+    ``sparse_attn._ggml.flash_attn_ext`` takes them: q float32
+    ``(ns, H, n_q, D)``, k and v float16 or ``BLOCK_Q8_0``
+    ``(ns, Hkv, n_kv, ...)``, mask float16 ``(m3, m2, >= n_q, >= n_kv)`` or
+    None.  Per stream s, head h (KV head ``h // (H // Hkv)``) and query row
+    i: the cells whose mask value is not -inf, scores
+    ``scale * q.k + mask``, softmax, times V; zeros when no cell is left.
+    Q8_0 K is dotted as spec §4 dots q8: the query row quantised as q8 with
+    groups of 32, the integer sums times both scales."""
+    from ._ggml import BLOCK_Q8_0, Q8_0_GROUP, dequantize_q8_0, q8_0_parts
+
+    ns, H, n_q, D = q.shape
+    Hkv, n_kv = k.shape[1], k.shape[2]
+    group = H // Hkv
+    q8 = k.dtype == BLOCK_Q8_0
+    vals = (dequantize_q8_0(v) if q8 else v).astype(np.float64)
+    out = np.zeros((ns, n_q, H, D))
+    for s in range(ns):
+        for h in range(H):
+            kh = h // group
+            if q8:
+                kq, kd = q8_0_parts(k[s, kh])                      # (n_kv, D), (n_kv, D/32)
+                kq = kq.astype(np.int64).reshape(n_kv, -1, Q8_0_GROUP)
+                qq = quantize_q8(q[s, h], Q8_0_GROUP)               # every row, spec §4
+                qi = qq.data.astype(np.int64).reshape(n_q, 1, -1, Q8_0_GROUP)
+                isum = (qi * kq[None]).sum(-1)                       # (n_q, n_kv, D/32)
+                dots = (isum * (qq.scales.astype(np.float64)[:, None, :] *
+                                kd.astype(np.float64)[None])).sum(-1)
+            else:
+                dots = q[s, h].astype(np.float64) @ k[s, kh].astype(np.float64).T
+            scores = dots * np.float64(np.float32(scale))
+            if mask is None:
+                bias = np.zeros((n_q, n_kv))
+            else:
+                bias = mask[s % mask.shape[0], h % mask.shape[1], :n_q, :n_kv].astype(np.float64)
+            for i in range(n_q):
+                keep = bias[i] != -np.inf
+                if not keep.any():
+                    continue
+                row = scores[i, keep] + bias[i, keep]
+                p = np.exp(row - row.max())
+                out[s, i, h] = (p @ vals[s, kh][keep]) / p.sum()
+    return out

@@ -1,14 +1,14 @@
 /*
- * AVX2 + FMA kernels (x86-64 v3).  Compiled with the same flags as the rest
- * of the extension: the pragma below, not the command line, lets this one
- * file use AVX2/FMA, and cpu_features.c only hands the table out when the CPU
- * and OS support it.
+ * AVX2 + FMA + F16C kernels (x86-64 v3).  Compiled with the same flags as
+ * the rest of the extension: the pragma below, not the command line, lets
+ * this one file use AVX2/FMA/F16C, and cpu_features.c only hands the table
+ * out when the CPU and OS support it.
  *
  * The kernel bodies are x86_common.h's, written once for both x86 files
  * (its header states the batching rule they keep); this file supplies its
  * 256-bit vectors and the steps that differ from AVX-512.
  */
-#pragma GCC target("avx2,fma")
+#pragma GCC target("avx2,fma,f16c")
 /* GCC implements _mm256_mul_ps/_mm256_add_ps as plain vector operators, so
  * by default (-ffp-contract=fast) it fuses them into FMAs wherever it likes.
  * Every FMA here is written out explicitly; a mul followed by an add stays
@@ -61,6 +61,8 @@ typedef __m256 sa_vnan;
 #define vnan_any(a) (_mm256_movemask_ps(a) != 0)
 
 #define vf_load_s8 load8_s8_ps
+/* 8 halves -> 8 floats (F16C's vcvtph2ps). */
+#define SA_HALVES(p) _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(p)))
 #define hmax_ps hmax8_ps
 #define hsum_pd hsum4_pd
 

@@ -54,6 +54,9 @@ typedef __mmask16 sa_vnan;
 #define vnan_add(a, x) ((__mmask16)((a) | _mm512_cmp_ps_mask((x), (x), _CMP_UNORD_Q)))
 #define vnan_any(a) ((a) != 0)
 
+/* 16 halves -> 16 floats (AVX512F's vcvtph2ps). */
+#define SA_HALVES(p) _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(p)))
+
 /* 16 int8 -> 16 floats (exact). */
 SA_INLINE __m512 vf_load_s8(const int8_t *x)
 {

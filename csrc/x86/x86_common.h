@@ -18,6 +18,8 @@
  *   sa_vnan, vnan_none(), vnan_add(a, x), vnan_any(a)  whether any lane of
  *                             the vectors added was NaN
  *   vf_load_s8(p)             SA_VT int8 -> floats (exact)
+ *   SA_HALVES(p)              SA_VT IEEE halves -> floats (F16C: exact, a
+ *                             NaN made quiet)
  *   hmax_ps(x), hsum_pd(x)    horizontal max of sa_vf / sum of sa_vd, each
  *                             in a fixed order
  *   vd_add_ps(s0, s1, x)      x's low and high halves added in double into
@@ -1061,6 +1063,19 @@ static void SA_FN(minmax_scores)(const float *qp, const float *qn, int G, int D,
                          mn + (ptrdiff_t)b * block_stride, mx + (ptrdiff_t)b * block_stride,
                          sc + (ptrdiff_t)b * sc_stride, block_stride, sc_stride, cnt, s[h] + b);
     }
+}
+
+/* -------------------------------------------------------------------------
+ * halves_to_floats: F16C's conversion (the includer's SA_HALVES), SA_VT
+ * halves a step, the scalar loop for the rest (the same bits).
+ * ---------------------------------------------------------------------- */
+
+static void SA_FN(halves_to_floats)(const uint16_t *h, float *out, int n)
+{
+    int i = 0;
+    for (; i + SA_VT <= n; i += SA_VT)
+        SA_MM(storeu_ps)(out + i, SA_HALVES(h + i));
+    halves_to_floats_scalar(h + i, out + i, n - i);
 }
 
 /* -------------------------------------------------------------------------

@@ -90,6 +90,30 @@ SA_EMU_CONVERT(cvtps_pd, m512d, f64, m256, f32, 8)
 #undef _mm512_cvtps_pd
 #define _mm512_cvtps_pd(a) emu_cvtps_pd(a)
 
+/* 16 IEEE halves -> 16 floats as vcvtph2ps converts them: exact, a NaN
+ * made quiet (SIMDe 0.7.4 has no _mm512_cvtph_ps). */
+static inline simde__m512 emu_cvtph_ps(simde__m256i a) {
+    simde__m256i_private A = simde__m256i_to_private(a); simde__m512_private R;
+    for (int i = 0; i < 16; i++) {
+        const uint16_t h = (uint16_t)A.i16[i];
+        const uint32_t sign = (uint32_t)(h & 0x8000u) << 16, e = (h >> 10) & 0x1fu, m = h & 0x3ffu;
+        uint32_t bits;
+        if (e == 0x1f) {
+            bits = 0x7f800000u | (m << 13) | (m ? 0x00400000u : 0u);
+        } else if (e == 0) {
+            const float f = (float)m * 0x1p-24f;
+            memcpy(&bits, &f, 4);
+        } else {
+            bits = ((e + 112u) << 23) | (m << 13);
+        }
+        bits |= sign;
+        memcpy(&R.f32[i], &bits, 4);
+    }
+    return simde__m512_from_private(R);
+}
+#undef _mm512_cvtph_ps
+#define _mm512_cvtph_ps(a) emu_cvtph_ps(a)
+
 /* AMX (the avx512-amx table: kernels_avx512_vnni.c with SA_AMX).  The tile
  * state is modelled per thread, as the hardware keeps it: eight tiles of up
  * to 16 rows x 64 bytes shaped by the last _tile_loadconfig.  Loads and

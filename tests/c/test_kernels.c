@@ -684,6 +684,55 @@ static void test_stream_sum(const sa_kernels *kern)
     free(buf);
 }
 
+/* A half's float bits, spelled out case by case (the independent
+ * reference of halves_to_floats): exact values, a NaN made quiet. */
+static uint32_t half_float_bits(uint16_t h)
+{
+    const uint32_t sign = (uint32_t)(h & 0x8000u) << 16, e = (h >> 10) & 0x1fu, m = h & 0x3ffu;
+    if (e == 0x1f)
+        return sign | 0x7f800000u | (m << 13) | (m ? 0x00400000u : 0u);
+    if (e == 0) {
+        const float f = ldexpf((float)m, -24);
+        uint32_t bits;
+        memcpy(&bits, &f, sizeof bits);
+        return sign | bits;
+    }
+    return sign | ((e + 112u) << 23) | (m << 13);
+}
+
+/* halves_to_floats: every half, bit for bit, in one long call and in short
+ * calls from every offset (the vector steps and their scalar tails). */
+static void test_halves_to_floats(const sa_kernels *kern)
+{
+    enum { N = 65536 };
+    uint16_t *h = xmalloc((N + 16) * sizeof *h);
+    float *out = xmalloc((N + 16) * sizeof *out);
+    for (int i = 0; i < N + 16; i++)
+        h[i] = (uint16_t)(i * 40503u); /* every half once in the first N, shuffled */
+    kern->halves_to_floats(h, out, N);
+    int bad = 0;
+    for (int i = 0; i < N; i++) {
+        uint32_t got;
+        memcpy(&got, &out[i], sizeof got);
+        bad += got != half_float_bits(h[i]);
+    }
+    check(!bad, "halves_to_floats: %d of the 65536 halves converted wrongly", bad);
+    for (int off = 0; off < 8; off++)
+        for (int n = 0; n <= 40; n++) {
+            for (int i = 0; i < n + 1; i++)
+                out[i] = -1.0f;
+            kern->halves_to_floats(h + 7919 + off, out, n);
+            int wrong = out[n] != -1.0f; /* nothing written past n */
+            for (int i = 0; i < n; i++) {
+                uint32_t got;
+                memcpy(&got, &out[i], sizeof got);
+                wrong |= got != half_float_bits(h[7919 + off + i]);
+            }
+            check(!wrong, "halves_to_floats n=%d offset=%d: wrong", n, off);
+        }
+    free(h), free(out);
+}
+
 /* What an accumulate_v test compares: the weights p (G x n) and start
  * values o0 (G x D), accumulated into ref by the portable kernel, into got
  * by the one under test in one call, and into one a head and a token per
@@ -2658,7 +2707,7 @@ static const sa_kernels *table_named(const char *name)
 static void (*const KERNEL_TESTS[])(const sa_kernels *) = {
     test_scores_f32,     test_scores_f32_panels, test_scores_q8,  test_scores_q8_panels,
     test_softmax,        test_accumulate_f32,    test_accumulate_q8, test_dequantize,
-    test_minmax,         test_channel_scores,    test_stream_sum,
+    test_minmax,         test_channel_scores,    test_stream_sum, test_halves_to_floats,
 };
 
 /* Whether name is one of the comma-separated names of list. */
@@ -2804,7 +2853,7 @@ int main(int argc, char **argv)
                    table->softmax_exp &&
                    table->accumulate_v_f32 && table->accumulate_v_q8 &&
                    table->dequantize_rows && table->minmax_scores && table->channel_scores &&
-                   table->stream_sum,
+                   table->stream_sum && table->halves_to_floats,
                    "table %s leaves a kernel NULL (not tested further)", name))
             continue;
         if (!avail) {
