@@ -14,6 +14,7 @@ from .attention import (accumulate_v, dense_decode, prefill, probe_scores, q8_do
 from .cache import KVCache
 from .errors import (ArgumentError, ArgumentTypeError, KernelError, SparseAttnError,
                      UnsupportedError)
+from .kv_state import KVState, StateDecoder, decode_batch
 from .isa import available_isas, built_isas, isa, set_isa
 from .metadata import BlockBounds, ChannelCopy, ProbeRows, block_bounds, channel_copy, probe_rows
 from .q8 import Q8, quantize_q8
@@ -22,7 +23,7 @@ from .selection import POLICIES
 __version__ = "0.2.0"
 
 __all__ = [
-    "POLICIES", "Q8", "KVCache", "BlockBounds", "quantize_q8", "probe_scores", "select_blocks",
+    "POLICIES", "Q8", "KVCache", "KVState", "StateDecoder", "decode_batch", "BlockBounds", "quantize_q8", "probe_scores", "select_blocks",
     "block_bounds", "ProbeRows", "probe_rows", "ChannelCopy", "channel_copy", "sparse_decode",
     "dense_decode", "prefill", "q8_dot", "accumulate_v", "isa", "set_isa",
     "available_isas", "built_isas", "SparseAttnError", "ArgumentError",

@@ -271,7 +271,7 @@ def test_sdpa_prefill_refuses_an_importance_reserve(eager):
 
 
 def record(model, layer=0):
-    return model.model.layers[layer].self_attn._sparse_attn_view.record.importance.copy()
+    return model.model.layers[layer].self_attn._sparse_attn_view.kv.importance.copy()
 
 
 def test_chunked_prefill_accumulates_importance(eager, prompt):
@@ -933,7 +933,7 @@ def test_the_kept_channel_copy_grows_and_restarts():
     for S, T in [(100, 100), (101, 1), (130, 29), (2100, 1970), (2101, 1), (2200, 99)]:
         state.bind(0, K[:, :, :S], K[:, :, :S], T)
         assert_same_copy(state.channels(32), K[0, :, :S].numpy())
-    assert state._copy[0][0].shape[2] >= 2200 // 32
+    assert state.kv._copy[0][0].shape[2] >= 2200 // 32
     K2 = torch.randn(1, 2, 50, 64, generator=g)
     state.bind(0, K2, K2, 50)       # a new sequence (its prompt fills the cache)
     assert_same_copy(state.channels(32), K2[0].numpy())
@@ -959,12 +959,13 @@ def test_the_view_states_decode_is_sparse_decode(policy):
     settings = sat.SparseAttnSettings(k_blocks=3, policy=policy, threads=1)
     state = sat.state._ViewState()
     state.bind(0, K[:, :, :200], V[:, :, :200], 200)
-    state.record.add(np.linspace(0, 1, 200, dtype=np.float32))
+    state.prefill(torch.randn(4, 200, 64, generator=g).numpy(), 0.125, 1, {})
+    assert state.kv.importance.any()       # the reserve has something to rank
     for S in (201, 202, 240):
-        state.bind(0, K[:, :, :S], V[:, :, :S], S - state.record.length)
+        state.bind(0, K[:, :, :S], V[:, :, :S], S - state.kv.length)
         got, blocks = state.decoder(settings, 0.125, 1, False)(q)
         k, v = K[0, :, :S].numpy(), V[0, :, :S].numpy()
-        want, want_blocks = sa.sparse_decode(q, k, v, importance=state.record.importance,
+        want, want_blocks = sa.sparse_decode(q, k, v, importance=state.kv.importance,
                                              scale=0.125, threads=1, return_blocks=True,
                                              policy=policy, k_blocks=3)
         assert got.tobytes() == want.tobytes() and np.array_equal(blocks, want_blocks)

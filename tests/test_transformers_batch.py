@@ -128,7 +128,7 @@ def test_a_sequences_attention_in_a_batch_is_bitwise_its_attention_alone(cache, 
     import sparse_attn.integrations.transformers.attention as attention
     batched = []
     real = attention.batch_call
-    for where in (attention, sparse_attn.decoder):
+    for where in (attention, sparse_attn.decoder, sparse_attn.kv_state):
         monkeypatch.setattr(where, "batch_call",
                             lambda calls, threads: (batched.append(len(calls)),
                                                     real(calls, threads))[1])
@@ -400,12 +400,12 @@ def test_transformers_cache_states_follow_reordering(ref):
         model(ids, attention_mask=mask, cache=cache, use_cache=True)
     states = cache._sparse_attn_views
     s0, s1 = states[0], states[(0, 1)]
-    assert s0.record.length == 120 and s1.record.length == 77
+    assert s0.kv.length == 120 and s1.kv.length == 77
     cache.reorder_cache(torch.tensor([1, 1]))
     assert states[0] is s1 and states[(0, 1)] is not s1
-    assert np.array_equal(states[(0, 1)].record.importance, s1.record.importance)
+    assert np.array_equal(states[(0, 1)].kv.importance, s1.kv.importance)
     cache.batch_select_indices(torch.tensor([1]))
-    assert states[0].record.length == 77 and (0, 1) not in states
+    assert states[0].kv.length == 77 and (0, 1) not in states
 
 
 # ----------------------------------------------------------- sliding windows

@@ -7,7 +7,7 @@ import torch
 from transformers.integrations.sdpa_attention import sdpa_attention_forward
 from transformers.masking_utils import causal_mask_function, sdpa_mask
 
-from sparse_attn import _checks as ck, _ffi
+from sparse_attn import _checks as ck, _ffi, decode_batch
 from sparse_attn._ffi import ffi
 from sparse_attn._operands import kv_pair, scale_value
 from sparse_attn.attention import batch_call
@@ -416,7 +416,7 @@ def _step_done(module, settings, query, out, t0, kernel):
 def _decode_views(module, query, key, value, spans, scaling, named, settings):
     """A decode step of a batch on transformers' cache: every sequence's
     view state bound to its rows (their own importance record and channel
-    copy) and all attended in one C call (attention.batch_call), when each
+    copy) and all attended in one C call (sparse_attn.decode_batch), when each
     sequence is a decode step of a cache holding its earlier tokens (else
     None, and the caller attends them one at a time).  ``[B, 1, H, D]``."""
     t0 = time.perf_counter()
@@ -427,22 +427,18 @@ def _decode_views(module, query, key, value, spans, scaling, named, settings):
     if scaling is None:
         scaling = getattr(module, "scaling", None) or 1.0 / math.sqrt(D)
     dense = module.layer_idx in settings.dense_layers
-    q, out, qp, outp = _step_buffers(query)
-    step = n_heads * D
-    calls, keep = [], []
+    q, out, _, _ = _step_buffers(query)
+    qn, outn = q.view(B, n_heads, D).numpy(), out.view(B, n_heads, D).numpy()
+    steps = []
     for b in range(B):
         keys = spans.keys(b)
         kb, vb = key[b:b + 1, :, keys], value[b:b + 1, :, keys]
         state = layer_state(module, settings, kb, vb, 1, named, b)
-        n = state.bind(module.layer_idx, kb, vb, 1)
-        kop, vop, n, sc, sel, bst, pst, importance, kept = state.operands(settings, scaling,
-                                                                           dense)
-        params = None if sel is None else sel.params(bst, pst)
-        keep.append((kept, bst, pst))
-        calls.append((qp + b * step, n_heads, kop, vop, n, params, importance, sc,
-                      outp + b * step))
+        state.bind(module.layer_idx, kb, vb, 1)
+        steps.append((state.decoder(settings, scaling, settings.threads, dense), qn[b],
+                      outn[b]))
     t1 = time.perf_counter()
-    batch_call(calls, ck.check_threads(settings.threads))
+    decode_batch(steps, threads=settings.threads)
     return _step_done(module, settings, query, out, t0, time.perf_counter() - t1)
 
 

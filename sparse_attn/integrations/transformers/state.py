@@ -4,59 +4,13 @@ import time
 import warnings
 import weakref
 
-import numpy as np
 import torch
 
-import sparse_attn as sa
-from sparse_attn import _checks as ck, metadata as _metadata
-from sparse_attn import _ffi
+from sparse_attn import ArgumentError, KVState, UnsupportedError
 from sparse_attn._ffi import ffi
-from sparse_attn._operands import kv_operand, kv_pair, query, scale_value
-from sparse_attn.attention import dense_call, metadata_structs, sparse_call
 from sparse_attn.decoder import Decoder, append_pending
-from sparse_attn.errors import UnsupportedError
 
 from .tensors import OUTPUT_BATCH, KVPlaceholder
-
-
-class _ImportanceRecord:
-    """Per-layer importance of the sequence in a transformers-owned cache:
-    float32 ``[length]``, growing by doubling."""
-
-    def __init__(self):
-        self._buf = np.zeros(1024, np.float32)
-        self.length = 0
-
-    def _reserve(self, n):
-        if n > self._buf.shape[0]:
-            buf = np.zeros(max(n, 2 * self._buf.shape[0]), np.float32)
-            buf[:self.length] = self._buf[:self.length]
-            self._buf = buf
-
-    def prepare(self, layer_idx, past, seq):
-        """Check the record covers the ``past`` tokens the cache holds
-        before this call (``past == 0``: a new sequence; fewer than it
-        covers: a cropped cache, whose kept tokens keep the importance they
-        received), then make it ``seq`` tokens, the new ones at zero."""
-        if past > self.length:
-            raise UnsupportedError(
-                f"layer {layer_idx}: the cache holds {past} tokens before this call, of which "
-                f"sparse_topk attended {self.length}: it holds another sequence, filled by "
-                "another attention implementation, or copied from a cache before the backend "
-                "could tell caches apart (a model not passed to sat.enable() learns that at "
-                "its first forward). Fill each cache with attn_implementation='sparse_topk' "
-                "from its first token, or use "
-                "sparse_attn.integrations.transformers.SparseKVCache")
-        self._reserve(seq)
-        self._buf[past:seq] = 0
-        self.length = seq
-
-    def add(self, importance):
-        self._buf[:importance.shape[0]] += importance
-
-    @property
-    def importance(self):
-        return self._buf[:self.length]
 
 
 def _float32_kv(name, t):
@@ -166,53 +120,43 @@ class CacheState:
 
 class _ViewState:
     """What the backend reads and records for one layer of one of
-    transformers' own caches (a DynamicCache): float32 views of the K and V
-    it hands over at each call, and what it keeps of the sequence in it
-    between calls, the importance record and the channel copy
+    transformers' own caches (a DynamicCache): the K and V tensors it hands
+    over at each call, and the sequence's :class:`sparse_attn.KVState` (the
+    importance record and the channel copy) between calls
     (:func:`_view_state` keeps one per cache and layer)."""
 
-    def __init__(self):
-        self.record = _ImportanceRecord()
-        self.key = self.value = self.k = self.v = None
-        self.start = 0
-        # The channel copy of K that scoring="channels" reads: (arrays,
-        # struct) for up to arrays[0].shape[2] blocks, covering the rows
-        # the struct's k_rows says; None until a decode needs it.
-        self._copy = None
+    def __init__(self, kv=None):
+        self.kv = KVState() if kv is None else kv
+        self.key = self.value = None
 
     def __getstate__(self):
         """What a copy keeps (a ``deepcopy`` of the cache that holds this
-        state): the record and the channel copy; the next call binds its own
-        tensors."""
-        copy = None
-        if self._copy is not None:
-            arrays, st = self._copy
-            copy = (arrays, st.block_size, st.k_rows)
-        return {"record": self.record, "copy": copy}
+        state): the KVState; the next call binds its own tensors."""
+        return {"kv": self.kv}
 
     def __setstate__(self, state):
-        self.__init__()
-        self.record = state["record"]
-        if state["copy"] is not None:
-            arrays, block_size, k_rows = state["copy"]
-            self._copy = (arrays, _metadata.channels_struct(arrays, block_size, k_rows))
+        self.__init__(state["kv"])
 
     def bind(self, layer_idx, key, value, T):
         """Take this call's K and V (``[1, Hkv, S, D]``, the ``T`` queries'
         rows last), which hold the sequence this state recorded (the caller
         has made sure): ``S - T`` rows, or fewer after a crop, or none for a
         new sequence.  Returns S."""
+        k, v = _float32_kv("key", key), _float32_kv("value", value)
+        try:
+            S = self.kv.bind(k, v, T)
+        except UnsupportedError as exc:
+            raise UnsupportedError(
+                f"layer {layer_idx}: the cache holds {k.shape[1] - T} tokens before this call, "
+                f"of which sparse_topk attended {self.kv.length}: it holds another sequence, "
+                "filled by another attention implementation, or copied from a cache before "
+                "the backend could tell caches apart (a model not passed to sat.enable() "
+                "learns that at its first forward). Fill each cache with "
+                "attn_implementation='sparse_topk' from its first token, or use "
+                "sparse_attn.integrations.transformers.SparseKVCache") from exc
+        except ArgumentError as exc:
+            raise UnsupportedError(f"layer {layer_idx}: {exc}") from None
         self.key, self.value = key, value
-        self.k, self.v = _float32_kv("key", key), _float32_kv("value", value)
-        S = self.k.shape[1]
-        if self.v.shape[1] != S or S < T:
-            raise UnsupportedError(f"layer {layer_idx}: key/value hold {S}/{self.v.shape[1]} "
-                                   f"tokens for {T} queries; expected equal lengths >= {T}")
-        past = S - T
-        if past == 0 or past < self.record.length:
-            self._copy = None       # made from rows this sequence no longer holds
-        self.record.prepare(layer_idx, past, S)
-        self.start = past
         return S
 
     def continues(self, key, value, past):
@@ -221,7 +165,7 @@ class _ViewState:
         values compared (O(past), for the calls that cannot tell which cache
         they read)."""
         k, v = self.key, self.value
-        if k is None or not 0 < past <= min(self.record.length, k.shape[2]):
+        if k is None or not 0 < past <= min(self.kv.length, k.shape[2]):
             return False
         if (k.dtype, v.dtype) != (key.dtype, value.dtype) or \
                 (k.shape[:2], k.shape[3]) != (key.shape[:2], key.shape[3]) or \
@@ -230,95 +174,24 @@ class _ViewState:
         return bool(torch.equal(k[:, :, :past], key[:, :, :past])
                     and torch.equal(v[:, :, :past], value[:, :, :past]))
 
-    def _channels_struct(self, kop, block_size):
-        """The sa_channels of the channel copy (spec §6) of this call's K
-        for ``scoring="channels"``, kept between calls: the rows before this
-        call's are the ones the copy was made from (:meth:`bind` drops it
-        when they are not), so only the blocks holding new rows are made
-        again, as a :class:`sparse_attn.KVCache` does on append.  Another
-        head layout or block size starts the copy again; the room for blocks
-        grows by a quarter as it fills."""
-        hkv, S, D = self.k.shape
-        copy = self._copy
-        if copy is not None:
-            arrays, st = copy
-            if arrays[0].shape[:2] != (hkv, D) or st.block_size != block_size:
-                copy = None
-        nb = -(-S // block_size)
-        if copy is None or nb > arrays[0].shape[2]:
-            room = max(64, nb + nb // 4)     # a quarter more: O(1) copying per row
-            fresh = _metadata.empty_channels(hkv, room, D, block_size)
-            done = 0
-            if copy is not None:
-                done = st.k_rows
-                have = -(-done // block_size)
-                for src, dst in zip(arrays, fresh):
-                    dst[:, :, :have] = src[:, :, :have]
-            arrays, st = fresh, _metadata.channels_struct(fresh, block_size, done)
-            self._copy = (arrays, st)
-        _ffi.check(_ffi.lib.sa_channels_update(kop.struct, st.k_rows, S, st),
-                   "sparse_topk channel copy")
-        return st
-
     def channels(self, block_size):
-        """The kept channel copy of this call's K, brought up to date
-        (:class:`sparse_attn.ChannelCopy`, views)."""
-        S = self.k.shape[1]
-        self._channels_struct(kv_operand("k", self.k), block_size)
-        arrays, nb = self._copy[0], -(-S // block_size)
-        return _metadata.owned_channel_copy(arrays[0][:, :, :nb], arrays[1][:, :, :nb], block_size, S)
+        return self.kv.channels(block_size)
 
     def prefill(self, q, scale, threads, sparse):
-        if sparse:
-            prior = self.record.importance
-            sparse = dict(sparse, importance=prior if prior[:self.start].any() else None)
-        out, importance = sa.prefill(q, self.k, self.v, start=self.start, scale=scale,
-                                     threads=threads, **sparse)
-        self.record.add(importance)
-        return out
+        return self.kv.prefill(q, scale=scale, threads=threads, **sparse)
 
     def prompt_kv(self, T):
-        return (self.key, self.value) if self.start == 0 else None
-
-    def operands(self, settings, scale, dense):
-        """What this step's decode call reads, made once for the step:
-        (K and V operands, seq_len, the checked scale, the selection, its C
-        struct or None for dense decode, the importance record, and what
-        keeps the struct's metadata alive).  K and V are the float32 views
-        bind made, the importance is the layer's record and the channel copy
-        the one kept here."""
-        kop, vop, S = kv_pair(self.k, self.v, None)
-        scale = scale_value(scale, kop.head_dim)
-        if dense:
-            return kop, vop, S, scale, None, None, None, None, None
-        sel = settings._selection
-        if sel.scoring == "channels":
-            bst, pst, keep = self._channels_struct(kop, sel.block_size), None, self._copy
-        else:       # the bounds made for the call (minmax), or K probed
-            bst, pst, keep = metadata_structs(sel, self.k, kop, S, None, None)
-        return kop, vop, S, scale, sel, bst, pst, self.record.importance, keep
+        return (self.key, self.value) if self.kv.start == 0 else None
 
     def decoder(self, settings, scale, threads, dense):
-        """This step's decode call: sparse_decode's (or dense_decode's)
-        C call on :meth:`operands`, with no argument checks beyond the
-        query's."""
-        kop, vop, S, scale, sel, bst, pst, importance, keep = \
-            self.operands(settings, scale, dense)
-        threads = ck.check_threads(threads)
+        """This step's decode call (a :class:`sparse_attn.kv_state.StateDecoder`)."""
         if dense:
-            def call(q):
-                q, n_heads = query(q, kop, 2)
-                return dense_call(q, n_heads, kop, vop, S, scale, threads)
-            return call
-
-        def call(q, _keep=keep):
-            q, n_heads = query(q, kop, 2)
-            return sparse_call(q, n_heads, kop, vop, S, sel, importance, bst, pst, scale,
-                               threads, True)
-        return call
+            return self.kv.decoder(scale=scale, threads=threads, dense=True)
+        return self.kv.decoder(scale=scale, threads=threads, return_blocks=True,
+                               **settings.decode_kwargs())
 
     def exact(self, q, scale, threads):
-        return sa.dense_decode(q, self.k, self.v, scale=scale, threads=threads)
+        return self.kv.dense_decode(q, scale=scale, threads=threads)
 
 
 def layer_state(module, settings, key, value, T, named, row=0):
