@@ -23,7 +23,8 @@ py="${PYTHON:-python3}"
 tests=(tests/test_bad_input.py tests/test_hardening.py tests/test_agreement.py
        tests/test_q8_and_cache.py tests/test_probe_rows.py tests/test_minmax.py
        tests/test_selection.py tests/test_determinism.py tests/test_channels.py
-       tests/test_split_kv.py tests/test_transformers_hardening.py tests/test_ggml_attn.py)
+       tests/test_split_kv.py tests/test_transformers_hardening.py tests/test_ggml_attn.py
+       tests/test_kv_state.py)
 
 rm -rf "$build"
 . "$repo/scripts/lib/copy-source.sh"
