@@ -7,22 +7,64 @@
 # streams), each computed by both backends and compared within the
 # tolerances the test names; and the nodes supports_op must decline.
 #
-#   scripts/test-llama-backend.sh LLAMA_CPP_DIR
+#   scripts/test-llama-backend.sh [--arm] LLAMA_CPP_DIR
 #
 # The libraries are found as build-llama-backend.sh finds them
 # ($GGML_LIB_DIR, LLAMA_CPP_DIR/build/bin, or the llama-cpp-python of
 # ${PYTHON:-python3}).  Builds into build/llama-backend/ (or
 # $SA_LLAMA_BUILD); CC overrides gcc.  Exits non-zero if anything fails.
+#
+# --arm: the same on aarch64, emulated: ggml itself cross-built from
+# LLAMA_CPP_DIR (${CMAKE:-cmake}, aarch64-linux-gnu-gcc/g++, its CPU backend
+# for armv8.2-a+dotprod+fp16, no OpenMP) into build/llama-backend-arm/ggml
+# (or $SA_LLAMA_BUILD/ggml), the backend and the test cross-built against
+# it, and the test run under qemu-aarch64 as a Cortex-A76, so the core's
+# NEON kernels are compared with llama.cpp's own NEON ones.
 set -euo pipefail
 
 repo="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+arm=0
+if [[ ${1:-} == --arm ]]; then
+    arm=1
+    shift
+fi
 if [[ $# -ne 1 || $1 == -h || $1 == --help ]]; then
-    sed -n '2,15p' "$0"
+    sed -n '2,22p' "$0"
     [[ $# -eq 1 ]] && exit 0
     exit 2
 fi
 llama="$(cd "$1" && pwd)"
-build="${SA_LLAMA_BUILD:-$repo/build/llama-backend}"
+run=()
+if (( arm )); then
+    build="${SA_LLAMA_BUILD:-$repo/build/llama-backend-arm}"
+    export CC="${CC:-aarch64-linux-gnu-gcc}"
+    for tool in "$CC" aarch64-linux-gnu-g++ qemu-aarch64 "${CMAKE:-cmake}"; do
+        command -v "$tool" >/dev/null || {
+            echo "test-llama-backend.sh: $tool not found (CI installs gcc-aarch64-linux-gnu," \
+                 "g++-aarch64-linux-gnu, qemu-user and cmake)" >&2
+            exit 1
+        }
+    done
+    ggml="$build/ggml"
+    mkdir -p "$build"
+    echo "== ggml cross-built for aarch64 from $llama into $ggml"
+    t0=$SECONDS
+    "${CMAKE:-cmake}" -S "$llama" -B "$ggml" -DCMAKE_BUILD_TYPE=Release \
+        -DCMAKE_SYSTEM_NAME=Linux -DCMAKE_SYSTEM_PROCESSOR=aarch64 \
+        -DCMAKE_C_COMPILER="$CC" -DCMAKE_CXX_COMPILER=aarch64-linux-gnu-g++ \
+        -DGGML_NATIVE=OFF -DGGML_CPU_ARM_ARCH=armv8.2-a+dotprod+fp16 -DGGML_OPENMP=OFF \
+        -DGGML_CCACHE=OFF -DBUILD_SHARED_LIBS=ON -DLLAMA_BUILD_TESTS=OFF \
+        -DLLAMA_BUILD_EXAMPLES=OFF -DLLAMA_BUILD_TOOLS=OFF -DLLAMA_BUILD_SERVER=OFF \
+        -DLLAMA_CURL=OFF >"$build/cmake.log" 2>&1 ||
+        { cat "$build/cmake.log"; exit 1; }
+    "${CMAKE:-cmake}" --build "$ggml" -j "$(nproc)" --target ggml >>"$build/cmake.log" 2>&1 ||
+        { tail -n 40 "$build/cmake.log"; exit 1; }
+    echo "   built in $((SECONDS - t0)) s"
+    export GGML_LIB_DIR="$ggml/bin"
+    run=(qemu-aarch64 -cpu cortex-a76 -L /usr/aarch64-linux-gnu)
+else
+    build="${SA_LLAMA_BUILD:-$repo/build/llama-backend}"
+fi
 cc="${CC:-gcc}"
 
 # ggml_lib_dir, ggml_lib: where the ggml libraries are
@@ -39,5 +81,5 @@ exe="$build/test_ggml_backend"
 echo "== building $exe ($cc, against $lib_dir)"
 "$cc" -O2 -g -std=gnu11 -Wall -Wextra -I"$llama/ggml/include" \
     "$repo/tests/c/test_ggml_backend.c" "${libs[@]}" -Wl,-rpath,"$lib_dir" -lm -o "$exe"
-echo "== the backend against llama.cpp's CPU backend"
-"$exe" "$plugin"
+echo "== the backend against llama.cpp's CPU backend${run[*]:+ (${run[*]})}"
+"${run[@]}" "$exe" "$plugin"
