@@ -38,6 +38,14 @@ finds "flowerpot").  Columns, per length, policy and k:
   prefill s  the median time to prefill the prompt (the model's whole
              forward pass; with --prefill exact the same for every row)
 
+``--suite`` asks long-context tasks instead of needles (sparse_attn/tasks.py:
+RULER's kinds generated from a seed, no download: single, multi-key,
+multi-value and multi-query needles, variable tracking, common and
+frequent words, key-value retrieval); a row's score is the share of the
+task's expected items in its text, and each length's table gives the mean
+score per task and their average over the tasks exact attention scores
+above 20% on.
+
 Each prompt's rows go to ``--json`` as soon as they are done, and each
 length's table is printed when its prompts are done, so an interrupted run
 keeps what it measured.
@@ -58,8 +66,15 @@ import numpy as np
 
 from sparse_attn.needles import (FILLERS, NEEDLES, answer_found, build_prompt, load_model,
                                  save_model)
-from sparse_attn import _flag_types as flag, machine
+from sparse_attn import _flag_types as flag, machine, tasks
 from sparse_attn.selection import parse_policy
+
+def suite_names(text):
+    """--suite: 'all', or task names of sparse_attn.tasks, comma-separated."""
+    if text.strip() == "all":
+        return list(tasks.TASKS)
+    return flag.list_of(flag.one_of(*tasks.TASKS))(text)
+
 
 # Where --quick changes a default; a flag given explicitly keeps its value.
 DEFAULTS = dict(lengths=[1024, 2048, 4096], needles=[0, 1, 2, 3, 4], budgets=[1, 2, 4, 8, 16, 32])
@@ -133,24 +148,33 @@ def run(args, on_prompt=None):
         print(f"saved a float32 copy of the model to {args.save_model} (load it with "
               f"--model {args.save_model})", file=sys.stderr, flush=True)
     runner = Runner(model, tokenizer, args)
-    cases = [(n, d, ni, f) for n in args.lengths for d in args.depths
-             for ni in args.needles for f in args.fillers]
+    # a case's third item: the needle's index, or the suite's task name
+    items = args.suite or args.needles
+    cases = [(n, d, item, f) for n in args.lengths for d in args.depths
+             for item in items for f in args.fillers]
     configs = [(name, knobs, k) for name, knobs in args.policies for k in args.budgets]
     results, started, done_configs = [], time.perf_counter(), 0
     total = len(cases) * (len(configs) + 1)
-    for ci, (n_tokens, depth, ni, filler) in enumerate(cases):
-        needle = NEEDLES[ni]
-        ids = build_prompt(tokenizer, n_tokens, depth, needle, filler, args.seed + ci)
+    for ci, (n_tokens, depth, item, filler) in enumerate(cases):
+        if args.suite:
+            ids, task = tasks.build_task_prompt(tokenizer, item, n_tokens, seed=args.seed + ci,
+                                                depth=depth, filler=filler)
+            grade = task_grader(task)
+            label = dict(task=item, needle=None, expected=task.expected)
+        else:
+            needle = NEEDLES[item]
+            ids = build_prompt(tokenizer, n_tokens, depth, needle, filler, args.seed + ci)
+            grade = needle_grader(needle)
+            label = dict(task="needle", needle=item)
         runner.prefill(ids)
         exact_text, _, exact_ms = runner.decode(dict(k_blocks=1 << 20))
-        exact_hit = answer_found(exact_text, needle)
         done_configs += 1
-        base = dict(length=n_tokens, tokens=len(ids), depth=depth, needle=ni, filler=filler,
-                    prefill_s=runner.prefill_s)
+        base = dict(length=n_tokens, tokens=len(ids), depth=depth, filler=filler,
+                    prefill_s=runner.prefill_s, **label)
         rows = [dict(base, policy="exact", k=None, prefill="exact", text=exact_text,
-                     found=exact_hit,
-                     same_as_exact=True, error=0.0, attn_ms_per_token=exact_ms)]
-        _progress(ci, len(cases), len(ids), depth, ni, filler, f"exact {exact_text!r}",
+                     **grade(exact_text), same_as_exact=True, error=0.0,
+                     attn_ms_per_token=exact_ms)]
+        _progress(ci, len(cases), len(ids), depth, item, filler, f"exact {exact_text!r}",
                   started, done_configs, total)
         for name, knobs, k in configs:
             if args.prefill == "sparse":
@@ -159,11 +183,11 @@ def run(args, on_prompt=None):
             text, errors, ms = runner.decode(dict(knobs, k_blocks=k, compare_exact=True))
             done_configs += 1
             rows.append(dict(base, policy=name, k=k, prefill=args.prefill,
-                             prefill_s=runner.prefill_s, text=text,
-                             found=answer_found(text, needle), same_as_exact=text == exact_text,
+                             prefill_s=runner.prefill_s, text=text, **grade(text),
+                             same_as_exact=text == exact_text,
                              error=float(np.median(errors)) if errors else 0.0,
                              attn_ms_per_token=ms))
-            _progress(ci, len(cases), len(ids), depth, ni, filler, f"{name} k={k} {text!r}",
+            _progress(ci, len(cases), len(ids), depth, item, filler, f"{name} k={k} {text!r}",
                       started, done_configs, total)
         results += rows
         if on_prompt:
@@ -171,10 +195,28 @@ def run(args, on_prompt=None):
     return results
 
 
-def _progress(ci, n_cases, n_ids, depth, ni, filler, what, started, done, total):
+def needle_grader(needle):
+    """A row's grade for a needle prompt: found (1 or 0) as its score."""
+    def grade(text):
+        found = answer_found(text, needle)
+        return dict(found=found, score=float(found))
+    return grade
+
+
+def task_grader(task):
+    """A row's grade for a suite task: the share of expected items
+    (sparse_attn.tasks.score); found when it is all of them."""
+    def grade(text):
+        share = tasks.score(task, text)
+        return dict(found=share == 1.0, score=share)
+    return grade
+
+
+def _progress(ci, n_cases, n_ids, depth, item, filler, what, started, done, total):
     elapsed = time.perf_counter() - started
     eta = elapsed / done * (total - done)
-    print(f"[prompt {ci + 1}/{n_cases}, {n_ids} tokens, depth {depth}, needle {ni}, {filler}] "
+    item = f"needle {item}" if isinstance(item, int) else item
+    print(f"[prompt {ci + 1}/{n_cases}, {n_ids} tokens, depth {depth}, {item}, {filler}] "
           f"{what}  ({done}/{total} decodes, {elapsed:.0f} s, about {eta:.0f} s left)",
           file=sys.stderr, flush=True)
 
@@ -213,6 +255,37 @@ def summarise(results, length):
     return "\n".join(lines)
 
 
+def summarise_suite(results, length):
+    """The table of one length of a task suite: per row (exact, then each
+    policy and k) the mean score of each task in percent, their average
+    over the tasks exact attention scores above 20% on, and the attention
+    time per generated token."""
+    rows = [r for r in results if r["length"] == length]
+    names = list(dict.fromkeys(r["task"] for r in rows))
+    configs = list(dict.fromkeys((r["policy"], r["k"]) for r in rows))
+
+    def mean(cell, key):
+        return float(np.mean([r[key] for r in cell])) if cell else float("nan")
+
+    exact = {t: mean([r for r in rows if r["policy"] == "exact" and r["task"] == t], "score")
+             for t in names}
+    counted = [t for t in names if exact[t] > 0.2]
+    n = len([r for r in rows if r["policy"] == "exact"]) // max(len(names), 1)
+    width = max(8, *(len(t) + 1 for t in names))
+    lines = [f"\n{length} tokens: mean score (%) per task, {n} prompt(s) each; avg over the "
+             f"tasks exact attention scores above 20% on ({', '.join(counted) or 'none'})",
+             f"{'policy':<16} {'k':>4} " + "".join(f"{t:>{width}}" for t in names) +
+             f" {'avg':>6} {'attn ms':>8}"]
+    for policy, k in configs:
+        cell = [r for r in rows if r["policy"] == policy and r["k"] == k]
+        per = {t: mean([r for r in cell if r["task"] == t], "score") for t in names}
+        avg = float(np.mean([per[t] for t in counted])) * 100 if counted else float("nan")
+        lines.append(f"{policy:<16} {'-' if k is None else k:>4} "
+                     + "".join(f"{per[t] * 100:>{width}.0f}" for t in names)
+                     + f" {avg:>6.1f} {mean(cell, 'attn_ms_per_token'):8.2f}")
+    return "\n".join(lines)
+
+
 def parse_args(argv, prog="python -m sparse_attn.eval"):
     ap = argparse.ArgumentParser(prog=prog, description=__doc__,
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -231,6 +304,10 @@ def parse_args(argv, prog="python -m sparse_attn.eval"):
                     default=None, help=f"needle indices 0..{len(NEEDLES) - 1} (default 0,1,2,3,4)")
     ap.add_argument("--fillers", type=flag.list_of(flag.one_of(*sorted(FILLERS))),
                     default="facts", help=f"of {sorted(FILLERS)} (default %(default)s)")
+    ap.add_argument("--suite", type=suite_names, default=None,
+                    help="long-context tasks instead of needles (sparse_attn/tasks.py): "
+                         f"'all' or some of {','.join(tasks.TASKS)}; each prompt of a task "
+                         "scores the share of its expected items the answer holds")
     ap.add_argument("--budgets", type=counts, default=None,
                     help="k_blocks (default 1,2,4,8,16,32)")
     ap.add_argument("--policies", default="seed;recall",
@@ -244,7 +321,8 @@ def parse_args(argv, prog="python -m sparse_attn.eval"):
     ap.add_argument("--exact-tail", type=flag.non_negative_int, default=64,
                     help="with --prefill sparse: the prompt's last rows whose blocks prefill "
                          "exactly (docs/spec.md §7.6; default %(default)s, 0 for the plain rule)")
-    ap.add_argument("--max-new-tokens", type=flag.positive_int, default=8)
+    ap.add_argument("--max-new-tokens", type=flag.positive_int, default=None,
+                    help="tokens generated per prompt (default 8; with --suite 48)")
     ap.add_argument("--threads", type=flag.positive_int, default=None,
                     help="kernel threads (default: SPARSE_ATTN_NUM_THREADS or the cores)")
     ap.add_argument("--torch-threads", type=flag.positive_int, default=None,
@@ -257,6 +335,8 @@ def parse_args(argv, prog="python -m sparse_attn.eval"):
                     help="every row, written as each prompt finishes")
     args = ap.parse_args(argv)
     flag.fill_defaults(args, DEFAULTS, QUICK)
+    if args.max_new_tokens is None:
+        args.max_new_tokens = 48 if args.suite else 8
     flag.check_model_files(ap, args)
     flag.threads_default(ap)
     return args
@@ -282,7 +362,7 @@ def main(argv=None, prog="python -m sparse_attn.eval"):
                 json.dump(dict(command=command, machine=facts, args=meta, results=results), f,
                           indent=1)
         if length_done:
-            print(summarise(results, length), flush=True)
+            print((summarise_suite if args.suite else summarise)(results, length), flush=True)
 
     run(args, on_prompt)
     return 0

@@ -129,3 +129,44 @@ def test_rows_are_written_as_each_prompt_finishes(tmp_path, monkeypatch):
     pytest.importorskip("torch")
     sa_eval.main(["--lengths", "1024,2048", "--json", str(tmp_path / "e.json")])
     assert [len(c) for c in calls] == [1, 2, 3]
+
+
+def test_suite_flag():
+    args = sa_eval.parse_args(["--suite", "all"])
+    assert args.suite == list(sa_eval.tasks.TASKS) and args.max_new_tokens == 48
+    args = sa_eval.parse_args(["--suite", "vt,kv", "--max-new-tokens", "5"])
+    assert args.suite == ["vt", "kv"] and args.max_new_tokens == 5
+    assert sa_eval.parse_args([]).max_new_tokens == 8 and sa_eval.parse_args([]).suite is None
+    for bad in ("needle", "vt,,kv", ""):
+        with pytest.raises(SystemExit):
+            sa_eval.parse_args(["--suite", bad])
+
+
+def test_suite_table_averages_the_tasks_exact_answers():
+    rows = []
+    for task, exact, sparse in (("vt", 1.0, 0.5), ("kv", 0.1, 0.0), ("cwe", 0.6, 0.6)):
+        for policy, k, score in (("exact", None, exact), ("balanced", 32, sparse)):
+            rows.append(dict(length=1024, task=task, policy=policy, k=k, score=score,
+                             attn_ms_per_token=1.0))
+    table = sa_eval.summarise_suite(rows, 1024)
+    assert "(vt, cwe)" in table                  # kv: exact below 20%, not averaged
+    exact_line = next(x for x in table.splitlines() if x.startswith("exact"))
+    sparse_line = next(x for x in table.splitlines() if x.startswith("balanced"))
+    assert exact_line.split()[-2] == "80.0" and sparse_line.split()[-2] == "55.0"
+
+
+@pytest.mark.slow
+def test_suite_every_block_scores_as_exact_on_smollm2(tmp_path):
+    """Two suite tasks at 1K tokens: with every block chosen the text (so
+    the score) is exact attention's; rows carry the task and its items."""
+    out = _needs_smollm2(tmp_path)
+    sa_eval.main(["--suite", "niah_single,vt", "--lengths", "1024", "--depths", "0.5",
+                  "--budgets", "64", "--policies", "balanced", "--max-new-tokens", "12",
+                  "--threads", "1", "--torch-threads", "1", "--json", str(out)])
+    rows = json.loads(out.read_text())["results"]
+    assert {r["task"] for r in rows} == {"niah_single", "vt"} and len(rows) == 4
+    for task in ("niah_single", "vt"):
+        exact, full = (next(r for r in rows if r["task"] == task and r["policy"] == p)
+                       for p in ("exact", "balanced"))
+        assert full["text"] == exact["text"] and full["score"] == exact["score"]
+        assert exact["expected"] and 0.0 <= exact["score"] <= 1.0
