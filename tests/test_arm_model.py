@@ -4,6 +4,7 @@ reports is sane.  Needs llvm-16 (llvm-mca-16, llvm-objdump-16, llvm-nm-16),
 the aarch64 cross compiler and qemu-user; skipped without them."""
 import importlib.util
 import json
+import runpy
 import shutil
 import subprocess
 import sys
@@ -203,3 +204,17 @@ def test_corrections_replace_only_their_forms():
                      "mla v19.4s, v31.4s, v3.4s"]
     assert sum(used.values()) == 2
 
+
+def test_rendered_arm_text_is_the_model_raw(quick):
+    """docs/results.md's Arm block from a model run: the board figures are
+    called modelled and are the JSON's raw ones, the guide-priced forms are
+    named, no calibrated figure is printed."""
+    render = runpy.run_path(str(REPO / "scripts" / "render-results.py"))
+    text = render["render_arm"](quick)
+    a76, a55 = quick["predicted_step"]["a76_x4"], quick["predicted_step"]["a55_x1"]
+    assert "calibrat" not in text
+    assert f"modelled: four A76 cores at 2.4 GHz {a76['model_ms']:.1f} ms of compute" in text
+    assert f"one A55 at 1.8 GHz {a55['model_ms']:.0f} ms" in text
+    assert "13.3 ms at 10, 9.5 ms at 14, 7.8 ms at 17, 6.7 ms at 20 GB/s" in text
+    assert "Priced as Arm's optimisation guides do" in text and "scvtf" in text
+    assert "--quick" in text
