@@ -424,7 +424,7 @@ def host_cpu():
 
 
 def host_models():
-    """The llvm-mca models of this host's core for the calibration, the
+    """The llvm-mca models of this host's core for the check of the method, the
     preferred first: AMD Zen 2-5 by family and model, else Intel's."""
     vendor, family, model = host_cpu()
     if vendor == "AuthenticAMD" and family in (23, 25, 26):
