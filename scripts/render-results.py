@@ -173,53 +173,79 @@ def render_eval(d):
 
 def render_arm(d):
     """The static model's table (bench/arm_model.py): per core model, the
-    cycles per token and KV head of each kernel, bytes per cycle, and the
-    instructions per KV byte counted under qemu."""
+    cycles per token and KV head of each kernel, bytes per cycle (with Arm's
+    guides' corrections, and llvm-mca over the trace as compiled), the
+    instructions per KV byte counted under qemu; the article's step against
+    the memory floor, the prefill, the corrections, and the host's check."""
     models = (d["machine"]["a76_model"], d["machine"]["a55_model"])
     out = ["| core (model) | ISA | G | D | cycles per token and KV head: scores / V / softmax "
-           "| KV bytes per cycle | instructions per KV byte |", "|---|---|---|---|---|---|---|"]
+           "| KV bytes per cycle | as LLVM prices it | instructions per KV byte |",
+           "|---|---|---|---|---|---|---|---|"]
     rows = [r for r in d["llvm_mca"] if r["model"] in models]
     rows.sort(key=lambda r: (models.index(r["model"]), r["isa"], r["G"], r["D"]))
     for r in rows:
         c = r["cycles_per_token_kv_head"]
         core = "A76" if r["model"] == models[0] else "A55"
+        raw = r.get("llvm_raw_bytes_per_cycle")
         out.append(f"| {core} ({r['model']}) | {r['isa']} | {r['G']} | {r['D']} | "
                    f"{c['scores']:.0f} / {c['v']:.0f} / {c['softmax']:.0f} | "
                    f"{r['bytes_per_cycle']['total']:.2f} | "
+                   f"{'-' if raw is None else f'{raw:.2f}'} | "
                    f"{r['qemu_instructions_per_kv_byte']['total']:.2f} |")
     step = d["predicted_step"]
-    cal = d["calibration_x86"]
     a76, a55 = step["a76_x4"], step["a55_x1"]
-    lo, hi = step["floor_ms"]["at_GBps"]
+    floor = ", ".join(f"{ms:.1f} ms at {bw:g}" for bw, ms in
+                      zip(step["floor_ms"]["at_GBps"], step["floor_ms"]["ms"]))
+    mem = [s["GBps"] for s in a76["step_ms"] if s["bound"] == "memory"]
+    cpu = [s["GBps"] for s in a76["step_ms"] if s["bound"] == "compute"]
+    bound = "; ".join(x for x in (
+        f"memory-bound at {', '.join(f'{b:g}' for b in mem)} GB/s" if mem else "",
+        f"compute-bound at {', '.join(f'{b:g}' for b in cpu)} GB/s" if cpu else "") if x)
     out.append("")
     out.append(f"The article's step ({step['case']['tokens']} tokens, {step['case']['layers']} "
-               f"layers, {step['case']['isa']}): four A76 cores at {a76['ghz']} GHz "
-               f"{min(a76['calibrated_ms']):.1f}-{max(a76['calibrated_ms']):.1f} ms, calibrated"
-               + (f"; one A55 at {a55['ghz']} GHz {min(a55['calibrated_ms']):.0f}-"
-                  f"{max(a55['calibrated_ms']):.0f} ms" if a55 else "")
-               + f"; the memory floor {max(step['floor_ms']['ms']):.1f}-"
-               f"{min(step['floor_ms']['ms']):.1f} ms at an assumed {lo:g}-{hi:g} GB/s.")
+               f"layers, {step['case']['kv_heads']} KV heads, {step['case']['isa']}, {step['kv_bytes'] / 1e6:.0f} MB), "
+               f"modelled: four A76 cores at {a76['ghz']} GHz {a76['model_ms']:.1f} ms of compute"
+               + (f" ({a76['llvm_raw_ms']:.1f} as LLVM prices it)" if a76.get("llvm_raw_ms")
+                  else "")
+               + (f", one A55 at {a55['ghz']} GHz {a55['model_ms']:.0f} ms"
+                  + (f" ({a55['llvm_raw_ms']:.0f} as LLVM prices it)" if a55.get("llvm_raw_ms") else "")
+                  if a55 else "")
+               + f". The memory floor: {floor} GB/s. The four A76 cores keep up with "
+               f"{a76['compute_GBps']:.1f} GB/s: {bound}.")
     pf = step.get("prefill")
     if pf and pf.get("a76_x4"):
         pa, pl = pf["a76_x4"], pf["a55_x1"]
         y = pa["cycles_per_vector_key"]
-        cal_ms = pa.get("calibrated_ms") or [pa["model_ms"]]
         out.append(f"\nExact q8 prefill of the same prompt, attention only "
                    f"({pf['vector_key_pairs'] / 1e6:.0f}M (query vector, key) pairs): "
                    f"{y['total']:.1f} cycles per pair on the A76 model (scores {y['scores']:.1f}, "
                    f"softmax {y['softmax']:.1f}, V {y['v']:.1f}), four A76 cores "
-                   f"{min(cal_ms) / 1e3:.2f}-{max(cal_ms) / 1e3:.2f} s calibrated"
+                   f"{pa['model_ms'] / 1e3:.2f} s"
                    + (f"; one A55 {pl['cycles_per_vector_key']['total']:.0f} cycles per pair, "
-                      f"{min(pl.get('calibrated_ms') or [pl['model_ms']]) / 1e3:.0f}-"
-                      f"{max(pl.get('calibrated_ms') or [pl['model_ms']]) / 1e3:.0f} s" if pl
-                      else "") + ".")
-    f = cal["factor"]
-    pfac = cal.get("prefill_factor")
-    out.append(f"\nThe method, run over the {cal['isa']} build on the host ({d['machine']['host']}; "
-               f"{d['machine']['host_model']}) against its measured in-cache time: measured / "
-               f"predicted {f['min']:.2f}-{f['max']:.2f} over the six shapes (below 1: the model is "
-               f"optimistic)" + (f"; prefill's kernels {pfac['min']:.2f}-{pfac['max']:.2f}"
-                                 if pfac else "") + f".\n\n```\n{d['command']}\n```")
+                      f"{pl['model_ms'] / 1e3:.0f} s" if pl else "") + ".")
+    g = d.get("guide_corrections") or {}
+    parts = []
+    for key, label in zip(models, ("A76", "A55")):
+        c = (g.get(key) or {}).get("corrected") or []
+        if c:
+            parts.append(f"{label} ({key}): " + "; ".join(
+                f"{x['form']} {x['llvm']['latency']}/{x['llvm']['cycles_per_instruction']:g} -> "
+                f"{x['guide']['latency']}/{x['guide']['cycles_per_instruction']:g}" for x in c))
+    if parts:
+        out.append("\nPriced as Arm's optimisation guides do, not as LLVM's tables (latency / "
+                   "cycles per instruction): " + ". ".join(parts) + ".")
+    cal = d.get("calibration_x86")
+    if cal and cal.get("factor"):
+        f, pfac = cal["factor"], cal.get("prefill_factor")
+        out.append(f"\nThe method checked on the host ({d['machine']['host']}; "
+                   f"{d['machine']['host_model']}, the {cal['isa']} build against its measured "
+                   f"in-cache time): measured / predicted {f['min']:.2f}-{f['max']:.2f} over the "
+                   "six shapes" + (f", prefill's kernels {pfac['min']:.2f}-{pfac['max']:.2f}"
+                                   if pfac else "")
+                   + " (above 1 LLVM's model of the host's core is pessimistic, below 1 "
+                   "optimistic). It measures that model's errors, not the Arm tables': a check "
+                   "of the method, not applied to the Arm figures.")
+    out.append(f"\n```\n{d['command']}\n```")
     return "\n".join(out) + "\n"
 
 

@@ -2,8 +2,8 @@
 
 Boards like the RK3588 pair fast cores with slow ones (four Cortex-A76,
 four Cortex-A55).  A decode step split over all of them waits for the work
-that lands on the slow ones, and the fast ones alone already reach the
-memory bus's limit, so by default the core uses the fast ones: the default
+that lands on the slow ones, and the fast ones alone take about as long as
+memory does (modelled), so by default the core uses the fast ones: the default
 thread count is the number of fast cores this process may use, and the
 worker threads are kept on them (a worker that polls and sleeps looks like
 light work, which an energy-aware scheduler would move to a slow core).

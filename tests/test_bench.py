@@ -344,8 +344,8 @@ def test_plain_vs_cache_bench_compares_the_two_ways():
     assert "vs KVCache" in lines[2]
 
 
-def test_arm_model_calibrates_against_the_hosts_own_core_model(monkeypatch):
-    """bench/arm_model.py times its AVX2 calibration on this host and
+def test_arm_model_checks_against_the_hosts_own_core_model(monkeypatch):
+    """bench/arm_model.py times its AVX2 check of the method on this host and
     compares it with llvm-mca's model of this host's core: an AMD Zen by
     family and model, else Intel's Golden Cove family."""
     spec = importlib.util.spec_from_file_location("arm_model", ROOT / "bench" / "arm_model.py")
