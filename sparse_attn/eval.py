@@ -37,6 +37,10 @@ finds "flowerpot").  Columns, per length, policy and k:
              not counted)
   prefill s  the median time to prefill the prompt (the model's whole
              forward pass; with --prefill exact the same for every row)
+  MB/step    the KV bytes a decode step reads over every layer, counted from
+             the blocks each layer chose (sparse_attn/read_bytes.py: the
+             scoring's reads, then each KV head's chosen K and V rows once),
+             the mean over the steps; exact attention reads all of K and V
 
 ``--suite`` asks long-context tasks instead of needles (sparse_attn/tasks.py:
 RULER's kinds generated from a seed, no download: single, multi-key,
@@ -67,7 +71,8 @@ import numpy as np
 from sparse_attn.needles import (FILLERS, NEEDLES, answer_found, build_prompt, load_model,
                                  save_model)
 from sparse_attn import _flag_types as flag, machine, tasks
-from sparse_attn.selection import parse_policy
+from sparse_attn.read_bytes import decode_read_bytes
+from sparse_attn.selection import parse_policy, selection
 
 def suite_names(text):
     """--suite: 'all', or task names of sparse_attn.tasks, comma-separated."""
@@ -75,6 +80,9 @@ def suite_names(text):
         return list(tasks.TASKS)
     return flag.list_of(flag.one_of(*tasks.TASKS))(text)
 
+
+_SELECTION_KNOBS = ("k_blocks", "block_size", "n_probe", "recency", "importance_fraction",
+                    "sink_blocks", "share", "scoring", "n_channels")
 
 # Where --quick changes a default; a flag given explicitly keeps its value.
 DEFAULTS = dict(lengths=[1024, 2048, 4096], needles=[0, 1, 2, 3, 4], budgets=[1, 2, 4, 8, 16, 32])
@@ -90,6 +98,10 @@ class Runner:
         self.torch, self.sat = torch, sat
         self.model, self.tokenizer, self.args = model, tokenizer, args
         self.modules = sat.attention_modules(model)
+        config = model.config
+        self.kv_heads = config.num_key_value_heads
+        self.head_dim = getattr(config, "head_dim", None) or \
+            config.hidden_size // config.num_attention_heads
         self._enable(dict(k_blocks=1 << 20))
 
     def _enable(self, settings):
@@ -117,18 +129,22 @@ class Runner:
 
     def decode(self, settings):
         """Greedy decode from the prefill; returns (text, step errors,
-        attention-kernel ms per token)."""
+        attention-kernel ms per token, KV bytes read per step: every layer's,
+        counted from the blocks each step chose, the mean over steps)."""
         torch = self.torch
         self.cache.crop(self.n_prefill - self.cache.get_seq_length())
-        self._enable(settings)
+        self._enable(dict(settings, record_blocks=True))
         for m in self.modules:
             m.__dict__.pop("sparse_attn_errors", None)
             m.__dict__.pop("sparse_attn_stats", None)
-        token, out = self.ids[-1], []
+        sel = selection(**{k: v for k, v in settings.items() if k in _SELECTION_KNOBS})
+        dense = set(settings.get("dense_layers", ()))
+        token, out, read = self.ids[-1], [], []
         with torch.no_grad():
             for _ in range(self.args.max_new_tokens):
                 logits = self.model(torch.tensor([[token]]), cache=self.cache,
                                     use_cache=True).logits
+                read.append(self._step_bytes(sel, dense))   # outside the kernels' timing
                 token = int(logits[0, -1].argmax())
                 if token == self.tokenizer.eos_token_id:
                     break
@@ -138,7 +154,20 @@ class Runner:
         kernel = sum(m.__dict__.get("sparse_attn_stats", {}).get("decode_kernel_seconds", 0.0)
                      for m in self.modules)
         errors = [e for m in self.modules for e in m.__dict__.get("sparse_attn_errors", [])]
-        return self.tokenizer.decode(out, skip_special_tokens=True), errors, kernel * 1e3 / steps
+        return (self.tokenizer.decode(out, skip_special_tokens=True), errors,
+                kernel * 1e3 / steps, float(np.mean(read)) if read else 0.0)
+
+    def _step_bytes(self, sel, dense):
+        """The KV bytes the step just taken read over every layer
+        (sparse_attn.read_bytes), from the blocks each layer recorded."""
+        seq_len = self.cache.get_seq_length()
+        total = 0
+        for i, m in enumerate(self.modules):
+            blocks = m.__dict__.pop("sparse_attn_blocks", None)
+            total += decode_read_bytes(None if i in dense else blocks, seq_len,
+                                       n_kv_heads=self.kv_heads, head_dim=self.head_dim,
+                                       dtype=self.args.kv_dtype, sel=sel)
+        return total
 
 
 def run(args, on_prompt=None):
@@ -167,26 +196,26 @@ def run(args, on_prompt=None):
             grade = needle_grader(needle)
             label = dict(task="needle", needle=item)
         runner.prefill(ids)
-        exact_text, _, exact_ms = runner.decode(dict(k_blocks=1 << 20))
+        exact_text, _, exact_ms, exact_read = runner.decode(dict(k_blocks=1 << 20))
         done_configs += 1
         base = dict(length=n_tokens, tokens=len(ids), depth=depth, filler=filler,
                     prefill_s=runner.prefill_s, **label)
         rows = [dict(base, policy="exact", k=None, prefill="exact", text=exact_text,
                      **grade(exact_text), same_as_exact=True, error=0.0,
-                     attn_ms_per_token=exact_ms)]
+                     attn_ms_per_token=exact_ms, read_mb_per_step=exact_read / 1e6)]
         _progress(ci, len(cases), len(ids), depth, item, filler, f"exact {exact_text!r}",
                   started, done_configs, total)
         for name, knobs, k in configs:
             if args.prefill == "sparse":
                 runner.prefill(ids, dict(knobs, k_blocks=k, prefill="sparse",
                                          exact_tail=args.exact_tail))
-            text, errors, ms = runner.decode(dict(knobs, k_blocks=k, compare_exact=True))
+            text, errors, ms, read = runner.decode(dict(knobs, k_blocks=k, compare_exact=True))
             done_configs += 1
             rows.append(dict(base, policy=name, k=k, prefill=args.prefill,
                              prefill_s=runner.prefill_s, text=text, **grade(text),
                              same_as_exact=text == exact_text,
                              error=float(np.median(errors)) if errors else 0.0,
-                             attn_ms_per_token=ms))
+                             attn_ms_per_token=ms, read_mb_per_step=read / 1e6))
             _progress(ci, len(cases), len(ids), depth, item, filler, f"{name} k={k} {text!r}",
                       started, done_configs, total)
         results += rows
@@ -233,11 +262,12 @@ def summarise(results, length):
     kind = " (rows: sparse prefill and sparse decode)" if kind == {"sparse"} else ""
     lines = [f"\n{length} tokens: N = {n} prompts; exact attention answers {ceiling}/{n}{kind}",
              f"{'policy':<12} {'k':>4} {'found':>7} {'kept':>7} {'kept %':>7} "
-             f"{'same text':>10} {'attn err':>9} {'attn ms':>8} {'prefill s':>9}"]
+             f"{'same text':>10} {'attn err':>9} {'attn ms':>8} {'prefill s':>9} {'MB/step':>8}"]
     ex_ms = np.median([r["attn_ms_per_token"] for r in exact]) if exact else 0.0
     ex_s = np.median([r["prefill_s"] for r in exact]) if exact else 0.0
+    ex_mb = np.median([r.get("read_mb_per_step", np.nan) for r in exact]) if exact else 0.0
     lines.append(f"{'exact':<12} {'-':>4} {ceiling:>3}/{n:<3} {'-':>7} {'-':>7} {'-':>10} "
-                 f"{'-':>9} {ex_ms:8.2f} {ex_s:9.2f}")
+                 f"{'-':>9} {ex_ms:8.2f} {ex_s:9.2f} {ex_mb:8.2f}")
     for name in dict.fromkeys(r["policy"] for r in rows if r["policy"] != "exact"):
         for k in dict.fromkeys(r["k"] for r in rows if r["policy"] == name):
             cell = [r for r in rows if r["policy"] == name and r["k"] == k]
@@ -248,10 +278,11 @@ def summarise(results, length):
             err = np.median([r["error"] for r in cell])
             ms = np.median([r["attn_ms_per_token"] for r in cell])
             pre = np.median([r["prefill_s"] for r in cell])
+            mb = np.median([r.get("read_mb_per_step", np.nan) for r in cell])
             share = f"{kept / ceiling:.0%}" if ceiling else "-"
             lines.append(f"{name:<12} {k:>4} {hits:>3}/{len(cell):<3} {kept:>3}/{ceiling:<3} "
                          f"{share:>7} {same:>5}/{len(cell):<4} {err:>9.1e} {ms:8.2f} "
-                         f"{pre:9.2f}")
+                         f"{pre:9.2f} {mb:8.2f}")
     return "\n".join(lines)
 
 
@@ -275,14 +306,15 @@ def summarise_suite(results, length):
     lines = [f"\n{length} tokens: mean score (%) per task, {n} prompt(s) each; avg over the "
              f"tasks exact attention scores above 20% on ({', '.join(counted) or 'none'})",
              f"{'policy':<16} {'k':>4} " + "".join(f"{t:>{width}}" for t in names) +
-             f" {'avg':>6} {'attn ms':>8}"]
+             f" {'avg':>6} {'attn ms':>8} {'MB/step':>8}"]
     for policy, k in configs:
         cell = [r for r in rows if r["policy"] == policy and r["k"] == k]
         per = {t: mean([r for r in cell if r["task"] == t], "score") for t in names}
         avg = float(np.mean([per[t] for t in counted])) * 100 if counted else float("nan")
         lines.append(f"{policy:<16} {'-' if k is None else k:>4} "
                      + "".join(f"{per[t] * 100:>{width}.0f}" for t in names)
-                     + f" {avg:>6.1f} {mean(cell, 'attn_ms_per_token'):8.2f}")
+                     + f" {avg:>6.1f} {mean(cell, 'attn_ms_per_token'):8.2f}"
+                     f" {mean(cell, 'read_mb_per_step'):8.2f}")
     return "\n".join(lines)
 
 

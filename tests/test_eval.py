@@ -147,12 +147,13 @@ def test_suite_table_averages_the_tasks_exact_answers():
     for task, exact, sparse in (("vt", 1.0, 0.5), ("kv", 0.1, 0.0), ("cwe", 0.6, 0.6)):
         for policy, k, score in (("exact", None, exact), ("balanced", 32, sparse)):
             rows.append(dict(length=1024, task=task, policy=policy, k=k, score=score,
-                             attn_ms_per_token=1.0))
+                             attn_ms_per_token=1.0, read_mb_per_step=2.0 if k else 8.0))
     table = sa_eval.summarise_suite(rows, 1024)
     assert "(vt, cwe)" in table                  # kv: exact below 20%, not averaged
     exact_line = next(x for x in table.splitlines() if x.startswith("exact"))
     sparse_line = next(x for x in table.splitlines() if x.startswith("balanced"))
-    assert exact_line.split()[-2] == "80.0" and sparse_line.split()[-2] == "55.0"
+    assert exact_line.split()[-3:] == ["80.0", "1.00", "8.00"]
+    assert sparse_line.split()[-3:] == ["55.0", "1.00", "2.00"]
 
 
 @pytest.mark.slow
@@ -170,3 +171,10 @@ def test_suite_every_block_scores_as_exact_on_smollm2(tmp_path):
                        for p in ("exact", "balanced"))
         assert full["text"] == exact["text"] and full["score"] == exact["score"]
         assert exact["expected"] and 0.0 <= exact["score"] <= 1.0
+        # every block chosen reads all of K and V: SmolLM2's 30 layers, 3 KV heads, float32
+        # rows of D = 64, over the prompt and the up to 12 tokens after it
+        def dense_mb(n):
+            return 30 * 2 * 3 * n * 64 * 4 / 1e6
+        assert full["read_mb_per_step"] == exact["read_mb_per_step"]
+        assert dense_mb(exact["tokens"]) <= exact["read_mb_per_step"] <= dense_mb(
+            exact["tokens"] + 12)

@@ -26,9 +26,9 @@ import numpy as np
 import sparse_attn as sa
 from sparse_attn._storage import Arena
 from sparse_attn.machine import fmt_bytes
-from sparse_attn.metadata import (BlockBounds, ChannelCopy, ProbeRows, default_scale_group,
-                                  probe_geometry)
+from sparse_attn.metadata import BlockBounds, ChannelCopy, ProbeRows
 from sparse_attn.q8 import Q8
+from sparse_attn.read_bytes import decode_read_bytes
 from sparse_attn.selection import selection
 from sparse_attn.synthetic import needle_context
 
@@ -190,38 +190,10 @@ def base_contexts(length, args):
     return out
 
 
-def kv_row_bytes(dtype, head_dim, group_size):
-    return head_dim * 4 if dtype == "float32" else head_dim + 4 * (head_dim // group_size)
-
-
 def step_bytes(blocks, length, dtype, args, sel):
-    """Bytes one layer's decode step must read: for sparse, the probed K rows
-    (or, for scoring="minmax", the blocks' key bounds; for "channels", the
-    scored channels of the channel copy) and the K and V rows of
-    the blocks chosen by any head of each KV head (each row once per KV
-    head); for dense, all of K and V."""
-    row = kv_row_bytes(dtype, args.head_dim, args.group_size)
-    if blocks is None:
-        return 2 * args.kv_heads * length * row
-    bs, nb = args.block_size, -(-length // args.block_size)
-    if sel.scoring == "minmax":
-        sg = default_scale_group(args.group_size if dtype == "q8" else None, args.head_dim)
-        select_cost = nb * (2 * args.head_dim + 4 * (args.head_dim // sg))
-    elif sel.scoring == "channels":
-        select_cost = nb * min(sel.n_channels, args.head_dim) * (bs + 4)
-    else:
-        cnt, _ = probe_geometry(bs, sel.n_probe)
-        last = length - (nb - 1) * bs
-        last_cnt = -(-last // max(1, last // sel.n_probe))
-        select_cost = ((nb - 1) * cnt + last_cnt) * row
-    total = 0
-    for chosen in blocks.reshape(args.kv_heads, -1):
-        picked = np.unique(chosen)
-        rows = sum(min((b + 1) * bs, length) - b * bs for b in picked)
-        if len(picked) < nb:
-            total += select_cost
-        total += 2 * rows * row
-    return int(total)  # not a numpy integer: json.dump takes only Python ints
+    """Bytes one layer's decode step must read (sparse_attn.read_bytes)."""
+    return decode_read_bytes(blocks, length, n_kv_heads=args.kv_heads, head_dim=args.head_dim,
+                             dtype=dtype, sel=sel, group_size=args.group_size)
 
 
 def run_length(length, args, floor, torch, bases):
