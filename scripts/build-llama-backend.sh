@@ -65,6 +65,12 @@ if [[ -n $cpu_lib ]] && readelf -d "$cpu_lib" | grep -q 'NEEDED.*libgomp'; then
     flags+=(-fopenmp -DSA_PARALLEL_OPENMP)
     parallel="llama.cpp's OpenMP threads"
 fi
+# SA_BACKEND_SANITIZE=address,undefined (scripts/test-llama-backend.sh
+# --asan): the same sources under those sanitizers, for the tests only.
+if [[ -n ${SA_BACKEND_SANITIZE:-} ]]; then
+    flags=(-O1 -g -fno-omit-frame-pointer "${flags[@]:1}" -fsanitize="$SA_BACKEND_SANITIZE"
+           -fno-sanitize-recover=all)
+fi
 flags+=("-DSA_BUILD_FLAGS=\"${flags[*]}\"")
 
 mkdir -p "$(dirname "$out")"

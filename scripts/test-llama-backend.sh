@@ -14,6 +14,9 @@
 # ${PYTHON:-python3}).  Builds into build/llama-backend/ (or
 # $SA_LLAMA_BUILD); CC overrides gcc.  Exits non-zero if anything fails.
 #
+# --asan: the backend and the test built with AddressSanitizer + UBSan
+# (into build/llama-backend-asan/), llama.cpp's libraries as they are.
+#
 # --arm: the same on aarch64, emulated: ggml itself cross-built from
 # LLAMA_CPP_DIR (${CMAKE:-cmake}, aarch64-linux-gnu-gcc/g++, its CPU backend
 # for armv8.2-a+dotprod+fp16, no OpenMP) into build/llama-backend-arm/ggml
@@ -23,13 +26,13 @@
 set -euo pipefail
 
 repo="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
-arm=0
-if [[ ${1:-} == --arm ]]; then
-    arm=1
-    shift
-fi
+arm=0 asan=0
+case "${1:-}" in
+    --arm) arm=1; shift ;;
+    --asan) asan=1; shift ;;
+esac
 if [[ $# -ne 1 || $1 == -h || $1 == --help ]]; then
-    sed -n '2,22p' "$0"
+    sed -n '2,25p' "$0"
     [[ $# -eq 1 ]] && exit 0
     exit 2
 fi
@@ -62,6 +65,11 @@ if (( arm )); then
     echo "   built in $((SECONDS - t0)) s"
     export GGML_LIB_DIR="$ggml/bin"
     run=(qemu-aarch64 -cpu cortex-a76 -L /usr/aarch64-linux-gnu)
+elif (( asan )); then
+    build="${SA_LLAMA_BUILD:-$repo/build/llama-backend-asan}"
+    export SA_BACKEND_SANITIZE=address,undefined
+    export ASAN_OPTIONS="${ASAN_OPTIONS:-detect_leaks=1}"
+    export UBSAN_OPTIONS="${UBSAN_OPTIONS:-print_stacktrace=1:halt_on_error=1}"
 else
     build="${SA_LLAMA_BUILD:-$repo/build/llama-backend}"
 fi
@@ -79,7 +87,9 @@ plugin="$build/libsparse_attn_ggml.so"
 bash "$repo/scripts/build-llama-backend.sh" "$llama" "$plugin"
 exe="$build/test_ggml_backend"
 echo "== building $exe ($cc, against $lib_dir)"
-"$cc" -O2 -g -std=gnu11 -Wall -Wextra -I"$llama/ggml/include" \
+sanitize=()
+(( asan )) && sanitize=(-fsanitize=address,undefined -fno-sanitize-recover=all)
+"$cc" -O2 -g "${sanitize[@]}" -std=gnu11 -Wall -Wextra -I"$llama/ggml/include" \
     "$repo/tests/c/test_ggml_backend.c" "${libs[@]}" -Wl,-rpath,"$lib_dir" -lm -o "$exe"
 echo "== the backend against llama.cpp's CPU backend${run[*]:+ (${run[*]})}"
 "${run[@]}" "$exe" "$plugin"
