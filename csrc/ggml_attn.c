@@ -136,9 +136,9 @@ int sa_ggml_flash_attn_check(const sa_ggml_attn *a)
     return SA_OK;
 }
 
-/* Whether spec §8's sparse decode applies to the call: a selection, at
- * most SA_GGML_DECODE_ROWS rows, one mask plane for every head. */
-static int sparse_call(const sa_ggml_attn *a)
+/* Spec §8 step 1: a selection, at most SA_GGML_DECODE_ROWS rows, one mask
+ * plane for every head. */
+int sa_ggml_sparse_call(const sa_ggml_attn *a)
 {
     return a->select && a->q.ne[1] <= SA_GGML_DECODE_ROWS && (!a->mask || a->mask->ne[2] == 1);
 }
@@ -580,7 +580,7 @@ int sa_ggml_flash_attn(const sa_ggml_attn *a, int threads)
     call c = {.a = a, .kern = sa_active_kernels()};
     sa_ggml_choice choice;
     int sparse = 0;
-    if (sparse_call(a)) {
+    if (sa_ggml_sparse_call(a)) {
         rc = sa_ggml_choose(a, c.kern, threads, &choice, &sparse);
         if (rc)
             return rc;

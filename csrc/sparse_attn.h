@@ -419,6 +419,10 @@ int sa_ggml_flash_attn_check(const sa_ggml_attn *a);
 
 int sa_ggml_flash_attn(const sa_ggml_attn *a, int threads);
 
+/* 1 if sa_ggml_flash_attn chooses blocks for a's rows (a selection, at
+ * most SA_GGML_DECODE_ROWS rows, one mask plane), else 0 (exact). */
+int sa_ggml_sparse_call(const sa_ggml_attn *a);
+
 /* The ggml backend's settings (spec §8, "Settings"), parsed from the texts
  * of SPARSE_ATTN_K_BLOCKS, SPARSE_ATTN_POLICY and SPARSE_ATTN_DENSE_LAYERS
  * (each NULL or empty: its default) by sa_ggml_settings_parse, which the
