@@ -171,6 +171,20 @@ def test_prompt_batches_and_head_planes_stay_exact(isa, rng, kind):
     assert got.tobytes() == exact.tobytes()
 
 
+def test_sparse_call_says_which_calls_choose_blocks(rng):
+    """sa_ggml_sparse_call, which the backend counts its sparse calls by:
+    a selection, at most SA_GGML_DECODE_ROWS rows, one mask plane."""
+    sel = stateless_selection(k_blocks=2)
+    for n_q, heads, select, want in [(1, 1, sel, 1), (lib.SA_GGML_DECODE_ROWS, 1, sel, 1),
+                                     (lib.SA_GGML_DECODE_ROWS + 1, 1, sel, 0),
+                                     (1, 6, sel, 0), (1, 1, None, 0)]:
+        q, k, v, mask = operands(rng, 1, 6, 2, 64, n_q, 256, 1, "f16")
+        mask = np.ascontiguousarray(np.repeat(mask, heads, axis=1))
+        out = np.empty((1, n_q, 6, 64), np.float32)
+        a, keep = _ggml.op_struct(q, k, v, mask, out, scale=0.125, select=select)
+        assert lib.sa_ggml_sparse_call(a) == want, (n_q, heads, select)
+
+
 def test_no_mask_is_one_sequence_of_every_cell(isa, rng):
     k, v = cache_views(rng, 1, 700, 2, 64, "f16")
     q = queries(rng, 1, 1, 4, 64)
