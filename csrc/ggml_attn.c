@@ -26,9 +26,12 @@
  * unused cells of llama.cpp's cache (masked, holding anything) cannot reach
  * a result.
  *
- * Sparse decode slots in where a row's cells are listed (row_cells): the
- * cells a row reads are then its mask's, intersected with the blocks chosen
- * for its head group; the walk is the same.
+ * Sparse decode (spec §8) slots in where a row's cells are listed: the
+ * blocks chosen for a decode row (ggml_select.c) are listed as the cells
+ * its group reads, and a chunk's cells are those of the list that fall in
+ * it (sparse_row_cells) instead of its mask row's (row_cells); the walk,
+ * the chunks and the arithmetic are the same, so a row whose every block
+ * is chosen is the exact path's bit for bit.
  */
 #include <limits.h>
 #include <math.h>
@@ -36,31 +39,21 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "internal.h"
+#include "ggml_internal.h"
 
-/* The split below is chosen, not yet tuned by measurement.  Cells
- * converted at a time: a chunk's K and V in float32 at D = 128 are 64 KB
- * each, which an L2 holds beside the item's query rows and state. */
-#define CHUNK_CELLS 128
+/* The split below is chosen, not yet tuned by measurement. */
+#define CHUNK_CELLS SA_GGML_CHUNK_CELLS
 /* Query rows per item: the cells an item converts serve this many rows. */
 #define QUERY_BLOCK 32
-/* A call of at most this many query rows is split over its cells too ... */
-#define SPLIT_ROWS 4
+/* A call of at most this many query rows (decode) is split over its cells
+ * too ... */
+#define SPLIT_ROWS SA_GGML_DECODE_ROWS
 /* ... in spans of this many (four chunks). */
 #define SPAN_CELLS 512
-/* Q8_0: values per block, bytes per block (an fp16 scale, 32 int8). */
-#define Q8_0_GROUP 32
-#define Q8_0_BYTES 34
-/* The fp16 bits of -Inf: a mask cell that is not attended. */
-#define HALF_NEG_INF 0xFC00u
-/* Floats between two heads' scores in the scratch: more than a chunk, an
- * odd number of cache lines, so the heads' rows do not share L1 sets. */
-#define SCORE_STRIDE (CHUNK_CELLS + 16)
-
-static inline const char *row_at(const sa_ggml_tensor *t, int64_t i1, int64_t i2, int64_t i3)
-{
-    return (const char *)t->data + i1 * t->nb[1] + i2 * t->nb[2] + i3 * t->nb[3];
-}
+#define Q8_0_GROUP SA_GGML_Q8_0_GROUP
+#define Q8_0_BYTES SA_GGML_Q8_0_BYTES
+#define HALF_NEG_INF SA_GGML_HALF_NEG_INF
+#define SCORE_STRIDE SA_GGML_SCORE_STRIDE
 
 /* ------------------------------------------------------------------ checks */
 
@@ -130,7 +123,24 @@ int sa_ggml_flash_attn_check(const sa_ggml_attn *a)
         return SA_ERR_LAYOUT;
     if (!(isfinite(a->scale) && a->scale > 0.0f))
         return SA_ERR_SCALE;
+    if (a->select) {
+        const int rc = sa_check_select_params(a->select);
+        if (rc)
+            return rc;
+        /* spec §8: nothing is kept beside llama.cpp's cache, so no
+         * importance reserve and no scoring from metadata */
+        if (a->select->scoring != SA_SCORING_PROBE || a->select->importance_blocks != 0 ||
+            a->select->probe_rows)
+            return SA_ERR_UNSUPPORTED;
+    }
     return SA_OK;
+}
+
+/* Spec §8 step 1: a selection, at most SA_GGML_DECODE_ROWS rows, one mask
+ * plane for every head. */
+int sa_ggml_sparse_call(const sa_ggml_attn *a)
+{
+    return a->select && a->q.ne[1] <= SA_GGML_DECODE_ROWS && (!a->mask || a->mask->ne[2] == 1);
 }
 
 /* ------------------------------------------------------------------- a call */
@@ -147,6 +157,7 @@ typedef struct {
     uint16_t *halves;     /* halves on their way to floats (mask values, scales) */
     float *bias;          /* the mask values of the cells one row reads */
     int32_t *run;         /* (first scratch row, count) of the runs one row reads */
+    int32_t *lo, *hi;     /* qb: a sparse row's chosen cells in the chunk */
     float *scores;        /* G x SCORE_STRIDE: scores, then softmax weights */
     float *acc;           /* G x D: one chunk's weighted V */
     float *mx, *z;        /* G: one chunk's maxima and sums */
@@ -163,6 +174,7 @@ typedef struct {
     int shared_mask;      /* a group's heads read one mask row */
     int qb, n_qb;         /* query rows per item, blocks of them */
     int spans;            /* items per group (> 1: split over cells) */
+    const sa_ggml_choice *choice; /* sparse decode: the rows' chosen cells, or NULL */
     worker **w;
     float *parts;         /* spans > 1: per item, its rows' states */
     atomic_int *left;     /* spans > 1: per group, its items not yet done */
@@ -196,42 +208,22 @@ static void fold(float *st, int G, int D, int g, float m, float z, const float *
 
 static const uint16_t *mask_row(const call *c, int row, int head, int s)
 {
-    const sa_ggml_tensor *m = c->a->mask;
-    return (const uint16_t *)row_at(m, row, head % m->ne[2], s % m->ne[3]);
+    return sa_ggml_mask_row(c->a, row, head, s);
 }
 
 /* The item's query rows into the worker's scratch (quantised for Q8_0 K). */
 static void load_queries(const call *c, worker *w, int s, int kh, int r0, int nr)
 {
-    const int G = c->G, D = c->D;
+    const ptrdiff_t per_row = (ptrdiff_t)c->G * c->D;
     for (int r = 0; r < nr; r++)
-        for (int g = 0; g < G; g++) {
-            const ptrdiff_t at = (ptrdiff_t)r * G + g;
-            memcpy(w->qf + at * D, row_at(&c->a->q, r0 + r, (int64_t)kh * G + g, s),
-                   (size_t)D * sizeof(float));
-            if (c->q8)
-                sa_quantize_row(w->qf + at * D, D, Q8_0_GROUP, w->qq + at * D,
-                                w->qd + at * c->ng);
-        }
+        sa_ggml_load_group(c->a, c->q8, c->D, c->G, r0 + r, kh, s, w->qf + r * per_row,
+                           w->qq + r * per_row, w->qd + r * (ptrdiff_t)c->G * c->ng);
 }
 
-/* Cell `cell` of KV head kh of tensor t into scratch row j: F16 to
- * float32 (the table's exact conversion), Q8_0 to int8 values and float32
- * scales. */
 static void convert_row(const call *c, worker *w, const sa_ggml_tensor *t, int cell, int kh,
                         int s, float *f, int8_t *q, float *d, int j)
 {
-    const int D = c->D;
-    const char *src = row_at(t, cell, kh, s);
-    if (!c->q8) {
-        c->kern->halves_to_floats((const uint16_t *)src, f + (ptrdiff_t)j * D, D);
-        return;
-    }
-    for (int b = 0; b < c->ng; b++, src += Q8_0_BYTES) {
-        memcpy(&w->halves[b], src, sizeof w->halves[b]);
-        memcpy(q + (ptrdiff_t)j * D + (ptrdiff_t)b * Q8_0_GROUP, src + 2, Q8_0_GROUP);
-    }
-    c->kern->halves_to_floats(w->halves, d + (ptrdiff_t)j * c->ng, c->ng);
+    sa_ggml_convert_row(c->kern, t, c->q8, c->D, cell, kh, s, w->halves, f, q, d, j);
 }
 
 /* The cells [0, n) of the chunk that a query row reads with the mask row
@@ -307,26 +299,90 @@ static void attend_cells(const call *c, worker *w, int r, int g0, int nh, int cn
         fold(st, G, D, g0 + h, w->mx[h], w->z[h], w->acc + (ptrdiff_t)h * D);
 }
 
+/* A sparse row's chosen cells in [c0, c0 + n): entries [*lo, return) of
+ * its group's list (upos, positions of the row's sequence; cells maps a
+ * position to its cell), found by bisection. */
+static int chosen_range(const int32_t *upos, int n_upos, const int32_t *cells, int c0, int n,
+                        int *lo)
+{
+    int a = 0, b = n_upos;
+    while (a < b) {
+        const int m = a + (b - a) / 2;
+        if (cells[upos[m]] < c0)
+            a = m + 1;
+        else
+            b = m;
+    }
+    *lo = a;
+    while (b < n_upos && cells[upos[b]] - c0 < n)
+        b++;
+    return b;
+}
+
+/* sparse_row_cells: row_cells for a sparse row: the chosen cells
+ * [lo, hi) of its group's list that head set `marks` chose (NULL: all,
+ * the group's one choice), with the mask values of mr (NULL: none). */
+static int sparse_row_cells(const call *c, worker *w, const uint16_t *mr, int c0,
+                            const int32_t *upos, const int32_t *cells, int lo, int hi,
+                            const uint8_t *marks, int *n_runs)
+{
+    const int bs = c->choice->bs;
+    int cnt = 0, runs = 0;
+    for (int x = lo; x < hi; x++) {
+        if (marks && !marks[upos[x] / bs])
+            continue;
+        const int t = cells[upos[x]] - c0, j = w->slot[t];
+        w->halves[cnt++] = mr ? mr[t] : 0;
+        if (runs && w->run[2 * runs - 2] + w->run[2 * runs - 1] == j) {
+            w->run[2 * runs - 1]++;
+        } else {
+            w->run[2 * runs] = j;
+            w->run[2 * runs + 1] = 1;
+            runs++;
+        }
+    }
+    c->kern->halves_to_floats(w->halves, w->bias, cnt);
+    *n_runs = runs;
+    return cnt;
+}
+
 /* Cells [c0, c0 + n) for the item's rows r0 .. r0+nr-1. */
 static void attend_chunk(const call *c, worker *w, int s, int kh, int r0, int nr, int c0, int n)
 {
     const int G = c->G;
     const int sets = c->shared_mask ? 1 : G; /* head sets reading one mask row */
-    int used = 0;
-    if (!c->a->mask) {
-        for (int t = 0; t < n; t++)
-            w->slot[t] = used++;
-    } else {
-        memset(w->slot, 0, (size_t)n * sizeof *w->slot);
-        for (int r = 0; r < nr; r++)
-            for (int set = 0; set < sets; set++) {
-                const uint16_t *mr = mask_row(c, r0 + r, kh * G + set, s) + c0;
-                for (int t = 0; t < n; t++)
-                    w->slot[t] |= mr[t] != HALF_NEG_INF;
-            }
-        for (int t = 0; t < n; t++)
-            w->slot[t] = w->slot[t] ? used++ : -1;
+    const sa_ggml_choice *ch = c->choice;
+    int used = 0, any_exact = 0;
+    memset(w->slot, 0, (size_t)n * sizeof *w->slot);
+    for (int r = 0; r < nr; r++) {
+        const int row = s * c->n_q + r0 + r;
+        if (ch && ch->sparse[row]) {
+            /* the cells of the blocks the row's group chose */
+            const int rk = row * c->Hkv + kh;
+            const int32_t *upos = ch->upos + (ptrdiff_t)rk * ch->cap;
+            const int32_t *cells = ch->cells + (ptrdiff_t)row * c->n_kv;
+            int lo;
+            const int hi = chosen_range(upos, ch->n_upos[rk], cells, c0, n, &lo);
+            w->lo[r] = lo;
+            w->hi[r] = hi;
+            for (int x = lo; x < hi; x++)
+                w->slot[cells[upos[x]] - c0] = 1;
+            continue;
+        }
+        any_exact = 1;
+        if (!c->a->mask)
+            continue;
+        for (int set = 0; set < sets; set++) {
+            const uint16_t *mr = mask_row(c, r0 + r, kh * G + set, s) + c0;
+            for (int t = 0; t < n; t++)
+                w->slot[t] |= mr[t] != HALF_NEG_INF;
+        }
     }
+    if (any_exact && !c->a->mask)
+        for (int t = 0; t < n; t++)
+            w->slot[t] = 1;
+    for (int t = 0; t < n; t++)
+        w->slot[t] = w->slot[t] ? used++ : -1;
     if (!used)
         return;
     for (int t = 0; t < n; t++)
@@ -334,15 +390,31 @@ static void attend_chunk(const call *c, worker *w, int s, int kh, int r0, int nr
             convert_row(c, w, &c->a->k, c0 + t, kh, s, w->kf, w->kq, w->kd, w->slot[t]);
             convert_row(c, w, &c->a->v, c0 + t, kh, s, w->vf, w->vq, w->vd, w->slot[t]);
         }
-    for (int r = 0; r < nr; r++)
-        for (int set = 0; set < sets; set++) {
-            const int g0 = c->shared_mask ? 0 : set, nh = c->shared_mask ? G : 1;
+    for (int r = 0; r < nr; r++) {
+        const int row = s * c->n_q + r0 + r;
+        const int sparse = ch && ch->sparse[row];
+        /* share="head": each head its own choice (one set per head) */
+        const int row_sets = sparse && !ch->share_group ? G : sets;
+        for (int set = 0; set < row_sets; set++) {
+            const int one = row_sets == 1;
+            const int g0 = one ? 0 : set, nh = one ? G : 1;
             const uint16_t *mr = c->a->mask ? mask_row(c, r0 + r, kh * G + g0, s) + c0 : NULL;
-            int runs;
-            const int cnt = row_cells(c, w, mr, n, &runs);
+            int runs, cnt;
+            if (sparse) {
+                const int rk = row * c->Hkv + kh;
+                const uint8_t *marks =
+                    ch->share_group ? NULL
+                                    : ch->marks + ((ptrdiff_t)row * c->H + kh * G + g0) * ch->nb_max;
+                cnt = sparse_row_cells(c, w, mr, c0, ch->upos + (ptrdiff_t)rk * ch->cap,
+                                       ch->cells + (ptrdiff_t)row * c->n_kv, w->lo[r], w->hi[r],
+                                       marks, &runs);
+            } else {
+                cnt = row_cells(c, w, mr, n, &runs);
+            }
             if (cnt)
                 attend_cells(c, w, r, g0, nh, cnt, runs);
         }
+    }
 }
 
 /* The output rows of the item's heads and rows from their states: each
@@ -443,6 +515,7 @@ static int worker_new(const call *c, worker **out)
     const size_t o_half = take(&l, cells > ng ? cells : ng, 1, sizeof(uint16_t));
     const size_t o_bias = take(&l, cells, 1, sizeof(float));
     const size_t o_run = take(&l, cells, 2, sizeof(int32_t));
+    const size_t o_lo = take(&l, qb, 1, sizeof(int32_t)), o_hi = take(&l, qb, 1, sizeof(int32_t));
     const size_t o_sc = take(&l, G, SCORE_STRIDE, sizeof(float));
     const size_t o_acc = take(&l, G, D, sizeof(float));
     const size_t o_mx = take(&l, G, 1, sizeof(float)), o_z = take(&l, G, 1, sizeof(float));
@@ -462,7 +535,8 @@ static int worker_new(const call *c, worker **out)
         .kd = (float *)(mem + o_kd), .vd = (float *)(mem + o_vd),
         .slot = (int32_t *)(mem + o_slot), .halves = (uint16_t *)(mem + o_half),
         .bias = (float *)(mem + o_bias),
-        .run = (int32_t *)(mem + o_run), .scores = (float *)(mem + o_sc),
+        .run = (int32_t *)(mem + o_run), .lo = (int32_t *)(mem + o_lo),
+        .hi = (int32_t *)(mem + o_hi), .scores = (float *)(mem + o_sc),
         .acc = (float *)(mem + o_acc), .mx = (float *)(mem + o_mx), .z = (float *)(mem + o_z),
         .state = (float *)(mem + o_st), .sp = (float **)(mem + o_sp),
         .op = (float **)(mem + o_op), .pp = (const float **)(mem + o_pp)};
@@ -477,7 +551,7 @@ static int queries_ok(const sa_ggml_tensor *q)
     for (int64_t s = 0; s < q->ne[3]; s++)
         for (int64_t h = 0; h < q->ne[2]; h++)
             for (int64_t r = 0; r < q->ne[1]; r++)
-                if (!sa_values_ok((const float *)row_at(q, r, h, s), q->ne[0]))
+                if (!sa_values_ok((const float *)sa_ggml_row(q, r, h, s), q->ne[0]))
                     return 0;
     return 1;
 }
@@ -497,8 +571,21 @@ int sa_ggml_flash_attn(const sa_ggml_attn *a, int threads)
         return SA_ERR_LAYOUT;
     if (!queries_ok(&a->q))
         return SA_ERR_Q_VALUES;
+    if (a->select && a->blocks) {
+        const int64_t n = a->q.ne[3] * a->q.ne[1] * a->q.ne[2] * a->select->k_blocks;
+        for (int64_t i = 0; i < n; i++)
+            a->blocks[i] = -1;
+    }
 
     call c = {.a = a, .kern = sa_active_kernels()};
+    sa_ggml_choice choice;
+    int sparse = 0;
+    if (sa_ggml_sparse_call(a)) {
+        rc = sa_ggml_choose(a, c.kern, threads, &choice, &sparse);
+        if (rc)
+            return rc;
+        c.choice = sparse ? &choice : NULL;
+    }
     c.D = (int)a->q.ne[0], c.n_q = (int)a->q.ne[1], c.H = (int)a->q.ne[2];
     c.ns = (int)a->q.ne[3], c.n_kv = (int)a->k.ne[1], c.Hkv = (int)a->k.ne[2];
     c.G = c.H / c.Hkv;
@@ -511,26 +598,25 @@ int sa_ggml_flash_attn(const sa_ggml_attn *a, int threads)
     c.spans = split ? sa_ceil_div(c.n_kv, SPAN_CELLS) : 1;
     const int64_t groups = (int64_t)c.ns * c.Hkv * c.n_qb;
     const int64_t items = groups * c.spans;
-    if (items > INT_MAX)
-        return SA_ERR_SIZE;
-    if (c.spans > 1) {
+    rc = items > INT_MAX ? SA_ERR_SIZE : SA_OK;
+    if (!rc && c.spans > 1) {
         const size_t part = (size_t)c.qb * (size_t)state_floats(c.G, c.D);
         size_t bytes;
-        if (__builtin_mul_overflow((size_t)items, part * sizeof(float), &bytes))
-            return SA_ERR_SIZE;
-        c.parts = malloc(bytes);
-        c.left = malloc((size_t)groups * sizeof *c.left);
-        if (!c.parts || !c.left) {
-            free(c.parts);
-            free(c.left);
-            return SA_ERR_NOMEM;
+        if (__builtin_mul_overflow((size_t)items, part * sizeof(float), &bytes)) {
+            rc = SA_ERR_SIZE;
+        } else {
+            c.parts = malloc(bytes);
+            c.left = malloc((size_t)groups * sizeof *c.left);
+            rc = c.parts && c.left ? SA_OK : SA_ERR_NOMEM;
         }
-        for (int64_t g = 0; g < groups; g++)
+        for (int64_t g = 0; !rc && g < groups; g++)
             atomic_init(&c.left[g], c.spans);
     }
-    const int workers = sa_workers_for((int)items, threads);
-    c.w = calloc((size_t)workers, sizeof *c.w);
-    rc = c.w ? SA_OK : SA_ERR_NOMEM;
+    const int workers = rc ? 0 : sa_workers_for((int)items, threads);
+    if (!rc) {
+        c.w = calloc((size_t)workers, sizeof *c.w);
+        rc = c.w ? SA_OK : SA_ERR_NOMEM;
+    }
     for (int i = 0; i < workers && !rc; i++)
         rc = worker_new(&c, &c.w[i]);
     if (!rc)
@@ -540,5 +626,7 @@ int sa_ggml_flash_attn(const sa_ggml_attn *a, int threads)
     free(c.w);
     free(c.parts);
     free(c.left);
+    if (sparse)
+        sa_ggml_choice_free(&choice);
     return rc;
 }

@@ -382,7 +382,23 @@ typedef struct sa_ggml_tensor {
  * never a copy of the whole cache.  Bitwise the same for every thread
  * count.  What the entry does not compute is refused with
  * SA_ERR_UNSUPPORTED, not approximated: max_bias (ALiBi), logit_softcap
- * and n_kv_max must be 0, has_sinks 0, and v's D that of q and k. */
+ * and n_kv_max must be 0, has_sinks 0, and v's D that of q and k.
+ *
+ * With `select`, the rows of a call of at most SA_GGML_DECODE_ROWS query
+ * rows whose mask gives a KV head group one plane (m2 == 1) are attended
+ * sparsely (spec §8): per row, blocks of select->block_size consecutive
+ * valid cells (mask value not -Inf, in cell order), chosen by the probe
+ * and the stateless knobs from K itself, then exact attention over the
+ * chosen blocks' cells in the exact path's order; a row with
+ * k_blocks >= its blocks is the exact path's, bit for bit.  The selection
+ * must be stateless: scoring SA_SCORING_PROBE, importance_blocks 0 and no
+ * probe_rows (else SA_ERR_UNSUPPORTED); bounds, channels and exact_tail
+ * are not read.  `blocks`, if not NULL, receives per (stream, row, head)
+ * the blocks chosen, ascending, k_blocks entries with -1 after the last
+ * (blocks[((s * n_q + i) * H + h) * k_blocks + j]); all -1 for a row with
+ * no valid cell and for a call computed exactly. */
+enum { SA_GGML_DECODE_ROWS = 4 };
+
 typedef struct sa_ggml_attn {
     sa_ggml_tensor q, k, v;
     const sa_ggml_tensor *mask;
@@ -392,6 +408,8 @@ typedef struct sa_ggml_attn {
     float logit_softcap;
     int n_kv_max;
     int has_sinks;
+    const sa_select_params *select; /* NULL: exact */
+    int32_t *blocks;          /* NULL, or [ns][n_q][H][select->k_blocks] */
 } sa_ggml_attn;
 
 /* Everything sa_ggml_flash_attn checks but the data pointers: SA_OK when
@@ -400,6 +418,38 @@ typedef struct sa_ggml_attn {
 int sa_ggml_flash_attn_check(const sa_ggml_attn *a);
 
 int sa_ggml_flash_attn(const sa_ggml_attn *a, int threads);
+
+/* 1 if sa_ggml_flash_attn chooses blocks for a's rows (a selection, at
+ * most SA_GGML_DECODE_ROWS rows, one mask plane), else 0 (exact). */
+int sa_ggml_sparse_call(const sa_ggml_attn *a);
+
+/* The ggml backend's settings (spec §8, "Settings"), parsed from the texts
+ * of SPARSE_ATTN_K_BLOCKS, SPARSE_ATTN_POLICY and SPARSE_ATTN_DENSE_LAYERS
+ * (each NULL or empty: its default) by sa_ggml_settings_parse, which the
+ * backend and the Python layer share so that the two read one syntax and
+ * one table of presets (sparse_attn/selection.py's POLICIES, checked by
+ * tests/test_ggml_sparse.py). */
+enum { SA_GGML_MAX_DENSE = 64 };
+
+typedef struct sa_ggml_settings {
+    int k_blocks;             /* 0: exact */
+    sa_select_params select;  /* read when k_blocks > 0; select.k_blocks == k_blocks */
+    int n_dense;
+    int dense[SA_GGML_MAX_DENSE]; /* layers kept exact, ascending, distinct */
+} sa_ggml_settings;
+
+/* SA_OK and *out, or SA_ERR_PARAM (SA_ERR_UNSUPPORTED for a policy that
+ * needs state) with the reason in why (why_len bytes, NUL-terminated);
+ * *out is written only on success. */
+int sa_ggml_settings_parse(const char *k_blocks, const char *policy, const char *dense_layers,
+                           sa_ggml_settings *out, char *why, int why_len);
+
+/* The settings as the three texts again ("k_blocks=32 policy=seed:...
+ * dense_layers=0+1"), into buf (len bytes); the length it needs. */
+int sa_ggml_settings_format(const sa_ggml_settings *s, char *buf, int len);
+
+/* 1 if `layer` is in s's dense layers (or s is exact), else 0. */
+int sa_ggml_settings_exact(const sa_ggml_settings *s, int layer);
 /* cdef-end */
 
 #define SA_VALUE_LIMIT 281474976710656.0f /* 2^SA_VALUE_LIMIT_LOG2 */

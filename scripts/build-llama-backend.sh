@@ -82,7 +82,7 @@ echo "== building $out ($cc, $arch, linked against $lib; items on $parallel)"
 # Only the backend's entry points are exported (the core's names stay inside,
 # so the Python extension loaded beside it never clashes).
 exported="$(nm -D --defined-only "$out" | awk '$2 == "T" {print $3}' | sort | tr '\n' ' ')"
-if [[ $exported != "ggml_backend_init sa_ggml_calls " ]]; then
+if [[ $exported != "ggml_backend_init sa_ggml_calls sa_ggml_configure sa_ggml_settings_text sa_ggml_sparse_calls " ]]; then
     echo "build-llama-backend.sh: unexpected exports: $exported" >&2
     exit 1
 fi

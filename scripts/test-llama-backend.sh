@@ -5,7 +5,9 @@
 # graphs of one ggml_flash_attn_ext node (f16 and q8_0 K/V, GQA, decode and
 # batches, masks of several sequences with freed and unused cells, two
 # streams), each computed by both backends and compared within the
-# tolerances the test names; and the nodes supports_op must decline.
+# tolerances the test names; the nodes supports_op must decline; and the
+# settings of spec §8 (dense layers by the cache's name, the sparse calls
+# counted, refused texts).
 #
 #   scripts/test-llama-backend.sh [--arm] LLAMA_CPP_DIR
 #

@@ -23,6 +23,7 @@ import numpy as np
 from . import _checks as ck
 from . import _ffi
 from .errors import ArgumentError, ArgumentTypeError, UnsupportedError
+from .selection import stateless_selection
 from ._ffi import ffi, lib
 
 #: ggml's block_q8_0 (34 bytes, unaligned).
@@ -105,9 +106,11 @@ def _fill(t, a):
 
 
 def op_struct(q, k, v, mask, out, *, scale, max_bias=0.0, logit_softcap=0.0, n_kv_max=0,
-              has_sinks=False):
+              has_sinks=False, select=None, blocks=None):
     """An ``sa_ggml_attn`` over the arrays, unchecked (the tests hand it to
-    the C checks directly); returns (the struct, what keeps it alive)."""
+    the C checks directly); select a :class:`~sparse_attn.selection.Selection`
+    or None, blocks an int32 array for the chosen blocks or None; returns
+    (the struct, what keeps it alive)."""
     a = ffi.new("sa_ggml_attn *")
     _fill(a.q, q)
     _fill(a.k, k)
@@ -121,6 +124,13 @@ def op_struct(q, k, v, mask, out, *, scale, max_bias=0.0, logit_softcap=0.0, n_k
         keep += [m, mask]
     a.scale, a.max_bias, a.logit_softcap = scale, max_bias, logit_softcap
     a.n_kv_max, a.has_sinks = n_kv_max, int(has_sinks)
+    if select is not None:
+        params = select.params()
+        a.select = params
+        keep.append(params)
+    if blocks is not None:
+        a.blocks = ffi.from_buffer("int32_t[]", blocks, require_writable=True)
+        keep.append(blocks)
     return a, keep
 
 
@@ -140,9 +150,12 @@ def _refuse_features(max_bias, logit_softcap, n_kv_max, sinks):
 
 
 def flash_attn_ext(q, k, v, mask=None, *, scale, max_bias=0.0, logit_softcap=0.0,
-                   n_kv_max=0, sinks=None, threads=None):
+                   n_kv_max=0, sinks=None, threads=None, k_blocks=None, policy=None,
+                   block_size=32, n_probe=None, recency=True, importance_fraction=None,
+                   sink_blocks=None, share=None, scoring=None, return_blocks=False):
     """``ggml_flash_attn_ext(q, k, v, mask, scale, max_bias, logit_softcap)``
-    computed by the C core, in float32 with the active kernels.
+    computed by the C core, in float32 with the active kernels; with
+    ``k_blocks``, its decode rows sparse (docs/spec.md §8).
 
     Parameters
     ----------
@@ -158,12 +171,26 @@ def flash_attn_ext(q, k, v, mask=None, *, scale, max_bias=0.0, logit_softcap=0.0
         Must be 0 / None: ALiBi, softcapping, a sparse K/V set and sinks are
         refused with :class:`~sparse_attn.UnsupportedError`.
     threads : int, default ``SPARSE_ATTN_NUM_THREADS`` or the usable cores
+    k_blocks : int or None (default: exact)
+        Spec §8's sparse decode: a call of at most 4 query rows whose mask
+        has one plane for all heads attends, per row, the ``k_blocks``
+        blocks of ``block_size`` consecutive valid cells its probe chooses.
+    policy, n_probe, recency, importance_fraction, sink_blocks, share, scoring
+        The selection (:func:`~sparse_attn.selection.stateless_selection`:
+        default :data:`~sparse_attn.selection.LLAMA_CPP_POLICY`; an
+        importance reserve or scoring from metadata is refused with
+        :class:`~sparse_attn.UnsupportedError`).
+    return_blocks : bool
+        Also return the blocks chosen: int32 ``(ns, n_q, H, k_blocks)``,
+        ascending, -1 after the last (all -1 for a row with no valid cell
+        and for a call computed exactly).
 
     Returns
     -------
     float32, shape ``(ns, n_q, H, D)`` (ggml's ``[D, H, n_q, ns]``): per row
-    and head the softmax of ``scale * q.k + mask`` over the cells not masked,
-    times V; zeros for a row that may read no cell.
+    and head the softmax of ``scale * q.k + mask`` over the cells read,
+    times V; zeros for a row that may read no cell.  With ``return_blocks``,
+    (that, the blocks).
     """
     _check_tensor("q", q, (np.dtype(np.float32),))
     _check_tensor("k", k, (np.dtype(np.float16), BLOCK_Q8_0))
@@ -191,9 +218,18 @@ def flash_attn_ext(q, k, v, mask=None, *, scale, max_bias=0.0, logit_softcap=0.0
             raise ArgumentError(
                 f"mask must be (m3, m2, >= n_q={n_q}, >= n_kv={n_kv}) with H={H} a multiple "
                 f"of m2 and ns={ns} a multiple of m3, got {mask.shape}")
+    sel = None
+    if k_blocks is not None:
+        sel = stateless_selection(policy, k_blocks=k_blocks, block_size=block_size,
+                                  n_probe=n_probe, recency=recency,
+                                  importance_fraction=importance_fraction,
+                                  sink_blocks=sink_blocks, share=share, scoring=scoring)
+    elif return_blocks:
+        raise ArgumentError("return_blocks needs k_blocks (an exact call chooses no blocks)")
     out = np.empty((ns, n_q, H, D), np.float32)
-    a, keep = op_struct(q, k, v, mask, out, scale=scale)
+    blocks = np.empty((ns, n_q, H, sel.k_blocks), np.int32) if return_blocks else None
+    a, keep = op_struct(q, k, v, mask, out, scale=scale, select=sel, blocks=blocks)
     _ffi.check(lib.sa_ggml_flash_attn(a, threads), "flash_attn_ext",
                {lib.SA_ERR_Q_VALUES: "q"})
     del keep
-    return out
+    return (out, blocks) if return_blocks else out

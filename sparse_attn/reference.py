@@ -390,7 +390,9 @@ def prefill(q, k, v, *, start=0, scale=None, k_blocks=None, block_size=32, n_pro
 
 # --------------------------------------------------------------------------- llama.cpp's op
 
-def ggml_flash_attn(q, k, v, mask, scale):
+def ggml_flash_attn(q, k, v, mask, scale, *, k_blocks=None, policy=None, block_size=32,
+                    n_probe=None, recency=True, importance_fraction=None, sink_blocks=None,
+                    share=None, scoring=None, return_blocks=False):
     """llama.cpp's attention op (``GGML_OP_FLASH_ATTN_EXT``, without ALiBi,
     softcap or sinks) over arrays in its layouts, as
     ``sparse_attn._ggml.flash_attn_ext`` takes them: q float32
@@ -400,38 +402,74 @@ def ggml_flash_attn(q, k, v, mask, scale):
     i: the cells whose mask value is not -inf, scores
     ``scale * q.k + mask``, softmax, times V; zeros when no cell is left.
     Q8_0 K is dotted as spec §4 dots q8: the query row quantised as q8 with
-    groups of 32, the integer sums times both scales."""
+    groups of 32, the integer sums times both scales.
+
+    With ``k_blocks`` (spec §8), a call of at most 4 rows whose mask has one
+    plane for all heads reads, per row, only the blocks :func:`select_blocks`
+    chooses over the row's valid cells (its sequence) with the stateless
+    selection; ``return_blocks`` also returns them as
+    ``_ggml.flash_attn_ext`` does."""
     from ._ggml import BLOCK_Q8_0, Q8_0_GROUP, dequantize_q8_0, q8_0_parts
+    from .selection import stateless_selection
 
     ns, H, n_q, D = q.shape
     Hkv, n_kv = k.shape[1], k.shape[2]
     group = H // Hkv
     q8 = k.dtype == BLOCK_Q8_0
     vals = (dequantize_q8_0(v) if q8 else v).astype(np.float64)
+    sel = None
+    if k_blocks is not None:
+        sel = stateless_selection(policy, k_blocks=k_blocks, block_size=block_size,
+                                  n_probe=n_probe, recency=recency,
+                                  importance_fraction=importance_fraction,
+                                  sink_blocks=sink_blocks, share=share, scoring=scoring)
+    sparse = sel is not None and n_q <= 4 and (mask is None or mask.shape[1] == 1)
     out = np.zeros((ns, n_q, H, D))
+    blocks = np.full((ns, n_q, H, sel.k_blocks if sel else 0), -1, np.int32)
+
+    def kv_rows(s, kh, cells):
+        """K[s, kh, cells] as reference.py's K of one KV head: float32 or Q8."""
+        if not q8:
+            return k[s, kh, cells].astype(np.float32)[None]
+        data, scales = q8_0_parts(k[s, kh, cells])
+        return Q8(data[None], scales[None], Q8_0_GROUP)
+
     for s in range(ns):
-        for h in range(H):
-            kh = h // group
-            if q8:
-                kq, kd = q8_0_parts(k[s, kh])                      # (n_kv, D), (n_kv, D/32)
-                kq = kq.astype(np.int64).reshape(n_kv, -1, Q8_0_GROUP)
-                qq = quantize_q8(q[s, h], Q8_0_GROUP)               # every row, spec §4
-                qi = qq.data.astype(np.int64).reshape(n_q, 1, -1, Q8_0_GROUP)
-                isum = (qi * kq[None]).sum(-1)                       # (n_q, n_kv, D/32)
-                dots = (isum * (qq.scales.astype(np.float64)[:, None, :] *
-                                kd.astype(np.float64)[None])).sum(-1)
-            else:
-                dots = q[s, h].astype(np.float64) @ k[s, kh].astype(np.float64).T
-            scores = dots * np.float64(np.float32(scale))
+        for i in range(n_q):
             if mask is None:
-                bias = np.zeros((n_q, n_kv))
+                bias = np.zeros((H, n_kv))
             else:
-                bias = mask[s % mask.shape[0], h % mask.shape[1], :n_q, :n_kv].astype(np.float64)
-            for i in range(n_q):
-                keep = bias[i] != -np.inf
-                if not keep.any():
+                bias = np.stack([mask[s % mask.shape[0], h % mask.shape[1], i, :n_kv]
+                                 for h in range(H)]).astype(np.float64)
+            choice = {}                                          # per KV head: its heads' picks
+            for h in range(H):
+                kh = h // group
+                cells = np.flatnonzero(bias[h] != -np.inf)       # the row's sequence
+                if len(cells) == 0:
                     continue
-                row = scores[i, keep] + bias[i, keep]
+                chosen = np.arange(len(cells))
+                if sparse:
+                    nb = -(-len(cells) // sel.block_size)
+                    if nb <= sel.k_blocks:
+                        blocks[s, i, h, :nb] = np.arange(nb)
+                    else:
+                        g0 = kh * group
+                        if kh not in choice:
+                            choice[kh] = select_blocks(
+                                q[s, g0:g0 + group, i], kv_rows(s, kh, cells),
+                                seq_len=len(cells), k_blocks=sel.k_blocks,
+                                block_size=sel.block_size, n_probe=sel.n_probe,
+                                recency=sel.recency, policy="recall", importance_fraction=0.0,
+                                sink_blocks=sel.sink_blocks, share=sel.share, scoring="probe")
+                        picks = choice[kh][h - g0]
+                        blocks[s, i, h, :len(picks)] = picks
+                        chosen = np.concatenate([np.arange(b * sel.block_size,
+                                                           min((b + 1) * sel.block_size,
+                                                               len(cells)))
+                                                 for b in picks])
+                rows = cells[chosen]
+                dots = _kv_head_dot(q[s, h, i], kv_rows(s, kh, rows), 0, slice(None))
+                row = dots * np.float64(np.float32(scale)) + bias[h, rows]
                 p = np.exp(row - row.max())
-                out[s, i, h] = (p @ vals[s, kh][keep]) / p.sum()
-    return out
+                out[s, i, h] = (p @ vals[s, kh][rows]) / p.sum()
+    return (out, blocks) if return_blocks else out

@@ -12,7 +12,7 @@ import math
 from dataclasses import dataclass
 
 from . import _checks as ck
-from .errors import ArgumentError
+from .errors import ArgumentError, UnsupportedError
 from ._ffi import ffi, lib
 
 SHARES = {"head": lib.SA_SHARE_HEAD, "group": lib.SA_SHARE_GROUP}
@@ -59,6 +59,16 @@ POLICIES = {
 # plain arrays the copy would be made at every call, a read of all of K
 # (about 75x a dense decode's time), so the functions there keep the seed.
 CACHE_POLICY = "balanced"
+
+
+# The default policy of llama.cpp's attention op (the ggml backend, spec
+# §8), where nothing is kept beside llama.cpp's cache: no importance is
+# recorded and no key bounds or channel copy are kept, so of the presets
+# only "recall" is stateless.  Its probe of every row reads all of K to
+# choose; this default probes 8 rows a block (a quarter of K at block_size
+# 32) and makes one choice per KV head group, so each chosen cell is read
+# once per group.
+LLAMA_CPP_POLICY = dict(POLICIES["recall"], n_probe=8, share="group")
 
 
 def importance_blocks(importance_fraction, k_blocks):
@@ -252,3 +262,45 @@ def parse_policy(spec):
     # the knobs over the base preset, in full: callers pass them on without
     # the name, and a preset changed by knobs is labelled by the whole spec
     return (spec.strip() if name in POLICIES else name), dict(POLICIES[base], **knobs)
+
+
+def stateless_selection(policy=None, *, k_blocks, block_size=32, n_probe=None, recency=True,
+                        importance_fraction=None, sink_blocks=None, share=None, scoring=None):
+    """The :class:`Selection` of llama.cpp's attention op (spec §8): a
+    preset (default :data:`LLAMA_CPP_POLICY`) and the knobs given, which
+    must not need state kept beside llama.cpp's cache.
+
+    Raises
+    ------
+    UnsupportedError
+        An importance reserve (``importance_fraction`` above 0: ``seed``'s)
+        or scoring from metadata (``minmax``: ``fast``; ``channels``:
+        ``balanced``), with what to give instead.
+    """
+    knobs = dict(n_probe=n_probe, importance_fraction=importance_fraction,
+                 sink_blocks=sink_blocks, share=share, scoring=scoring)
+    if policy is None:
+        base = {k: v for k, v in LLAMA_CPP_POLICY.items() if k in knobs}
+        knobs = {k: base[k] if v is None else v for k, v in knobs.items()}
+        policy = "recall"
+    sel = selection(policy, k_blocks=k_blocks, block_size=block_size, recency=recency, **knobs)
+    if sel.importance_fraction > 0:
+        raise UnsupportedError(
+            f"policy {policy}: importance_fraction {sel.importance_fraction:g} needs the "
+            "importance prefill recorded, which the ggml backend does not keep yet: give "
+            "importance_fraction=0 (or use recall)")
+    if sel.scoring != "probe":
+        what = "key bounds" if sel.scoring == "minmax" else "a channel copy"
+        raise UnsupportedError(
+            f"policy {policy}: scoring={sel.scoring} reads {what} kept beside K as it is "
+            "appended, which the ggml backend does not keep yet: give scoring=probe (or use "
+            "recall)")
+    return sel
+
+
+def stateless_spec(sel):
+    """The policy text the C core's sa_ggml_settings_parse reads back as
+    `sel` (every knob given)."""
+    return (f"recall:n_probe={sel.n_probe},importance_fraction=0,sink_blocks={sel.sink_blocks},"
+            f"share={sel.share},scoring=probe,recency={int(sel.recency)},"
+            f"block_size={sel.block_size}")

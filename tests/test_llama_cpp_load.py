@@ -33,3 +33,11 @@ def test_a_missing_backend_is_named(tmp_path, monkeypatch):
     monkeypatch.setenv("SPARSE_ATTN_LLAMA_BACKEND", str(tmp_path / "from-env.so"))
     with pytest.raises(sa.ArgumentError, match="from-env.so"):
         sal.load()
+
+
+def test_configure_before_load_says_so(monkeypatch):
+    monkeypatch.setitem(sal._state, "configure", None)
+    with pytest.raises(sa.KernelError, match="load\\(\\) the backend first"):
+        sal.configure(32)
+    monkeypatch.setitem(sal._state, "text", None)
+    assert sal.settings() is None

@@ -24,6 +24,7 @@
 #endif
 #include <errno.h>
 #include <limits.h>
+#include <pthread.h>
 #include <sched.h>
 #include <stdatomic.h>
 #include <stdio.h>
@@ -43,10 +44,86 @@ _Static_assert((int)SA_GGML_F32 == (int)GGML_TYPE_F32 &&
                "sa_ggml_type's ids are ggml's");
 
 /* Attention nodes computed since the plugin was loaded (the tests check
- * that llama.cpp really handed them over). */
-static atomic_llong calls;
+ * that llama.cpp really handed them over), and of them the ones whose rows
+ * had blocks chosen (spec §8: decode steps of a layer not kept dense). */
+static atomic_llong calls, sparse_calls;
 
 SA_EXPORT long long sa_ggml_calls(void) { return atomic_load(&calls); }
+SA_EXPORT long long sa_ggml_sparse_calls(void) { return atomic_load(&sparse_calls); }
+
+/* ---------------------------------------------------------------- settings */
+
+/* What every attention node runs with (spec §8, "Settings"): read from
+ * SPARSE_ATTN_K_BLOCKS, SPARSE_ATTN_POLICY and SPARSE_ATTN_DENSE_LAYERS
+ * when the backend is loaded, replaced by sa_ggml_configure; a graph reads
+ * them once, so a change applies from the next graph on.  Process-wide:
+ * every context of the process shares them. */
+static pthread_mutex_t settings_lock = PTHREAD_MUTEX_INITIALIZER;
+static sa_ggml_settings settings; /* k_blocks 0: exact */
+
+/* Replace the settings with those the three texts give (NULL or "": the
+ * default: exact, the path's default policy, no dense layers).  0, or a
+ * status with the reason in why and the settings unchanged. */
+SA_EXPORT int sa_ggml_configure(const char *k_blocks, const char *policy,
+                                const char *dense_layers, char *why, int why_len)
+{
+    sa_ggml_settings st;
+    const int rc = sa_ggml_settings_parse(k_blocks, policy, dense_layers, &st, why, why_len);
+    if (rc == SA_OK) {
+        pthread_mutex_lock(&settings_lock);
+        settings = st;
+        pthread_mutex_unlock(&settings_lock);
+    }
+    return rc;
+}
+
+static sa_ggml_settings current_settings(void)
+{
+    pthread_mutex_lock(&settings_lock);
+    const sa_ggml_settings st = settings;
+    pthread_mutex_unlock(&settings_lock);
+    return st;
+}
+
+/* The settings as text ("k_blocks=32 policy=... dense_layers=..."): the
+ * length it needs. */
+SA_EXPORT int sa_ggml_settings_text(char *buf, int len)
+{
+    const sa_ggml_settings st = current_settings();
+    return sa_ggml_settings_format(&st, buf, len);
+}
+
+static void settings_from_environment(void)
+{
+    char why[256];
+    const char *k = getenv("SPARSE_ATTN_K_BLOCKS"), *p = getenv("SPARSE_ATTN_POLICY");
+    const char *d = getenv("SPARSE_ATTN_DENSE_LAYERS");
+    if (sa_ggml_configure(k, p, d, why, sizeof why) != SA_OK)
+        fprintf(stderr, "sparse_attn: %s (from SPARSE_ATTN_K_BLOCKS / SPARSE_ATTN_POLICY / "
+                        "SPARSE_ATTN_DENSE_LAYERS); attention stays exact\n", why);
+}
+
+/* The layer of an attention node: llama.cpp names the cache K is a view of
+ * "cache_k_l<il>" ("cache_<tag>k_l<il>" for a tagged cache), and the view
+ * chain's root is K's view_src.  -1 when the name says nothing. */
+static int layer_of(const struct ggml_tensor *node)
+{
+    const struct ggml_tensor *k = node->src[1];
+    const char *name = (k->view_src ? k->view_src : k)->name, *at = NULL;
+    if (strncmp(name, "cache_", 6) != 0)
+        return -1;
+    for (const char *p = strstr(name, "k_l"); p; p = strstr(p + 1, "k_l"))
+        at = p + 3;
+    if (!at || !*at)
+        return -1;
+    long il = 0;
+    for (; *at; at++) {
+        if (*at < '0' || *at > '9' || il > INT_MAX / 10)
+            return -1;
+        il = il * 10 + (*at - '0');
+    }
+    return (int)il;
+}
 
 /* ------------------------------------------------------------------ a node */
 
@@ -137,6 +214,7 @@ static enum ggml_status backend_graph_compute(ggml_backend_t backend, struct ggm
 {
     const backend_ctx *ctx = backend->context;
     const int threads = thread_count(ctx);
+    const sa_ggml_settings st = current_settings();
     for (int i = 0; i < ggml_graph_n_nodes(graph); i++) {
         struct ggml_tensor *node = ggml_graph_node(graph, i);
         if (is_layout_op(node->op))
@@ -149,6 +227,18 @@ static enum ggml_status backend_graph_compute(ggml_backend_t backend, struct ggm
         sa_ggml_attn a;
         sa_ggml_tensor mask;
         describe(node, &a, &mask);
+        if (st.k_blocks > 0) {
+            const int layer = layer_of(node);
+            if (layer < 0 && st.n_dense > 0) {
+                static atomic_int warned;
+                if (!atomic_exchange(&warned, 1))
+                    fprintf(stderr, "sparse_attn: %s: K is not a view of a cache named "
+                                    "cache_k_l<layer>, so dense layers cannot apply to it; "
+                                    "its decode is sparse\n", node->name);
+            }
+            if (!sa_ggml_settings_exact(&st, layer))
+                a.select = &st.select;
+        }
         const int rc = sa_ggml_flash_attn(&a, threads);
         if (rc != SA_OK) {
             fprintf(stderr, "sparse_attn: %s: %s (status %d)\n", node->name, sa_strerror(rc),
@@ -156,6 +246,8 @@ static enum ggml_status backend_graph_compute(ggml_backend_t backend, struct ggm
             return rc == SA_ERR_NOMEM ? GGML_STATUS_ALLOC_FAILED : GGML_STATUS_FAILED;
         }
         atomic_fetch_add(&calls, 1);
+        if (sa_ggml_sparse_call(&a))
+            atomic_fetch_add(&sparse_calls, 1);
     }
     return GGML_STATUS_SUCCESS;
 }
@@ -310,6 +402,12 @@ static void *reg_proc_address(ggml_backend_reg_t reg, const char *name)
         return (void *)set_n_threads;
     if (strcmp(name, "sa_ggml_calls") == 0)
         return (void *)sa_ggml_calls;
+    if (strcmp(name, "sa_ggml_sparse_calls") == 0)
+        return (void *)sa_ggml_sparse_calls;
+    if (strcmp(name, "sa_ggml_configure") == 0)
+        return (void *)sa_ggml_configure;
+    if (strcmp(name, "sa_ggml_settings_text") == 0)
+        return (void *)sa_ggml_settings_text;
     return NULL;
 }
 
@@ -323,5 +421,6 @@ static struct ggml_backend_reg registry = {
 SA_EXPORT ggml_backend_reg_t ggml_backend_init(void)
 {
     device = (struct ggml_backend_device){.iface = dev_iface, .reg = &registry};
+    settings_from_environment();
     return &registry;
 }

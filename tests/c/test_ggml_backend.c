@@ -23,6 +23,10 @@
  *  - supports_op accepts a node the core does not compute (ALiBi, softcap,
  *    sinks, n_kv_max, K/V types or head sizes it does not take) or declines
  *    one it does.
+ *  - spec §8's settings (sa_ggml_configure) keep a layer named dense, by
+ *    the name of its cache (cache_k_l<il>), other than exact, make another
+ *    layer's decode exact or leave it uncounted, or a refused text changes
+ *    them.
  * Exits 0 only if nothing failed.
  */
 #include <math.h>
@@ -368,6 +372,66 @@ static void check_declined(ggml_backend_t sa)
            "DV != DK, other ops\n", "declined");
 }
 
+/* Spec §8's settings through the registry's proc addresses: the layer of a
+ * node is read from the name of the cache K is a view of (cache_k_l<il>),
+ * a dense layer stays exact bit for bit, another one's decode chooses
+ * blocks (sa_ggml_sparse_calls counts it, and k 2 of 16 blocks changes the
+ * result), and a refused text leaves the settings as they were. */
+typedef int (*configure_fn)(const char *, const char *, const char *, char *, int);
+typedef long long (*count_fn)(void);
+typedef int (*text_fn)(char *, int);
+
+static void check_settings(ggml_backend_reg_t reg, ggml_backend_t sa)
+{
+    configure_fn configure = (configure_fn)ggml_backend_reg_get_proc_address(
+        reg, "sa_ggml_configure");
+    count_fn sparse_calls = (count_fn)ggml_backend_reg_get_proc_address(
+        reg, "sa_ggml_sparse_calls");
+    text_fn text = (text_fn)ggml_backend_reg_get_proc_address(reg, "sa_ggml_settings_text");
+    CHECK(configure && sparse_calls && text, "the settings' proc addresses are missing");
+    if (!configure || !sparse_calls || !text)
+        return;
+    const fa_case c = {"settings", GGML_TYPE_F16, 1, 9, 3, 64, 1, 512, 1, 0, 0};
+    fa_graph g = build(&c, 0.0f, 0.0f, 0, 0, GGML_TYPE_F16, 64);
+    const size_t n = (size_t)ggml_nelements(g.out);
+    float *exact = malloc(n * sizeof(float));
+    char why[256], before[512], after[512];
+    CHECK(configure("0", NULL, NULL, why, sizeof why) == 0, "configure exact: %s", why);
+    ggml_backend_graph_compute(sa, g.graph);
+    memcpy(exact, g.out->data, n * sizeof(float));
+    CHECK(configure("2", "recall:n_probe=4", "3+7", why, sizeof why) == 0, "configure: %s", why);
+    const struct {
+        const char *name;
+        int sparse;
+    } names[] = {{"cache_k_l3", 0}, {"cache_k_l7", 0}, {"cache_k_l30", 1}, {"cache_k_l4", 1},
+                 {"cache_k_l3x", 1}, {"kc", 1}};
+    for (size_t i = 0; i < sizeof names / sizeof names[0]; i++) {
+        ggml_set_name(g.kc, names[i].name);
+        const long long calls = sparse_calls();
+        CHECK(ggml_backend_graph_compute(sa, g.graph) == GGML_STATUS_SUCCESS, "%s",
+              names[i].name);
+        CHECK(sparse_calls() - calls == names[i].sparse, "K named %s: %lld sparse calls, not %d",
+              names[i].name, sparse_calls() - calls, names[i].sparse);
+        const int same = memcmp(exact, g.out->data, n * sizeof(float)) == 0;
+        CHECK(same == !names[i].sparse, "K named %s: the result is %s the exact one",
+              names[i].name, same ? "bitwise" : "not");
+    }
+    text(before, sizeof before);
+    CHECK(configure("x", NULL, NULL, why, sizeof why) != 0 && strstr(why, "k_blocks"),
+          "k_blocks x: accepted, or the reason does not name it (%s)", why);
+    CHECK(configure("2", "seed", NULL, why, sizeof why) != 0 &&
+              strstr(why, "importance_fraction"), "policy seed: accepted (%s)", why);
+    text(after, sizeof after);
+    CHECK(strcmp(before, after) == 0, "a refused text changed the settings: %s", after);
+    CHECK(strncmp(after, "k_blocks=2 policy=recall:n_probe=4,", 35) == 0 &&
+              strstr(after, " dense_layers=3+7"), "settings read back as %s", after);
+    configure("0", NULL, NULL, why, sizeof why);
+    free(exact);
+    release(&g);
+    printf("%-34s dense layers by the cache's name, sparse calls counted, refusals\n",
+           "settings");
+}
+
 int main(int argc, char **argv)
 {
     if (argc != 2) {
@@ -402,6 +466,7 @@ int main(int argc, char **argv)
     for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++)
         run_case(&cases[i], cpu, sa);
     check_declined(sa);
+    check_settings(reg, sa);
 
     ggml_backend_free(sa);
     ggml_backend_free(cpu);
