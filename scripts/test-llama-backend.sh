@@ -95,3 +95,10 @@ sanitize=()
     "$repo/tests/c/test_ggml_backend.c" "${libs[@]}" -Wl,-rpath,"$lib_dir" -lm -o "$exe"
 echo "== the backend against llama.cpp's CPU backend${run[*]:+ (${run[*]})}"
 "${run[@]}" "$exe" "$plugin"
+if (( arm )); then
+    echo "== again with SPARSE_ATTN_ISA=neon (the A55's path: NEON without dotprod)"
+    SPARSE_ATTN_ISA=neon SA_EXPECT_ISA=neon "${run[@]}" "$exe" "$plugin"
+elif (( ! asan )); then
+    echo "== again with SPARSE_ATTN_ISA=portable (the kernels' portable twins)"
+    SPARSE_ATTN_ISA=portable SA_EXPECT_ISA=portable "$exe" "$plugin"
+fi

@@ -278,10 +278,13 @@ static const char *dev_name(ggml_backend_dev_t dev)
     return "SPARSE_ATTN";
 }
 
+/* Set once, by ggml_backend_init, after the kernels are chosen. */
+static char description[128] = "sparse_attn: llama.cpp's attention op on this project's C core";
+
 static const char *dev_description(ggml_backend_dev_t dev)
 {
     (void)dev;
-    return "sparse_attn: llama.cpp's attention op on this project's C core";
+    return description;
 }
 
 static void dev_memory(ggml_backend_dev_t dev, size_t *free_bytes, size_t *total)
@@ -418,9 +421,26 @@ static struct ggml_backend_reg registry = {
 };
 
 /* The entry point ggml_backend_load() looks up. */
+/* SPARSE_ATTN_ISA forces a lower kernel path, as it does for the Python
+ * package; one this CPU cannot run is refused and the best one kept. */
+static void isa_from_environment(void)
+{
+    const char *isa = getenv("SPARSE_ATTN_ISA");
+    if (isa && *isa) {
+        const int rc = sa_set_isa(isa);
+        if (rc != SA_OK)
+            fprintf(stderr, "sparse_attn: SPARSE_ATTN_ISA=%s: %s; the kernels stay %s\n", isa,
+                    sa_strerror(rc), sa_isa_name());
+    }
+    snprintf(description, sizeof description,
+             "sparse_attn (kernels %s): llama.cpp's attention op on this project's C core",
+             sa_isa_name());
+}
+
 SA_EXPORT ggml_backend_reg_t ggml_backend_init(void)
 {
     device = (struct ggml_backend_device){.iface = dev_iface, .reg = &registry};
+    isa_from_environment();
     settings_from_environment();
     return &registry;
 }

@@ -29,7 +29,8 @@ block scores highest, the latest block always among them (docs/spec.md
 so the choice is made from K alone at every step: policies that need an
 importance record, key bounds or a channel copy (``seed``, ``fast``,
 ``balanced``) are refused.  Threads: ``SPARSE_ATTN_NUM_THREADS``, else the
-context's ``n_threads`` (``n_threads_batch`` for prompts).
+context's ``n_threads`` (``n_threads_batch`` for prompts).  Kernels: the best
+this CPU runs, or ``SPARSE_ATTN_ISA``'s (read when the backend is loaded).
 
 llama.cpp's own tools take the same file without Python:
 ``GGML_BACKEND_PATH=/path/libsparse_attn_ggml.so llama-cli -fa on ...`` (a

@@ -444,6 +444,14 @@ int main(int argc, char **argv)
         return 1;
     }
     ggml_backend_dev_t dev = ggml_backend_reg_dev_get(reg, 0);
+    /* the kernels in use, and the ones SA_EXPECT_ISA says (SPARSE_ATTN_ISA's) */
+    const char *desc = ggml_backend_dev_description(dev), *expect = getenv("SA_EXPECT_ISA");
+    printf("%s\n", desc);
+    if (expect && *expect) {
+        char want[64];
+        snprintf(want, sizeof want, "(kernels %s)", expect);
+        CHECK(strstr(desc, want) != NULL, "the backend runs other kernels than %s", expect);
+    }
     CHECK(ggml_backend_dev_type(dev) == GGML_BACKEND_DEVICE_TYPE_ACCEL,
           "the device is not an ACCEL device");
     CHECK(ggml_backend_dev_supports_buft(dev, ggml_backend_cpu_buffer_type()),
