@@ -247,19 +247,15 @@ typedef struct sa_kernels {
                              const float *v, ptrdiff_t row_stride, int n,
                              const sa_prefetch *pf);
 
-    /* The same with q8 V (spec §4), in one of two orders, q8_v_scaled
-     * saying which.  0 (portable, x86): per head, token and group the
-     * weight p[g][t] * vd[t][grp] (one rounding), then per element that
-     * weight times (float)vq[t][d] (exact), added exactly as
-     * accumulate_v_f32 adds a float row: bit for bit accumulate_v_f32 of
-     * the same ISA over each group's columns of the rows converted to
-     * float, with those weights; no element is scaled.  1 (NEON): each
-     * element first v[t][d] = vd[t][d/gs] * (float)vq[t][d] (one rounding),
-     * then added exactly as accumulate_v_f32 adds a float row: bit for bit
-     * dequantize_rows followed by accumulate_v_f32 of the same ISA (on the
-     * A55 and A76 models the weights' products, four tokens a vector,
-     * cost more than the per-element ones they saved from G = 7 on,
-     * docs/design.md). */
+    /* The same with q8 V (spec §4): per head, token and group the weight
+     * p[g][t] * vd[t][grp] (one rounding), then per element that weight
+     * times (float)vq[t][d] (exact), added exactly as accumulate_v_f32 adds
+     * a float row: bit for bit accumulate_v_f32 of the same ISA over each
+     * group's columns of the rows converted to float, with those weights;
+     * no element is scaled.  Every table takes this order (q8_v_scaled 0);
+     * q8_v_scaled 1 would mean each element first v[t][d] = vd[t][d/gs] *
+     * (float)vq[t][d], then accumulate_v_f32 (dequantize_rows followed by
+     * accumulate_v_f32, prefill's order). */
     void (*accumulate_v_q8)(float *const *out, const float *const *p, int G, int D,
                             int gs, const int8_t *v, const float *vd,
                             ptrdiff_t row_stride, ptrdiff_t scale_stride, int n,
@@ -273,7 +269,7 @@ typedef struct sa_kernels {
      * row's V sums round differently from accumulate_v_q8's, spec §3). */
     void (*dequantize_rows)(const int8_t *q, const float *scales, int dim, int gs, int n,
                             ptrdiff_t row_stride, ptrdiff_t scale_stride, float *out);
-    int q8_v_scaled; /* accumulate_v_q8's order: 1 scales each element, 0 the weights */
+    int q8_v_scaled; /* accumulate_v_q8's order: 0 the weights (every table), 1 each element */
 
     /* Quest's bound per block (spec §6) from the query split by sign:
      * s[g][b] = sum over groups grp of sc[b][grp] * sum over i in grp of

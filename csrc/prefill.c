@@ -125,7 +125,8 @@ static float *out_row(const prefill_ctx *c, int kh, const tile *tl, int i)
 }
 
 /* s->op[j] += sum_t s->pp[j][t] * V[kh, row + t], t < n.  q8 V is read as
- * float rows (the same bits as accumulate_v_q8, kernels.h): from the
+ * float rows (dequantize_rows: spec §4's other order than accumulate_v_q8's,
+ * within rounding of it, kernels.h): from the
  * worker's copy of KV head kh's V, dequantised DQ_ROWS rows at a time when a
  * tile first reads them, when the call's tiles repay it (c->v_whole); else
  * DQ_ROWS rows at a time into a small buffer, for this run only. */

@@ -47,9 +47,8 @@
  * (scores_q8_scalar, accumulate_v_q8_scalar, minmax_scores_scalar). */
 #define SA_MULADD(a, b, c) fmaf((a), (b), (c))
 #define SA_SCALAR_FN(kernel) kernel##_scalar
-/* q8 V: each element scaled, then added (kernels.h): on the A55 and A76
- * models the weights' products cost more than they saved from G = 7 on. */
-#define SA_Q8_V_SCALED 1
+/* q8 V: the scale in the weight, as on every path (kernels.h, spec §4). */
+#define SA_Q8_V_SCALED 0
 #include "../scalar_kernels.h"
 
 /* An int32x4 whose lanes add up to sum_i a[i] * b[i] over one group of gs
@@ -701,10 +700,9 @@ static const uint8_t sa_q8_spread[16 * 4] = {
     255, 255, 255, 12, 255, 255, 255, 13, 255, 255, 255, 14, 255, 255, 255, 15,
 };
 
-/* NV (2, 4 or 8, constant) vectors of floats from 4*NV int8 of a q8 row, each
- * times the row's group scale sc (one rounding, as dequantize_rows).  The
- * conversion of v << 24 with 24 fraction bits is exactly (float)v. */
-SA_INLINE void q8_load(const int8_t *x, float sc, int NV, float32x4_t f[8])
+/* NV (2, 4 or 8, constant) vectors of floats from 4*NV int8 of a q8 row,
+ * exactly: the conversion of v << 24 with 24 fraction bits is (float)v. */
+SA_INLINE void q8_widen(const int8_t *x, int NV, float32x4_t f[8])
 {
     const int8x16_t b = NV >= 4 ? vld1q_s8(x) : vcombine_s8(vld1_s8(x), vdup_n_s8(0));
     const int8x16_t b1 = NV == 8 ? vld1q_s8(x + 16) : b;
@@ -715,6 +713,13 @@ SA_INLINE void q8_load(const int8_t *x, float sc, int NV, float32x4_t f[8])
         top[i] = vqtbl1q_s8(i < 4 ? b : b1, vld1q_u8(sa_q8_spread + 16 * (i % 4)));
     for (int i = 0; i < NV; i++)
         f[i] = vcvtq_n_f32_s32(vreinterpretq_s32_s8(top[i]), 24);
+}
+
+/* The same, each times the row's group scale sc (one rounding, as
+ * dequantize_rows). */
+SA_INLINE void q8_load(const int8_t *x, float sc, int NV, float32x4_t f[8])
+{
+    q8_widen(x, NV, f);
     for (int i = 0; i < NV; i++)
         f[i] = vmulq_n_f32(f[i], sc);
 }
@@ -761,145 +766,255 @@ SA_INLINE float32x4_t fma_lane(float32x4_t o, float32x4_t f, float32x4_t w, cons
     }
 }
 
-/* Token j (a constant) of a block of four: its chunk x widened and scaled
- * once, then added to the HB heads' accumulators with their weights w[h]. */
+/* The weights of a call are computed for up to SA_V_BLOCK tokens, SA_V_RUN
+ * groups and SA_V_HEADS heads at once (a call of rows.c is one block of 32
+ * tokens; a GQA group of up to 8 heads is one tile of heads): 4 KB of
+ * stack. */
+#define SA_V_BLOCK 32
+#define SA_V_RUN 4
+#define SA_V_HEADS 8
+/* head h's weight of token t0 + i, group grp0 + k */
+#define SA_V_W(wq, k, h, i) ((wq)[((k) * SA_V_HEADS + (h)) * SA_V_BLOCK + (i)])
+
+/* The weights of groups grp0 .. grp0+nc-1 (nc <= SA_V_RUN) for heads g0 ..
+ * g0+HW-1 (HW <= SA_V_HEADS) and tokens [t0, t1) (at most SA_V_BLOCK):
+ * p[g0 + h][t] * vd[t][grp], one rounding (spec §4: the token's group scale
+ * in the weight, so no element is scaled).  Four tokens' scale rows are
+ * transposed once (key_scales4), then one product per head and group; the
+ * leftover tokens take the same products on scalars. */
+SA_INLINE void q8_v_weights(const float *const *p, int g0, int HW, int grp0, int nc,
+                            const float *vd, ptrdiff_t scale_stride, int t0, int t1, float *wq)
+{
+    uintptr_t xd = (uintptr_t)(vd + (ptrdiff_t)t0 * scale_stride); /* may pass the rows */
+    int t = t0;
+    for (; t + 4 <= t1; t += 4, xd += 4 * sizeof(float) * (uintptr_t)scale_stride) {
+        const float *rd[4] = {(const float *)xd, (const float *)xd + scale_stride,
+                              (const float *)xd + 2 * scale_stride,
+                              (const float *)xd + 3 * scale_stride};
+        float dk[16];
+        key_scales4(rd, grp0, nc, dk);
+        for (int h = 0; h < HW; h++) {
+            const float32x4_t pv = vld1q_f32(p[g0 + h] + t);
+            for (int k = 0; k < nc; k++)
+                vst1q_f32(&SA_V_W(wq, k, h, t - t0), vmulq_f32(pv, vld1q_f32(dk + 4 * k)));
+        }
+    }
+    for (; t < t1; t++) {
+        const float *rd = vd + (ptrdiff_t)t * scale_stride + grp0;
+        for (int h = 0; h < HW; h++)
+            for (int k = 0; k < nc; k++)
+                SA_V_W(wq, k, h, t - t0) = p[g0 + h][t] * rd[k];
+    }
+}
+
+/* Token j (a constant) of a block of four: its chunk x widened once, then
+ * added to the HB heads' accumulators with their weights w[h]. */
 SA_INLINE void q8_v_token(float32x4_t acc[8][8], const float32x4_t w[8], const int HB,
-                          const int NV, const int8_t *x, float sc, const int j)
+                          const int NV, const int8_t *x, const int j)
 {
     float32x4_t f[8];
-    q8_load(x, sc, NV, f);
+    q8_widen(x, NV, f);
     for (int h = 0; h < HB; h++)
         for (int i = 0; i < NV; i++)
             acc[h][i] = fma_lane(acc[h][i], f[i], w[h], j);
 }
 
-/* One chunk of NV (2, 4 or 8, constant) vectors, columns d .. d+4*NV of group
- * grp, for the HB (constant, HB*NV <= 16) heads g0 .. g0+HB-1, over all n
- * tokens: the chunk of out stays in HB*NV registers from the first token to
- * the last (loaded and stored once per call), each token's chunk of V is
- * widened and scaled once for the HB heads, and the HB*NV accumulators are
+/* One chunk of NV (2, 4 or 8, constant) vectors, columns d .. d+4*NV of one
+ * group, for the HB (constant, HB*NV <= 16) heads g0 .. g0+HB-1 over tokens
+ * [t0, t1) with their weights wq (q8_v_weights): the chunk of out stays in
+ * HB*NV registers from the first token to the last, each token's chunk of V
+ * is widened once for the HB heads, and the HB*NV accumulators are
  * independent chains an in-order core can interleave.  Per element the
- * operations are those of dequantize_rows and accumulate_v_f32: v = scale *
- * (float)q, then one fused multiply-add per token in token order. */
-SA_INLINE void q8_v_chunk(float *const *out, const float *const *p, int g0, const int HB,
-                          const int NV, int d, int grp, const int8_t *v, const float *vd,
-                          ptrdiff_t row_stride, ptrdiff_t scale_stride, int n)
+ * operations are those of accumulate_v_f32 over the values as floats with
+ * the weights p * d: one fused multiply-add per token in token order. */
+SA_INLINE void q8_v_chunk(float *const *out, const float *wq, int g0, const int HB, const int NV,
+                          int d, const int8_t *v, ptrdiff_t row_stride, int t0, int t1)
 {
     float32x4_t acc[8][8];
     for (int h = 0; h < HB; h++)
         for (int i = 0; i < NV; i++)
             acc[h][i] = vld1q_f32(out[g0 + h] + d + 4 * i);
-    const int8_t *x = v + d;
-    const float *xd = vd + grp;
-    int t = 0;
-    for (; t + 4 <= n; t += 4, x += 4 * row_stride, xd += 4 * scale_stride) {
+    const int8_t *x = v + (ptrdiff_t)t0 * row_stride + d;
+    const float *wt = wq;
+    int t = t0;
+    for (; t + 4 <= t1; t += 4, x += 4 * row_stride, wt += 4) {
         float32x4_t w[8];
         for (int h = 0; h < HB; h++)
-            w[h] = vld1q_f32(p[g0 + h] + t);
-        q8_v_token(acc, w, HB, NV, x, xd[0], 0);
-        q8_v_token(acc, w, HB, NV, x + row_stride, xd[scale_stride], 1);
-        q8_v_token(acc, w, HB, NV, x + 2 * row_stride, xd[2 * scale_stride], 2);
-        q8_v_token(acc, w, HB, NV, x + 3 * row_stride, xd[3 * scale_stride], 3);
+            w[h] = vld1q_f32(wt + h * SA_V_BLOCK);
+        q8_v_token(acc, w, HB, NV, x, 0);
+        q8_v_token(acc, w, HB, NV, x + row_stride, 1);
+        q8_v_token(acc, w, HB, NV, x + 2 * row_stride, 2);
+        q8_v_token(acc, w, HB, NV, x + 3 * row_stride, 3);
     }
-    for (; t < n; t++, x += row_stride, xd += scale_stride) {
+    for (; t < t1; t++, x += row_stride, wt++) {
         float32x4_t f[8];
-        q8_load(x, *xd, NV, f);
+        q8_widen(x, NV, f);
         for (int h = 0; h < HB; h++)
             for (int i = 0; i < NV; i++)
-                acc[h][i] = vfmaq_n_f32(acc[h][i], f[i], p[g0 + h][t]);
+                acc[h][i] = vfmaq_n_f32(acc[h][i], f[i], wt[h * SA_V_BLOCK]);
     }
     for (int h = 0; h < HB; h++)
         for (int i = 0; i < NV; i++)
             vst1q_f32(out[g0 + h] + d + 4 * i, acc[h][i]);
 }
 
-/* Heads g0 .. G-1 in tiles of up to 2 (NV 8), 3 (NV 4) or 8 (NV 2), a constant per
- * call of q8_v_chunk. */
-SA_INLINE void q8_v_heads(float *const *out, const float *const *p, int G, const int NV, int d,
-                          int grp, const int8_t *v, const float *vd, ptrdiff_t row_stride,
-                          ptrdiff_t scale_stride, int n)
+/* Columns [d, d1) of one group (chunks of NV vectors) for heads g0 ..
+ * g0+HB-1 over tokens [t0, t1), with the group's weights wq (head 0's row
+ * first), a prefetch burst per chunk. */
+SA_INLINE void q8_v_tile(float *const *out, const float *wq, int g0, const int HB, const int NV,
+                         int d, int d1, const int8_t *v, ptrdiff_t row_stride, int t0, int t1,
+                         sa_pf_walk *w)
 {
-#define SA_V_CHUNK(HB) \
-    q8_v_chunk(out, p, g0, HB, NV, d, grp, v, vd, row_stride, scale_stride, n)
-    int g0 = 0;
+    for (; d < d1; d += 4 * NV) {
+        sa_pf_burst_step(w);
+        q8_v_chunk(out, wq, g0, HB, NV, d, v, row_stride, t0, t1);
+    }
+}
+
+/* Heads g0 .. g0+HW-1 in tiles of up to 2 (NV 8), 3 (NV 4) or 8 (NV 2), a
+ * constant per call of q8_v_tile; wq: the group's weights of head g0 on;
+ * q8_v_tiles: the number of tiles for G heads. */
+static inline int q8_v_tiles(int G, int NV)
+{
+    const int hb = NV == 8 ? 2 : NV == 4 ? 3 : 8;
+    return (G + hb - 1) / hb;
+}
+
+SA_INLINE void q8_v_heads(float *const *out, const float *wq, int g0, int HW, const int NV,
+                          int d, int d1, const int8_t *v, ptrdiff_t row_stride, int t0, int t1,
+                          sa_pf_walk *w)
+{
+#define SA_V_TILE(HB) \
+    q8_v_tile(out, wq + (g - g0) * SA_V_BLOCK, g, HB, NV, d, d1, v, row_stride, t0, t1, w)
+    const int G = g0 + HW;
+    int g = g0;
     if (NV == 8) {
-        for (; g0 + 2 <= G; g0 += 2)
-            SA_V_CHUNK(2);
-        if (g0 < G)
-            SA_V_CHUNK(1);
+        for (; g + 2 <= G; g += 2)
+            SA_V_TILE(2);
+        if (g < G)
+            SA_V_TILE(1);
     } else if (NV == 4) {
-        for (; g0 + 3 <= G; g0 += 3)
-            SA_V_CHUNK(3);
-        switch (G - g0) {
-        case 2: SA_V_CHUNK(2); break;
-        case 1: SA_V_CHUNK(1); break;
+        for (; g + 3 <= G; g += 3)
+            SA_V_TILE(3);
+        switch (G - g) {
+        case 2: SA_V_TILE(2); break;
+        case 1: SA_V_TILE(1); break;
         default: break;
         }
     } else {
-        for (; g0 + 8 <= G; g0 += 8)
-            SA_V_CHUNK(8);
-        switch (G - g0) {
-        case 7: SA_V_CHUNK(7); break;
-        case 6: SA_V_CHUNK(6); break;
-        case 5: SA_V_CHUNK(5); break;
-        case 4: SA_V_CHUNK(4); break;
-        case 3: SA_V_CHUNK(3); break;
-        case 2: SA_V_CHUNK(2); break;
-        case 1: SA_V_CHUNK(1); break;
+        switch (G - g) {
+        case 8: SA_V_TILE(8); break;
+        case 7: SA_V_TILE(7); break;
+        case 6: SA_V_TILE(6); break;
+        case 5: SA_V_TILE(5); break;
+        case 4: SA_V_TILE(4); break;
+        case 3: SA_V_TILE(3); break;
+        case 2: SA_V_TILE(2); break;
+        case 1: SA_V_TILE(1); break;
         default: break;
         }
     }
-#undef SA_V_CHUNK
+#undef SA_V_TILE
 }
 
 /* gs a multiple of 8 (so 32-, 16- and 8-wide chunks never straddle a
- * group): columns outer, tokens inner, so out is read and written once per
- * call and every token's V chunk serves all the heads of a tile.  One or
- * two heads take 32-column chunks (16 accumulators and 8 widened vectors:
- * each 4-token step's weights, loop and prefetch burst serve twice the
- * columns of a 16-column chunk; by bench/arm_model.py the A55's V at
- * G = 2, D = 128 took 169 cycles per token instead of 230, Neoverse N1 90
- * instead of 94); three heads take 16-column chunks (12 accumulators);
- * more take 8-column chunks, so up to eight heads share each widened chunk
- * (16 accumulators).
+ * group): per block of up to SA_V_BLOCK tokens, run of up to SA_V_RUN
+ * groups and up to SA_V_HEADS heads, the weights p * d once
+ * (q8_v_weights), then per group its columns in chunks; within a chunk
+ * tokens inner, so out is read and written once per block and chunk and
+ * every token's V chunk serves all the heads of a tile.  One or two heads
+ * take 32-column chunks (16 accumulators and 8 widened vectors: each
+ * 4-token step's weights, loop and prefetch burst serve twice the columns
+ * of a 16-column chunk); three heads take 16-column chunks (12
+ * accumulators); more take 8-column chunks, so up to eight heads share
+ * each widened chunk (16 accumulators).
  * Other group sizes take the scalar loop, with the same per-element
  * operations.  Pre-RA scheduling is off here and in scores_q8: with it GCC
  * stretches the accumulators' live ranges until they spill to the stack
  * (bench/arm_model.py shows the cost on both core models).  The call's
- * prefetch goes out in bursts, one per column chunk (kernels.h,
+ * prefetch goes out in bursts, one per chunk and head tile (kernels.h,
  * sa_pf_burst_step). */
-static void __attribute__((optimize("no-schedule-insns")))
-SA_FN(accumulate_v_q8)(float *const *out, const float *const *p, int G, int D,
-                       int gs, const int8_t *v, const float *vd,
-                       ptrdiff_t row_stride, ptrdiff_t scale_stride, int n,
-                       const sa_prefetch *pf)
+SA_INLINE void q8_v_body(float *const *out, const float *const *p, int G, int D, int gs,
+                         const int8_t *v, const float *vd, ptrdiff_t row_stride,
+                         ptrdiff_t scale_stride, int n, const sa_prefetch *pf)
+{
+    const int wide = G <= 3, wider = G <= 2;
+    const int n32 = wider ? gs / 32 : 0;
+    const int n16 = wide ? (gs - 32 * n32) / 16 : 0;
+    const int n8 = (gs - 32 * n32 - 16 * n16) / 8;
+    const long per_group = (long)n32 * q8_v_tiles(G, 8) + (long)n16 * q8_v_tiles(G, 4) +
+                           (long)n8 * ((G + SA_V_HEADS - 1) / SA_V_HEADS);
+    const int ng = D / gs;
+    const long blocks = (n + SA_V_BLOCK - 1) / SA_V_BLOCK;
+    sa_pf_walk w;
+    sa_pf_burst_start(&w, pf, blocks * ng * per_group);
+    float wq[SA_V_RUN * SA_V_HEADS * SA_V_BLOCK];
+    for (int t0 = 0; t0 < n; t0 += SA_V_BLOCK) {
+        const int t1 = n - t0 < SA_V_BLOCK ? n : t0 + SA_V_BLOCK;
+        for (int grp0 = 0; grp0 < ng; grp0 += SA_V_RUN) {
+            const int nc = ng - grp0 < SA_V_RUN ? ng - grp0 : SA_V_RUN;
+            for (int g0 = 0; g0 < G; g0 += SA_V_HEADS) {
+                const int HW = G - g0 < SA_V_HEADS ? G - g0 : SA_V_HEADS;
+                if (nc == SA_V_RUN)
+                    q8_v_weights(p, g0, HW, grp0, SA_V_RUN, vd, scale_stride, t0, t1, wq);
+                else
+                    q8_v_weights(p, g0, HW, grp0, nc, vd, scale_stride, t0, t1, wq);
+                for (int k = 0; k < nc; k++) {
+                    const float *wk = &SA_V_W(wq, k, 0, 0);
+                    const int d0 = (grp0 + k) * gs, e32 = d0 + 32 * n32, e16 = e32 + 16 * n16;
+                    if (n32)
+                        q8_v_heads(out, wk, g0, HW, 8, d0, e32, v, row_stride, t0, t1, &w);
+                    if (n16)
+                        q8_v_heads(out, wk, g0, HW, 4, e32, e16, v, row_stride, t0, t1, &w);
+                    if (n8)
+                        q8_v_heads(out, wk, g0, HW, 2, e16, d0 + gs, v, row_stride, t0, t1,
+                                   &w);
+                }
+            }
+        }
+    }
+}
+
+/* The body as its own functions: with a constant D = 64 and group (its run
+ * of two groups unrolled) and with both at run time, each allocated alone
+ * (inlined into one function, the copies' registers spilled each other's,
+ * as bench/arm_model.py's trace shows; docs/design.md). */
+#define SA_V_D64 SA_CAT(SA_FN(accumulate_v_q8), d64)
+#define SA_V_ANY SA_CAT(SA_FN(accumulate_v_q8), any)
+#define SA_V_FN(name)                                                                        \
+    static void __attribute__((noinline, optimize("no-schedule-insns")))                      \
+    name(float *const *out, const float *const *p, int G, int D, int gs, const int8_t *v,     \
+         const float *vd, ptrdiff_t row_stride, ptrdiff_t scale_stride, int n,                \
+         const sa_prefetch *pf)
+SA_V_FN(SA_V_D64)
+{
+    (void)D, (void)gs;
+    q8_v_body(out, p, G, 64, 32, v, vd, row_stride, scale_stride, n, pf);
+}
+SA_V_FN(SA_V_ANY)
+{
+    q8_v_body(out, p, G, D, gs, v, vd, row_stride, scale_stride, n, pf);
+}
+#undef SA_V_FN
+
+static void SA_FN(accumulate_v_q8)(float *const *out, const float *const *p, int G, int D,
+                                   int gs, const int8_t *v, const float *vd,
+                                   ptrdiff_t row_stride, ptrdiff_t scale_stride, int n,
+                                   const sa_prefetch *pf)
 {
     if (gs % 8) {
         accumulate_v_q8_scalar(out, p, G, D, gs, v, vd, row_stride, scale_stride, n, pf);
         return;
     }
-    const int wide = G <= 3, wider = G <= 2;
-    const int per_group = wider ? gs / 32 + gs % 32 / 16 + gs % 16 / 8
-                        : wide  ? gs / 16 + gs % 16 / 8
-                                : gs / 8;
-    sa_pf_walk w;
-    sa_pf_burst_start(&w, pf, (D / gs) * per_group);
-    for (int grp = 0, d0 = 0; d0 < D; grp++, d0 += gs) {
-        int d = d0;
-        for (; wider && d + 32 <= d0 + gs; d += 32) {
-            sa_pf_burst_step(&w);
-            q8_v_heads(out, p, G, 8, d, grp, v, vd, row_stride, scale_stride, n);
-        }
-        for (; wide && d + 16 <= d0 + gs; d += 16) {
-            sa_pf_burst_step(&w);
-            q8_v_heads(out, p, G, 4, d, grp, v, vd, row_stride, scale_stride, n);
-        }
-        for (; d < d0 + gs; d += 8) {
-            sa_pf_burst_step(&w);
-            q8_v_heads(out, p, G, 2, d, grp, v, vd, row_stride, scale_stride, n);
-        }
-    }
+    if (n <= 0)
+        return;
+    if (gs == 32 && D == 64)
+        SA_V_D64(out, p, G, D, gs, v, vd, row_stride, scale_stride, n, pf);
+    else
+        SA_V_ANY(out, p, G, D, gs, v, vd, row_stride, scale_stride, n, pf);
 }
+#undef SA_V_D64
+#undef SA_V_ANY
 
 /* ------------------------------------------------------------------ */
 /* minmax_scores (Quest's bound, spec §6)                               */
