@@ -97,13 +97,16 @@ class KVState:
         return view
 
     @property
+    def metadata_nbytes(self):
+        """Bytes held by what selection reads beside K and V (the channel
+        copy), as :attr:`sparse_attn.KVCache.metadata_nbytes` counts them."""
+        return 0 if self._copy is None else sum(a.nbytes for a in self._copy[0])
+
+    @property
     def nbytes(self):
-        """Bytes held beside the framework's K/V (the record and the
-        channel copy)."""
-        held = self._record._buf.nbytes
-        if self._copy is not None:
-            held += sum(a.nbytes for a in self._copy[0])
-        return held
+        """Every byte the state holds: the importance record and the channel
+        copy."""
+        return self._record._buf.nbytes + self.metadata_nbytes
 
     def bind(self, k, v, new_rows):
         """Take this call's K and V, float32 ``[Hkv, S, D]`` (rows

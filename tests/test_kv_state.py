@@ -86,7 +86,9 @@ def test_channel_copy_made_once_and_kept_across_steps():
         st.bind(K[:, :S], V[:, :S], T)
         got, want = st.channels(32), sa.channel_copy(K[:, :S], block_size=32)
         assert np.array_equal(got.data, want.data) and np.array_equal(got.scales, want.scales)
-    assert st.nbytes >= got.data.nbytes + got.scales.nbytes
+    assert st.metadata_nbytes >= got.data.nbytes + got.scales.nbytes
+    assert st.nbytes - st.metadata_nbytes >= 4 * 2300        # the record: a float a token
+    assert sa.KVState().metadata_nbytes == 0
 
 
 def test_copies_and_pickles_carry_the_record_and_copy_not_the_arrays():

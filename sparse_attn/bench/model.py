@@ -356,7 +356,7 @@ class _Run:
             views = list(getattr(cache, "_sparse_attn_views", {}).values()) or \
                 [kept.get("_sparse_attn_view") or m.__dict__.get("_sparse_attn_view")
                  for m, kept in zip(self.modules, self.parked)]
-            meta_bytes = sum(view.kv.nbytes for view in views if view is not None)
+            meta_bytes = sum(view.kv.metadata_nbytes for view in views if view is not None)
         ms = np.array(steps) * 1e3
         B = len(self.out)
         return dict(config=conf["label"], kind=conf["kind"], tokens=len(self.ids), batch=B,
