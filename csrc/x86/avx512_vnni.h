@@ -7,9 +7,12 @@
  * below, not the command line, lets these files use AVX-512, and
  * cpu_features.c only hands a table out when the CPU and OS support it.
  *
- * The kernel bodies are x86_common.h's, written once for both x86 files
- * (its header states the batching rule they keep); this file supplies its
- * 512-bit vectors and the steps that differ from AVX2.
+ * The kernel bodies are x86_common.h's, written once for the x86 files
+ * (its header lists what a file defines and states the batching rule they
+ * keep); this file supplies its 512-bit vectors, the steps that differ
+ * from AVX2, its q8 V accumulation and the many-heads q8 scores in the
+ * form of an int8 GEMM; the including file adds its scores_q8_many and then
+ * x86_common.h.
  */
 #ifndef SA_AVX512_VNNI_H
 #define SA_AVX512_VNNI_H
@@ -48,6 +51,15 @@ SA_INLINE __mmask16 vf_tail(int r)
 #define vf_store_tail(p, m, x) _mm512_mask_storeu_ps((p), (m), (x))
 #define vf_keep_tail(x, m) _mm512_maskz_mov_ps((m), (x))
 #define vf_max_tail(mv, p, m) _mm512_mask_max_ps((mv), (m), (mv), _mm512_maskz_loadu_ps((m), (p)))
+
+/* The first n (1 .. 16) lanes of x: a plain store for all 16. */
+SA_INLINE void vf_store_first(float *p, int n, __m512 x)
+{
+    if (n == 16)
+        _mm512_storeu_ps(p, x);
+    else
+        _mm512_mask_storeu_ps(p, vf_tail(n), x);
+}
 
 /* Which lanes have seen a NaN: an OR of unordered-compare masks. */
 typedef __mmask16 sa_vnan;
@@ -189,19 +201,13 @@ SA_INLINE void load_scales4(const float *const *srows, int g0, __m512 *kdg)
     /* per 128-bit lane i: t01 = [j0 g0, j1 g0, j0 g1, j1 g1], ... */
     const __m512 t01 = _mm512_unpacklo_ps(l[0], l[1]), t01h = _mm512_unpackhi_ps(l[0], l[1]);
     const __m512 t23 = _mm512_unpacklo_ps(l[2], l[3]), t23h = _mm512_unpackhi_ps(l[2], l[3]);
-#define SA_PD(x) _mm512_castps_pd(x)
-    kdg[0] = _mm512_castpd_ps(_mm512_unpacklo_pd(SA_PD(t01), SA_PD(t23)));
-    kdg[1] = _mm512_castpd_ps(_mm512_unpackhi_pd(SA_PD(t01), SA_PD(t23)));
-    kdg[2] = _mm512_castpd_ps(_mm512_unpacklo_pd(SA_PD(t01h), SA_PD(t23h)));
-    kdg[3] = _mm512_castpd_ps(_mm512_unpackhi_pd(SA_PD(t01h), SA_PD(t23h)));
-#undef SA_PD
+#define SA_AS_PD(x) _mm512_castps_pd(x)
+    kdg[0] = _mm512_castpd_ps(_mm512_unpacklo_pd(SA_AS_PD(t01), SA_AS_PD(t23)));
+    kdg[1] = _mm512_castpd_ps(_mm512_unpackhi_pd(SA_AS_PD(t01), SA_AS_PD(t23)));
+    kdg[2] = _mm512_castpd_ps(_mm512_unpacklo_pd(SA_AS_PD(t01h), SA_AS_PD(t23h)));
+    kdg[3] = _mm512_castpd_ps(_mm512_unpackhi_pd(SA_AS_PD(t01h), SA_AS_PD(t23h)));
+#undef SA_AS_PD
 }
-
-/* Query heads per block of 16 K rows: pairs, and three for a GQA group of
- * 3 or the last three of an odd group (SmolLM2's 3, Qwen2.5's 7), so each
- * row is loaded and prepared, and each scale gathered, once for them
- * instead of once for a pair and again for one head. */
-#define SA_Q8_HEADS 3
 
 /* One K row's 128 bytes from b, as scores_q8_block32 takes them: the sign
  * bits flipped, Z0 = [g0a g0b g1a g1b], Z1 = [g2a g2b g3a g3b] shuffled into
@@ -337,7 +343,7 @@ SA_INLINE void scores_q8_tokens(const int8_t *qq, const float *qd, int HB, int D
                                 const float *kd_t, ptrdiff_t scale_stride, int cnt,
                                 const __m512 *ks, __m512 *res, sa_pf_walk *w)
 {
-    (void)ks; /* no SA_Q8_BLOCK_SCALES: the blocks gather their scales */
+    (void)ks; /* no block scales (SA_Q8_BLOCK_SCALES 0): the blocks gather theirs */
     if (gs == 32 && D % 128 == 0) {
         scores_q8_block32(qq, qd, HB, D, rows, srows, res, w);
         return;
@@ -351,6 +357,9 @@ SA_INLINE void scores_q8_tokens(const int8_t *qq, const float *qd, int HB, int D
 /* Prefetch steps per block of heads and tokens: one per quad of rows and
  * 128 (gs 32) or 64 bytes of the row. */
 #define SA_Q8_S_STEPS(D, gs) ((gs) == 32 && (D) % 128 == 0 ? (D) / 32 : ((D) + 63) / 64 * 4)
+
+/* The blocks gather their own scales (gather_scales, load_scales4). */
+#define SA_Q8_BLOCK_SCALES 0
 
 /* -------------------------------------------------------------------------
  * softmax_exp: the exponent's steps
@@ -409,18 +418,194 @@ SA_INLINE int q8_many_takes(int gs, int D)
     return gs % 16 == 0 && D <= SA_Q8_MANY_MAX_D;
 }
 
-static void scores_q8_many(const int8_t *qq, const float *qd, int G, int D, int gs,
-                           const int8_t *k, const float *kd, ptrdiff_t row_stride,
-                           ptrdiff_t scale_stride, int n, float *const *s,
-                           const sa_prefetch *pf);
+/* -------------------------------------------------------------------------
+ * accumulate_v_q8
+ * ---------------------------------------------------------------------- */
 
-/* No GEMM-form q8 scores: prefill's q8 tiles take scores_q8_many, which
- * prepares each K block once for all their query vectors (kernels.h: NULL). */
-#define scores_q8_panels_avx512_vnni NULL
-#define scores_q8_panels_avx512_amx NULL
-enum { q8_panel_keys_avx512_vnni = 0, q8_panel_keys_avx512_amx = 0 };
+/* q8 V's weights are taken a block of V_TOKENS tokens at a time. */
+#define SA_QV_TOKENS V_TOKENS
 
-#include "x86_common.h"
+/* out[h][d .. d + 4*SA_VT) for HB (1 to SA_V_HEADS) heads over tokens
+ * [t0, t1), with the weights of q8_v_weights from group g0 on (wq's row for
+ * token t0).  gs is a multiple of SA_VT, so each vector lies in one group
+ * (its weight at the vector's group); each token's 4*SA_VT values are
+ * converted once for the heads (exact), then added as accv_f32_tile adds a
+ * float row with those weights.  Called with constant HB, so the
+ * accumulators stay in registers; SHARE (a constant, 4, 2 or 1): how many
+ * neighbouring vectors lie in one group, so a head's weight is broadcast
+ * once per group met, not once per vector. */
+SA_INLINE void accv_q8_tile4(float *const *out, const float *wq, int HB, int gs, int g0,
+                             const int8_t *v, ptrdiff_t row_stride, int t0, int t1, int d,
+                             sa_pf_walk *walk, const int SHARE)
+{
+    const int j0 = d / gs - g0, j1 = (d + SA_VT) / gs - g0, j2 = (d + 2 * SA_VT) / gs - g0;
+    const int j3 = (d + 3 * SA_VT) / gs - g0;
+    sa_vf a0[SA_V_HEADS], a1[SA_V_HEADS], a2[SA_V_HEADS], a3[SA_V_HEADS];
+    for (int h = 0; h < HB; h++) {
+        const float *o = out[h] + d;
+        a0[h] = SA_MM(loadu_ps)(o), a1[h] = SA_MM(loadu_ps)(o + SA_VT);
+        a2[h] = SA_MM(loadu_ps)(o + 2 * SA_VT), a3[h] = SA_MM(loadu_ps)(o + 3 * SA_VT);
+    }
+    sa_pf_walk wl = *walk; /* in registers for the loop */
+    const int8_t *row = v + (ptrdiff_t)t0 * row_stride + d;
+    for (int t = t0; t < t1; t++, row += row_stride, wq += HB * SA_QV_GROUPS) {
+        sa_pf_walk_step(&wl);
+        const sa_vf v0 = vf_load_s8(row), v1 = vf_load_s8(row + SA_VT);
+        const sa_vf v2 = vf_load_s8(row + 2 * SA_VT), v3 = vf_load_s8(row + 3 * SA_VT);
+        for (int h = 0; h < HB; h++) {
+            const float *wh = wq + h * SA_QV_GROUPS;
+            const sa_vf w0 = SA_MM(set1_ps)(wh[j0]);
+            const sa_vf w1 = SHARE >= 2 ? w0 : SA_MM(set1_ps)(wh[j1]);
+            const sa_vf w2 = SHARE == 4 ? w0 : SA_MM(set1_ps)(wh[j2]);
+            const sa_vf w3 = SHARE == 4 ? w0 : SHARE == 2 ? w2 : SA_MM(set1_ps)(wh[j3]);
+            a0[h] = SA_MM(fmadd_ps)(w0, v0, a0[h]);
+            a1[h] = SA_MM(fmadd_ps)(w1, v1, a1[h]);
+            a2[h] = SA_MM(fmadd_ps)(w2, v2, a2[h]);
+            a3[h] = SA_MM(fmadd_ps)(w3, v3, a3[h]);
+        }
+    }
+    *walk = wl;
+    for (int h = 0; h < HB; h++) {
+        float *o = out[h] + d;
+        SA_MM(storeu_ps)(o, a0[h]), SA_MM(storeu_ps)(o + SA_VT, a1[h]);
+        SA_MM(storeu_ps)(o + 2 * SA_VT, a2[h]), SA_MM(storeu_ps)(o + 3 * SA_VT, a3[h]);
+    }
+}
+
+/* The same for one vector (D % (4*SA_VT) leftovers). */
+SA_INLINE void accv_q8_tile1(float *const *out, const float *wq, int HB, int gs, int g0,
+                             const int8_t *v, ptrdiff_t row_stride, int t0, int t1, int d)
+{
+    const int j0 = d / gs - g0;
+    for (int h = 0; h < HB; h++) {
+        sa_vf a = SA_MM(loadu_ps)(out[h] + d);
+        const float *wh = wq + h * SA_QV_GROUPS + j0;
+        for (int t = t0; t < t1; t++, wh += HB * SA_QV_GROUPS)
+            a = SA_MM(fmadd_ps)(SA_MM(set1_ps)(*wh),
+                                vf_load_s8(v + (ptrdiff_t)t * row_stride + d), a);
+        SA_MM(storeu_ps)(out[h] + d, a);
+    }
+}
+
+/* HB heads over all of D, SA_QV_GROUPS groups at a time: their weights
+ * (q8_v_weights), then their columns in tiles of 4 vectors and single
+ * vectors. */
+SA_INLINE void accv_q8_heads(float *const *out, const float *const *p, int HB, int D, int gs,
+                             const int8_t *v, const float *vd, ptrdiff_t row_stride,
+                             ptrdiff_t scale_stride, int t0, int t1, sa_pf_walk *w)
+{
+    float wq[SA_QV_TOKENS * SA_V_HEADS * SA_QV_GROUPS] __attribute__((aligned(64)));
+    const int ng = D / gs;
+    for (int g0 = 0; g0 < ng; g0 += SA_QV_GROUPS) {
+        const int gn = ng - g0 < SA_QV_GROUPS ? ng - g0 : SA_QV_GROUPS;
+        const int d1 = (g0 + gn) * gs;
+        int d = g0 * gs;
+        q8_v_weights(p, HB, vd, scale_stride, t0, t1, g0, gn, wq);
+        for (; d + 4 * SA_VT <= d1; d += 4 * SA_VT) {
+            if (d / gs == (d + 4 * SA_VT - 1) / gs)
+                accv_q8_tile4(out, wq, HB, gs, g0, v, row_stride, t0, t1, d, w, 4);
+            else if (gs % (2 * SA_VT) == 0)
+                accv_q8_tile4(out, wq, HB, gs, g0, v, row_stride, t0, t1, d, w, 2);
+            else
+                accv_q8_tile4(out, wq, HB, gs, g0, v, row_stride, t0, t1, d, w, 1);
+        }
+        for (; d < d1; d += SA_VT)
+            accv_q8_tile1(out, wq, HB, gs, g0, v, row_stride, t0, t1, d);
+    }
+}
+
+/* Steps (tile passes over one token, each a step of the prefetch walk) of
+ * accv_q8_heads' blocks in a call of n tokens: tiles of 4 vectors, per
+ * block of heads and token. */
+static long accv_q8_steps(int G, int D, int gs, int n)
+{
+    (void)gs;
+    int blocks = G / SA_V_HEADS + G % SA_V_HEADS / 2 + G % 2;
+    if (G % SA_V_HEADS == 3)
+        blocks = G / SA_V_HEADS + 1; /* accv_q8_split3 */
+    return (long)n * blocks * (D / (4 * SA_VT));
+}
+
+/* accumulate_v_q8 with SA_V_HEADS heads at a time, then pairs, then one, a
+ * block of tokens at a time. */
+SA_INLINE void accv_q8_blocks_body(float *const *out, const float *const *p, int G, int D,
+                                   int gs, const int8_t *v, const float *vd,
+                                   ptrdiff_t row_stride, ptrdiff_t scale_stride, int n,
+                                   sa_pf_walk *w)
+{
+    for (int t0 = 0; t0 < n; t0 += V_TOKENS) {
+        const int t1 = n - t0 < V_TOKENS ? n : t0 + V_TOKENS;
+        int g = 0;
+        for (; g + SA_V_HEADS <= G; g += SA_V_HEADS)
+            accv_q8_heads(out + g, p + g, SA_V_HEADS, D, gs, v, vd, row_stride, scale_stride,
+                          t0, t1, w);
+        for (; g + 2 <= G; g += 2)
+            accv_q8_heads(out + g, p + g, 2, D, gs, v, vd, row_stride, scale_stride, t0, t1, w);
+        if (g < G)
+            accv_q8_heads(out + g, p + g, 1, D, gs, v, vd, row_stride, scale_stride, t0, t1, w);
+    }
+}
+
+/* Out of line: a caller below takes the three-head case first, and the
+ * loop keeps the code it had alone (inlined beside that case, or with it as
+ * a branch inside, the pairs' loop read 2-7% slower on a Zen 4:
+ * bench/kernel_costs.c, G = 2). */
+__attribute__((noinline)) static void accv_q8_blocks(float *const *out, const float *const *p,
+                                                     int G, int D, int gs, const int8_t *v,
+                                                     const float *vd, ptrdiff_t row_stride,
+                                                     ptrdiff_t scale_stride, int n,
+                                                     sa_pf_walk *w)
+{
+    accv_q8_blocks_body(out, p, G, D, gs, v, vd, row_stride, scale_stride, n, w);
+}
+
+/* G = 4m + 3 heads (a GQA group of 3, or 7: SmolLM2, Qwen2.5): the first 4m
+ * as above, then the last three as one block, each token converted once
+ * for the three instead of for a pair and again for one; the rows are back
+ * in L1 or L2 for them.  Each head's sums are the same operations in the
+ * same order whichever pass adds them.  One prefetch walk spans both
+ * passes. */
+__attribute__((noinline)) static void accv_q8_split3(float *const *out, const float *const *p,
+                                                     int G, int D, int gs, const int8_t *v,
+                                                     const float *vd, ptrdiff_t row_stride,
+                                                     ptrdiff_t scale_stride, int n,
+                                                     sa_pf_walk *w)
+{
+    if (G > 3)
+        accv_q8_blocks(out, p, G - 3, D, gs, v, vd, row_stride, scale_stride, n, w);
+    for (int t0 = 0; t0 < n; t0 += V_TOKENS) {
+        const int t1 = n - t0 < V_TOKENS ? n : t0 + V_TOKENS;
+        accv_q8_heads(out + G - 3, p + G - 3, 3, D, gs, v, vd, row_stride, scale_stride, t0,
+                      t1, w);
+    }
+}
+
+static void SA_FN(accumulate_v_q8)(float *const *out, const float *const *p, int G, int D,
+                                   int gs, const int8_t *v, const float *vd,
+                                   ptrdiff_t row_stride, ptrdiff_t scale_stride, int n,
+                                   const sa_prefetch *pf)
+{
+    if (gs % SA_VT != 0) {
+        accumulate_v_q8_scalar(out, p, G, D, gs, v, vd, row_stride, scale_stride, n, pf);
+        return;
+    }
+    if (D < 4 * SA_VT) { /* no tile of 4 vectors to walk in: the lines now */
+        sa_prefetch_part(pf, 0, 1);
+        pf = NULL;
+    }
+    sa_pf_walk w;
+    sa_pf_walk_start(&w, pf, accv_q8_steps(G, D, gs, n));
+    if (G % SA_V_HEADS == 3) {
+        accv_q8_split3(out, p, G, D, gs, v, vd, row_stride, scale_stride, n, &w);
+        return;
+    }
+    accv_q8_blocks(out, p, G, D, gs, v, vd, row_stride, scale_stride, n, &w);
+}
+
+/* No GEMM-form q8 scores: prefill's q8 tiles take scores_q8_many (the
+ * including file's), which prepares each K block once for all their query
+ * vectors. */
+#define SA_Q8_PANEL_KEYS 0
 
 /* 16 rows of 16 int32 -> their transpose (in place). */
 SA_INLINE void transpose16_epi32(__m512i *r)
@@ -541,7 +726,7 @@ __attribute__((noinline)) static void scores_q8_gemm8(const uint8_t *qu, const f
     }
 #define SA_S(x)                                                                  \
     if ((x) < HB)                                                                \
-        store_scores(s[x] + t, cnt, r##x);
+        vf_store_first(s[x] + t, cnt, r##x);
     SA_H8(SA_S)
 #undef SA_S
 }

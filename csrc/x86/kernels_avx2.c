@@ -4,9 +4,10 @@
  * this one file use AVX2/FMA/F16C, and cpu_features.c only hands the table
  * out when the CPU and OS support it.
  *
- * The kernel bodies are x86_common.h's, written once for both x86 files
- * (its header states the batching rule they keep); this file supplies its
- * 256-bit vectors and the steps that differ from AVX-512.
+ * The kernel bodies are x86_common.h's, written once for the x86 files
+ * (its header lists what a file defines and states the batching rule they
+ * keep); this file supplies its 256-bit vectors, the steps that differ
+ * from AVX-512 and its q8 V accumulation, and includes it last.
  */
 #pragma GCC target("avx2,fma,f16c")
 /* GCC implements _mm256_mul_ps/_mm256_add_ps as plain vector operators, so
@@ -23,7 +24,7 @@
 #include "../kernels.h"
 /* q8 V's weights hold 32 tokens: the last three heads' pass
  * (accv_q8_last3) takes a whole 32-row call as one block, the others
- * blocks of SA_QV_BLOCK (x86_common.h's V_TOKENS), each in rows of as
+ * blocks of SA_QV_BLOCK (x86_helpers.h's V_TOKENS), each in rows of as
  * many tokens. */
 #define SA_QV_TOKENS 32
 #define SA_QV_BLOCK 16
@@ -45,6 +46,16 @@ typedef __m256i sa_vmask; /* a lane is on when its sign bit is set (vmaskmov) */
 #define vf_load_tail(p, m) _mm256_maskload_ps((p), (m))
 #define vf_store_tail(p, m, x) _mm256_maskstore_ps((p), (m), (x))
 #define vf_keep_tail(x, m) _mm256_and_ps((x), _mm256_castsi256_ps(m))
+
+/* The first n (1 .. 8) lanes of x: a plain store for all 8 (vmaskmov
+ * stores are slow on AMD). */
+SA_INLINE void vf_store_first(float *p, int n, __m256 x)
+{
+    if (n == 8)
+        _mm256_storeu_ps(p, x);
+    else
+        _mm256_maskstore_ps(p, tail8(n), x);
+}
 
 /* The max with -inf in the lanes outside m. */
 SA_INLINE __m256 vf_max_tail(__m256 mv, const float *p, __m256i m)
@@ -199,7 +210,8 @@ SA_INLINE void scales_8xng(const float *const *srow, int ng, __m256 *kd)
  * (x86_common.h).  Transposed again in each head block, as before, G = 7's
  * three blocks (two pairs and a three) read the scores 1.03-1.04x the time
  * (in cache, one thread, Zen 4). */
-#define SA_Q8_BLOCK_SCALES scales_8xng
+#define SA_Q8_BLOCK_SCALES 1
+#define q8_block_scales scales_8xng
 
 /* HB heads x one block of 8 rows: per group, the 8 tokens' exact int32 sums
  * side by side, then the group term (qd * kd) * isum added in group order,
@@ -250,15 +262,14 @@ SA_INLINE int q8_takes(int gs, int D, ptrdiff_t scale_stride)
     return gs % 32 == 0 && D / gs <= SA_Q8_MAX_GROUPS;
 }
 
-/* Heads per score block: pairs, and three for an odd group (as the
- * AVX-512 file has), so a GQA group of 3 or 7 loads and takes |k| of its
- * rows once for the last three heads instead of for a pair and again for
- * one.  With the scores' copies for D = 64 and 128 the three read 1-5%
+/* Heads per score block (SA_Q8_HEADS, x86_helpers.h): pairs, and three for
+ * an odd group, so a GQA group of 3 or 7 loads and takes |k| of its rows
+ * once for the last three heads instead of for a pair and again for one.
+ * With the scores' copies for D = 64 and 128 the three read 1-5%
  * faster than a pair and one on a Zen 4 (bench/kernel_costs.c and
  * arm_model's timing, in cache, G = 3 and 7), where before those copies
  * they read 4-8% slower: 12 accumulators leave little room in 16
  * registers, and the run-time D took some of it. */
-#define SA_Q8_HEADS 3
 
 SA_INLINE void scores_q8_tokens(const int8_t *qq, const float *qd, int HB, int D, int gs,
                                 const int8_t *const *rows, const float *const *srows,
@@ -299,7 +310,7 @@ SA_INLINE __m256 vf_exp_finish(__m256 poly, __m256 z, __m256 x)
 #define SA_V_WIDE_VECS 2
 
 /* -------------------------------------------------------------------------
- * accumulate_v_q8: one block of tokens for all the heads (SA_Q8_V_BLOCK)
+ * accumulate_v_q8: one block of tokens for all the heads at a time
  * ---------------------------------------------------------------------- */
 
 /* q8 V's weights (spec §4), token-major: for HB heads, tokens [t0, t1) (at
@@ -314,7 +325,7 @@ SA_INLINE __m256 vf_exp_finish(__m256 poly, __m256 z, __m256 x)
  * from each head's row of TQ.  With D a run-time value these
  * loops were generic and V read 1.03-1.10x the time of the per-token
  * weights (in cache, one thread, Zen 4); with the copies for D = 64 and
- * 128 (x86_common.h, accv_q8_blocks), 0.86-0.95x (docs/design.md). */
+ * 128 (accv_q8_blocks), 0.86-0.95x (docs/design.md). */
 SA_INLINE void q8_v_weights_t(const float *const *p, int HB, const float *vd,
                               ptrdiff_t scale_stride, int t0, int t1, int g0, int gn, float *w,
                               const int TQ)
@@ -534,8 +545,8 @@ SA_INLINE void accv_q8_block_avx2(float *const *out, const float *const *p, int 
 }
 
 /* The last three heads of a group of 3 or 7 over a call's tokens, after
- * the group's other heads (x86_common.h, SA_Q8_V_LAST3; each head's sums
- * are the same whichever pass adds them), with the call's prefetch walk:
+ * the group's other heads (accumulate_v_q8 below; each head's sums are the
+ * same whichever pass adds them), with the call's prefetch walk:
  * a function of its own, with copies for D = 64 and 128 at the default
  * group.  Beside the other blocks in one function, GCC spilled inside
  * these 12-accumulator loops (V at G = 3 and 7 1.10-1.30x the time).
@@ -568,7 +579,6 @@ __attribute__((noinline)) static void accv_q8_last3(float *const *out, const flo
     else
         accv_q8_last3_body(out, p, D, gs, v, vd, row_stride, scale_stride, n, w);
 }
-#define SA_Q8_V_LAST3 accv_q8_last3
 /* G = 4m + 3: accv_q8_block_avx2's blocks of 4 take the first 4m heads. */
 #define SA_Q8_V_LAST3_TAKES(G) ((G) % 4 == 3)
 
@@ -585,8 +595,66 @@ SA_INLINE long accv_q8_call_steps_avx2(int G, int D, int gs, int n)
         return (long)n * tiles;
     return (long)((n + SA_QV_STEP_TOKENS - 1) / SA_QV_STEP_TOKENS) * tiles;
 }
-#define SA_Q8_V_STEPS accv_q8_call_steps_avx2
-#define SA_Q8_V_BLOCK accv_q8_block_avx2
+_Static_assert(SA_QV_BLOCK == V_TOKENS, "accv_q8_block_avx2's weights hold a block of tokens");
+_Static_assert(V_TOKENS % SA_QV_STEP_TOKENS == 0 && SA_QV_TOKENS % SA_QV_STEP_TOKENS == 0,
+               "accv_q8_call_steps_avx2 counts a walk step per SA_QV_STEP_TOKENS of a block");
+
+/* accumulate_v_q8 a block of V_TOKENS tokens at a time
+ * (accv_q8_block_avx2). */
+SA_INLINE void accv_q8_blocks_body(float *const *out, const float *const *p, int G, int D,
+                                   int gs, const int8_t *v, const float *vd,
+                                   ptrdiff_t row_stride, ptrdiff_t scale_stride, int n,
+                                   sa_pf_walk *w)
+{
+    for (int t0 = 0; t0 < n; t0 += V_TOKENS) {
+        const int t1 = n - t0 < V_TOKENS ? n : t0 + V_TOKENS;
+        accv_q8_block_avx2(out, p, G, D, gs, v, vd, row_stride, scale_stride, t0, t1, w);
+    }
+}
+
+/* Out of line: the caller takes the three-head case first, and the loop
+ * keeps the code it had alone (inlined beside that case, or with it as a
+ * branch inside, the pairs' loop read 2-7% slower on a Zen 4:
+ * bench/kernel_costs.c, G = 2).  Copies for D = 64 and 128 at the default
+ * group, so the tiles and weights loops have constant trip counts (with the
+ * token-major weights, V 0.87-0.91x the time in cache, docs/design.md). */
+__attribute__((noinline)) static void accv_q8_blocks(float *const *out, const float *const *p,
+                                                     int G, int D, int gs, const int8_t *v,
+                                                     const float *vd, ptrdiff_t row_stride,
+                                                     ptrdiff_t scale_stride, int n,
+                                                     sa_pf_walk *w)
+{
+    if (gs == 32 && D == 64)
+        accv_q8_blocks_body(out, p, G, 64, 32, v, vd, row_stride, scale_stride, n, w);
+    else if (gs == 32 && D == 128)
+        accv_q8_blocks_body(out, p, G, 128, 32, v, vd, row_stride, scale_stride, n, w);
+    else
+        accv_q8_blocks_body(out, p, G, D, gs, v, vd, row_stride, scale_stride, n, w);
+}
+
+/* Group sizes that are not a multiple of 8 take the scalar loop (fmaf, one
+ * rounding: still bitwise accumulate_v_f32 of the weights, kernels.h).  A
+ * group of 3 or 7 takes its last three heads after the others (which do not
+ * walk): one prefetch walk, in the last pass. */
+static void SA_FN(accumulate_v_q8)(float *const *out, const float *const *p, int G, int D,
+                                   int gs, const int8_t *v, const float *vd,
+                                   ptrdiff_t row_stride, ptrdiff_t scale_stride, int n,
+                                   const sa_prefetch *pf)
+{
+    if (gs % 8 != 0) {
+        accumulate_v_q8_scalar(out, p, G, D, gs, v, vd, row_stride, scale_stride, n, pf);
+        return;
+    }
+    sa_pf_walk w;
+    sa_pf_walk_start(&w, pf, accv_q8_call_steps_avx2(G, D, gs, n));
+    if (SA_Q8_V_LAST3_TAKES(G)) {
+        if (G > 3)
+            accv_q8_blocks(out, p, G - 3, D, gs, v, vd, row_stride, scale_stride, n, NULL);
+        accv_q8_last3(out + G - 3, p + G - 3, D, gs, v, vd, row_stride, scale_stride, n, &w);
+        return;
+    }
+    accv_q8_blocks(out, p, G, D, gs, v, vd, row_stride, scale_stride, n, &w);
+}
 
 /* -------------------------------------------------------------------------
  * scores_q8_panels: GEMM form (kernels.h), panels of 8 keys
@@ -596,32 +664,19 @@ SA_INLINE long accv_q8_call_steps_avx2(int G, int D, int gs, int n)
  * chunk's keys, their magnitudes, the ones, a broadcast and a product 15
  * of the 16 registers. */
 #define SA_Q8P_ROWS 5
-enum { q8_panel_keys_avx2 = 8 };
+#define SA_Q8_PANEL_KEYS 8
 
-/* Defined after x86_common.h (it stores with store_keys); the table takes
- * its address. */
-static void scores_q8_panels_avx2(const int8_t *qq, const float *qd, int G, int D, int gs,
-                                  const int8_t *k8, const float *kd, int first, int n,
-                                  float *const *s);
-
-#include "x86_common.h"
-
-_Static_assert(SA_QV_BLOCK == V_TOKENS, "accv_q8_block_avx2's weights hold a block of tokens");
-_Static_assert(V_TOKENS % SA_QV_STEP_TOKENS == 0 && SA_QV_TOKENS % SA_QV_STEP_TOKENS == 0,
-               "accv_q8_call_steps_avx2 counts a walk step per SA_QV_STEP_TOKENS of a block");
-
-/* HB query vectors x one panel: per 4 channels the 8 keys' bytes (one
- * vector) and their magnitudes once, then per vector its 4 bytes broadcast,
- * given the keys' signs (maddubs takes |k| unsigned; pairs stay below
- * 2^15) and summed into 8 int32 lanes, one per key; per group the term
- * (qd * kd) * isum added in group order as scores_q8 adds it. */
-SA_INLINE void q8_panel_block(const int8_t *qq, const float *qd, int HB, int D, int gs,
-                              const int8_t *kp, const float *dp, float *const *s,
-                              ptrdiff_t at, int n)
+/* HB query vectors x one panel (x86_common.h stores them): per 4 channels
+ * the 8 keys' bytes (one vector) and their magnitudes once, then per vector
+ * its 4 bytes broadcast, given the keys' signs (maddubs takes |k| unsigned;
+ * pairs stay below 2^15) and summed into 8 int32 lanes, one per key; per
+ * group the term (qd * kd) * isum added in group order as scores_q8 adds
+ * it. */
+SA_INLINE void q8_panel_dot(const int8_t *qq, const float *qd, int HB, int D, int gs,
+                            const int8_t *kp, const float *dp, __m256 *res)
 {
     const int ng = D / gs, per = gs / 4;
     const __m256i ones = _mm256_set1_epi16(1);
-    __m256 res[SA_Q8P_ROWS];
     for (int h = 0; h < HB; h++)
         res[h] = _mm256_setzero_ps();
     for (int grp = 0; grp < ng; grp++) {
@@ -647,19 +702,9 @@ SA_INLINE void q8_panel_block(const int8_t *qq, const float *qd, int HB, int D, 
             res[h] = _mm256_add_ps(res[h], _mm256_mul_ps(w, _mm256_cvtepi32_ps(isum[h])));
         }
     }
-    for (int h = 0; h < HB; h++)
-        store_keys(s[h], at, n, res[h]);
 }
 
-/* Panel by panel. */
-static void scores_q8_panels_avx2(const int8_t *qq, const float *qd, int G, int D, int gs,
-                                  const int8_t *k8, const float *kd, int first, int n,
-                                  float *const *s)
-{
-    const int ng = D / gs;
-#define SA_BLOCK(g, HB, p, at)                                                              \
-    q8_panel_block(qq + (ptrdiff_t)(g) * D, qd + (ptrdiff_t)(g) * ng, (HB), D, gs,            \
-                   k8 + (ptrdiff_t)(p) * D * 8, kd + (ptrdiff_t)(p) * ng * 8, s + (g), (at), n)
-    SA_PANEL_WALK(8, SA_Q8P_ROWS, G, first, n, SA_BLOCK);
-#undef SA_BLOCK
-}
+/* No many-heads form: prefill's q8 tiles take the panels above. */
+#define SA_Q8_MANY_HEADS 0
+
+#include "x86_common.h"

@@ -9,6 +9,8 @@
 #define SA_ISA_ID avx512_amx
 #include "avx512_vnni.h"
 
+#define scores_q8_panels_avx512_amx NULL /* SA_Q8_PANEL_KEYS 0 (kernels.h) */
+
 /* A compiler without the AMX intrinsics (GCC < 11, clang < 12) builds this
  * table as avx512-vnni's and cpu_features.c never hands it out. */
 #if !defined(SA_AMX_COMPILED) && defined(__has_include)
@@ -83,7 +85,7 @@ SA_INLINE void amx_group_terms(const int32_t *c, const float *qd, int ng, int h0
         __m512 res = _mm512_setzero_ps();
         for (int g = 0; g < ng; g++)
             res = add_group_term(res, qdh[g], kds[g], _mm512_load_si512(c + 256 * g + 16 * i));
-        store_scores(s[h0 + i] + t, cnt, res);
+        vf_store_first(s[h0 + i] + t, cnt, res);
     }
 }
 
@@ -168,3 +170,5 @@ static void scores_q8_many(const int8_t *qq, const float *qd, int G, int D, int 
 #endif
     scores_q8_gemm_many(qq, qd, G, D, gs, k, kd, row_stride, scale_stride, n, s, pf);
 }
+
+#include "x86_common.h"
