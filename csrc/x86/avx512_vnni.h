@@ -384,9 +384,7 @@ SA_INLINE __m512 vf_exp_finish(__m512 poly, __m512 z, __m512 x)
 
 /* Many heads (prefill): 6 heads x 4 vectors (64 columns), 24 accumulators;
  * each token's 64 values loaded once for the 6 heads: 10 loads per 24 FMAs
- * instead of 8 per 16 (x86_common.h, accv_f32_wide).  On one Zen 4 core,
- * 64 heads x 32 keys a call (bench/prefill_ceiling.c), V went from 71-81%
- * of the FMA peak to 81-94% (with V_TOKENS_MANY). */
+ * instead of 8 per 16 (x86_common.h, accv_f32_wide; docs/design.md, x86's measured choices). */
 #define SA_V_WIDE 6
 #define SA_V_WIDE_VECS 4
 
@@ -405,9 +403,9 @@ SA_INLINE __m512 vf_exp_finish(__m512 poly, __m512 z, __m512 x)
  * terms are added with scores_q8_block32/16's operations in group order,
  * so the scores are bitwise those of scores_q8_tokens (and of the portable
  * kernel).  Decode's few heads per KV head (4 and 8, K streamed from
- * memory) did not measurably gain from preparing K once on a Zen 4
- * (bench/decode_builds_ab.py), so this starts at 16 vectors, which a full prefill tile
- * (8 rows or more) has from 2 heads per KV head on. */
+ * memory) do not gain from preparing K once (docs/design.md, x86's measured choices), so this starts at
+ * 16 vectors, which a full prefill tile (8 rows or more) has from 2 heads
+ * per KV head on. */
 #define SA_Q8_MANY_HEADS 16
 #define SA_Q8_MANY_MAX_D 512
 #define SA_Q8_MANY_HB 8    /* heads per pass over a block's vectors: 8 dpbusd chains */
@@ -548,8 +546,7 @@ SA_INLINE void accv_q8_blocks_body(float *const *out, const float *const *p, int
 
 /* Out of line: a caller below takes the three-head case first, and the
  * loop keeps the code it had alone (inlined beside that case, or with it as
- * a branch inside, the pairs' loop read 2-7% slower on a Zen 4:
- * bench/kernel_costs.c, G = 2). */
+ * a branch inside, the pairs' loop was slower). */
 __attribute__((noinline)) static void accv_q8_blocks(float *const *out, const float *const *p,
                                                      int G, int D, int gs, const int8_t *v,
                                                      const float *vd, ptrdiff_t row_stride,

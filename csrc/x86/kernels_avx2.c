@@ -207,9 +207,7 @@ SA_INLINE void scales_8xng(const float *const *srow, int ng, __m256 *kd)
 #define SA_Q8_MAX_GROUPS 64
 
 /* A block's 8 tokens' scales, transposed once for all its head blocks
- * (x86_common.h).  Transposed again in each head block, as before, G = 7's
- * three blocks (two pairs and a three) read the scores 1.03-1.04x the time
- * (in cache, one thread, Zen 4). */
+ * (x86_common.h) rather than again in each (docs/design.md, x86's measured choices). */
 #define SA_Q8_BLOCK_SCALES 1
 #define q8_block_scales scales_8xng
 
@@ -265,11 +263,9 @@ SA_INLINE int q8_takes(int gs, int D, ptrdiff_t scale_stride)
 /* Heads per score block (SA_Q8_HEADS, x86_helpers.h): pairs, and three for
  * an odd group, so a GQA group of 3 or 7 loads and takes |k| of its rows
  * once for the last three heads instead of for a pair and again for one.
- * With the scores' copies for D = 64 and 128 the three read 1-5%
- * faster than a pair and one on a Zen 4 (bench/kernel_costs.c and
- * arm_model's timing, in cache, G = 3 and 7), where before those copies
- * they read 4-8% slower: 12 accumulators leave little room in 16
- * registers, and the run-time D took some of it. */
+ * 12 accumulators leave little room in 16 registers: the three pay only
+ * with the scores' copies for D = 64 and 128, where the run-time D takes
+ * none of it (docs/design.md, x86's measured choices). */
 
 SA_INLINE void scores_q8_tokens(const int8_t *qq, const float *qd, int HB, int D, int gs,
                                 const int8_t *const *rows, const float *const *srows,
@@ -322,10 +318,9 @@ SA_INLINE __m256 vf_exp_finish(__m256 poly, __m256 z, __m256 x)
  * per head and group; the last (t1 - t0) % 8 tokens one product each.  The
  * same products as x86_helpers.h's q8_v_weights, which takes a product per
  * token, head and 8 groups: a tile then broadcasts one weight per token
- * from each head's row of TQ.  With D a run-time value these
- * loops were generic and V read 1.03-1.10x the time of the per-token
- * weights (in cache, one thread, Zen 4); with the copies for D = 64 and
- * 128 (accv_q8_blocks), 0.86-0.95x (docs/design.md). */
+ * from each head's row of TQ.  It pays with the copies for D = 64 and 128
+ * (accv_q8_blocks), whose loops have constant trip counts; with D a
+ * run-time value it did not (docs/design.md, x86's measured choices). */
 SA_INLINE void q8_v_weights_t(const float *const *p, int HB, const float *vd,
                               ptrdiff_t scale_stride, int t0, int t1, int g0, int gn, float *w,
                               const int TQ)
@@ -361,10 +356,9 @@ SA_INLINE void q8_v_weights_t(const float *const *p, int HB, const float *vd,
  * weights are broadcast from memory.  A tile that walks
  * (STEP) takes a step of the prefetch walk per token with 12 accumulators
  * and per SA_QV_STEP_TOKENS tokens with at most 8: with the walk's state in
- * registers beside 8 accumulators GCC spilled the loop's pointer (V at
- * G = 2, D = 128 read 1.08x the time of the per-token weights' tiles);
- * stepping every 4 tokens through the caller's walk (the lines in twos or
- * threes instead of one a token), 0.89x (in cache, one thread, Zen 4). */
+ * registers beside 8 accumulators GCC spilled the loop's pointer; stepping
+ * every 4 tokens through the caller's walk (the lines in twos or threes
+ * instead of one a token) does not (docs/design.md, x86's measured choices). */
 #define SA_QV_STEP_TOKENS 4
 
 /* 12 accumulators: the heads' weights in registers, the values one vector
@@ -417,8 +411,7 @@ SA_INLINE void accv_q8_token8(__m256 (*a)[4], const float *wq, const int HS, con
 
 /* At most 8 accumulators: a walk step per SA_QV_STEP_TOKENS tokens.  (Its
  * loads and stores of the accumulators are tile12's, written out again:
- * as helpers shared by the two, GCC's code read V at G = 2 1.02-1.06x the
- * time.) */
+ * as helpers shared by the two, GCC's code was slower, docs/design.md, x86's measured choices.) */
 SA_INLINE void accv_q8_tile8(float *const *out, const float *wq, const int HS, const int HB,
                              const int NV, const int8_t *v, ptrdiff_t row_stride, int t0, int t1,
                              int d, sa_pf_walk *w, const int STEP)
@@ -513,14 +506,10 @@ SA_INLINE void accv_q8_heads_avx2(float *const *out, const float *const *p, cons
  * heads x four vectors instead (accv_q8_last3: 12 accumulators leave room
  * for the heads' weights and one vector of values at a time), for one and
  * two conversions per token instead of the pair-and-one blocks' two and
- * four.  The convert runs on the FMA ports (as the per-element scale did
- * before the weights took it): with that scale, these blocks took V to
- * 0.67-0.70x the time at G = 3 and 7, 0.93x at G = 2 (in cache, one
- * thread, Xeon Emerald Rapids; bench/arm_model_driver.c `time`, old and
- * new builds alternated).  The prefetch walk steps in the last block's
- * tiles that start a 32-column stretch (accv_q8_call_steps_avx2): a step
- * in every tile cost a block of 3 heads a third more time in cache (16
- * tiles per token at G = 7) for nothing streamed, where the arithmetic,
+ * four: the convert runs on the FMA ports (docs/design.md, x86's measured choices).  The prefetch walk
+ * steps in the last block's tiles that start a 32-column stretch
+ * (accv_q8_call_steps_avx2): a step in every tile (16 tiles per token at
+ * G = 7) costs time in cache for nothing streamed, where the arithmetic,
  * not the memory, is the bound. */
 SA_INLINE void accv_q8_block_avx2(float *const *out, const float *const *p, int G, int D,
                                   int gs, const int8_t *v, const float *vd,
@@ -547,15 +536,11 @@ SA_INLINE void accv_q8_block_avx2(float *const *out, const float *const *p, int 
 /* The last three heads of a group of 3 or 7 over a call's tokens, after
  * the group's other heads (accumulate_v_q8 below; each head's sums are the
  * same whichever pass adds them), with the call's prefetch walk:
- * a function of its own, with copies for D = 64 and 128 at the default
- * group.  Beside the other blocks in one function, GCC spilled inside
- * these 12-accumulator loops (V at G = 3 and 7 1.10-1.30x the time).
- * Blocks of SA_QV_TOKENS (32: a whole call, each accumulator loaded and
- * stored once) instead of V_TOKENS (16): V 0.96x the time at G = 3 in
- * cache, a SmolLM2 step streamed at 4096 tokens 0.94x on one thread and
- * 0.97x on two, Qwen2.5's 0.97-1.00x (Zen 4).  The other blocks keep 16:
- * in 32 a Qwen3-VL step (G = 2) read 1.07x the time streamed on two
- * threads (docs/design.md). */
+ * a function of its own (beside the other blocks in one function, GCC
+ * spilled inside these 12-accumulator loops), with copies for D = 64 and
+ * 128 at the default group.  Blocks of SA_QV_TOKENS (32: a whole call,
+ * each accumulator loaded and stored once) instead of V_TOKENS (16); the
+ * other blocks keep 16, which streams better at G = 2 (docs/design.md, x86's measured choices). */
 SA_INLINE void accv_q8_last3_body(float *const *out, const float *const *p, int D, int gs,
                                   const int8_t *v, const float *vd, ptrdiff_t row_stride,
                                   ptrdiff_t scale_stride, int n, sa_pf_walk *w)
@@ -614,10 +599,9 @@ SA_INLINE void accv_q8_blocks_body(float *const *out, const float *const *p, int
 
 /* Out of line: the caller takes the three-head case first, and the loop
  * keeps the code it had alone (inlined beside that case, or with it as a
- * branch inside, the pairs' loop read 2-7% slower on a Zen 4:
- * bench/kernel_costs.c, G = 2).  Copies for D = 64 and 128 at the default
- * group, so the tiles and weights loops have constant trip counts (with the
- * token-major weights, V 0.87-0.91x the time in cache, docs/design.md). */
+ * branch inside, the pairs' loop was slower).  Copies for D = 64 and 128 at
+ * the default group, so the tiles and weights loops have constant trip
+ * counts (docs/design.md, x86's measured choices). */
 __attribute__((noinline)) static void accv_q8_blocks(float *const *out, const float *const *p,
                                                      int G, int D, int gs, const int8_t *v,
                                                      const float *vd, ptrdiff_t row_stride,

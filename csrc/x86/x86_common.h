@@ -374,8 +374,7 @@ static void SA_FN(scores_q8)(const int8_t *qq, const float *qd, int G, int D, in
     }
 #endif
     /* The default group at the common head sizes gets copies with D and gs
-     * constant (the group loop unrolled, the offsets immediates): in cache
-     * 0.87-0.93x the time on AVX2, 0.76-0.96x on AVX-512 (docs/design.md). */
+     * constant (the group loop unrolled, the offsets immediates; docs/design.md, x86's measured choices). */
     if (gs == 32 && D == 64)
         scores_q8_body(qq, qd, G, 64, 32, k, kd, row_stride, scale_stride, n, s, pf);
     else if (gs == 32 && D == 128)
@@ -441,9 +440,8 @@ SA_INLINE sa_vf exp_ps(sa_vf x)
  * exponentials are taken in two loops, the range reductions of its vectors
  * and then their polynomials (the same operations): one vector's whole
  * chain is ~45 cycles of latency, more than the out-of-order window keeps
- * in flight at the rate the pipes allow, and in halves the AVX2 softmax
- * took 0.87x the time (in cache, one thread, Zen 4; four vectors' whole
- * chains interleaved read 1.07x, their constants spilled). */
+ * in flight at the rate the pipes allow (four vectors' whole chains
+ * interleaved spill their constants; docs/design.md, x86's measured choices). */
 #define SUM_VECS 8
 static float SA_FN(softmax_exp)(float *s, int n, float scale, float *max_out)
 {
@@ -451,11 +449,10 @@ static float SA_FN(softmax_exp)(float *s, int n, float scale, float *max_out)
         return 0.0f;
     const int nv = n & ~(SA_VT - 1), rem = n & (SA_VT - 1);
     const sa_vmask tm = vf_tail(rem);
-    /* four running maxima: one would be a chain of maxps latencies (a
-     * fifth of the AVX2 softmax on a Xeon Emerald Rapids); the max of
-     * finite values is the same whatever the order.  maxps drops NaN, so when the
-     * caller asks for the maximum the NaNs are counted beside it; else a
-     * NaN score makes its exp, so the sum, NaN anyway. */
+    /* four running maxima: one would be a chain of maxps latencies; the
+     * max of finite values is the same whatever the order.  maxps drops
+     * NaN, so when the caller asks for the maximum the NaNs are counted
+     * beside it; else a NaN score makes its exp, so the sum, NaN anyway. */
     sa_vf mv = SA_MM(set1_ps)(-__builtin_inff()), m1 = mv, m2 = mv, m3 = mv;
     sa_vnan nan = vnan_none();
     const int n4 = n & ~(4 * SA_VT - 1);
@@ -526,8 +523,8 @@ static float SA_FN(softmax_exp)(float *s, int n, float scale, float *max_out)
 
 /* V accumulation works on blocks of V_TOKENS tokens (x86_helpers.h); from
  * V_MANY_HEADS heads on (prefill's tiles) a block is V_TOKENS_MANY, a whole
- * call of a run of keys (rows.c's STRETCH): against 16, V for 64 heads went
- * from ~71% to ~81% of a Zen 4 core's FMA peak (bench/prefill_ceiling.c). */
+ * call of a run of keys (rows.c's STRETCH), each tile's accumulators loaded
+ * and stored once for more FMAs (bench/prefill_ceiling.c; docs/design.md, x86's measured choices). */
 #define V_TOKENS_MANY 32
 #define V_MANY_HEADS 16
 
@@ -708,13 +705,9 @@ static void SA_FN(dequantize_rows)(const int8_t *q, const float *scales, int dim
  * scalar loop) around a 32-row block as 32 / SA_VT vectors per head,
  * SA_C_HEADS heads at a time, each scored channel's 32 bytes loaded and
  * widened once for those heads, and each (head, row) sum the fused
- * multiply-add chain of the scalar loop.  Forming the weights per tile,
- * and each channel's offset once per call, took the scalar work per
- * channel out of the block loop: 902 -> 612 instructions per (block, KV
- * head) at G = 2 (callgrind), select_blocks(policy="balanced") 0.78-0.95
- * -> 0.68-1.05 ms at 32K tokens, 8 KV heads, one thread, medians 0.84 ->
- * 0.75 (AMD EPYC Zen3, AVX2, eight pairs alternated in one session;
- * CHANGELOG.md).
+ * multiply-add chain of the scalar loop.  The weights are formed per tile,
+ * and each channel's offset once per call, which takes the scalar work per
+ * channel out of the block loop (docs/design.md, x86's measured choices).
  * ---------------------------------------------------------------------- */
 
 #define SA_C_VECS (32 / SA_VT)
@@ -762,9 +755,7 @@ SA_INLINE void channel_block_simd(int G, int r, const int8_t *db, ptrdiff_t cs,
 /* AVX-512 scores adjacent 32-row blocks in pairs (NB = 2): each channel's
  * 64 bytes (both blocks: a whole cache line when cs is 32) read together,
  * and twice the independent fused multiply-add chains to hide their
- * latency and the loads'.  61 -> 42 ns per (block, KV head) at G = 2 on a
- * Zen 4 (one core, 8 KV heads x 1024 blocks, old and new builds alternated
- * 4 times: CHANGELOG.md).  With AVX2's 16 registers the pair's 16
+ * latency and the loads' (docs/design.md, x86's measured choices).  With AVX2's 16 registers the pair's 16
  * accumulators spill, so AVX2 scores one block at a time. */
 #if SA_VT == 16
 #define SA_C_PAIR 1

@@ -52,8 +52,8 @@ SA_INLINE __m256i tail8(int r)
 
 /* The first n scales at sc (lanes past n 0 or unused): plain loads where
  * n allows, the masked load (m, the first n lanes) only for the other
- * counts.  A masked load cost a sparse AVX-512 decode step 2-4% (balanced,
- * 4096 tokens, Xeon Emerald Rapids, bench/decode_builds_ab.py). */
+ * counts: a masked load is slow enough to show in a sparse decode step
+ * (docs/design.md, x86's measured choices). */
 SA_INLINE __m256 load_groups(const float *sc, int n, __m256i m)
 {
     if (n >= 8)
@@ -96,9 +96,8 @@ SA_INLINE void q8_v_weights(const float *const *p, int HB, const float *vd,
 }
 
 /* Row pointers of a block of SA_VT tokens from t: slots past the last valid
- * row repeat it.  Each a stride past the one before (a multiply per row had
- * the AVX2 q8 scores at 1.04-1.06x the time and AVX-512's at up to 1.11x,
- * in cache, one thread, Zen 4). */
+ * row repeat it.  Each a stride past the one before: a multiply per row
+ * showed in the q8 scores (docs/design.md, x86's measured choices). */
 #define SA_BLOCK_ROWS(rows, base, t, cnt, stride)                                   \
     do {                                                                            \
         (rows)[0] = (base) + (ptrdiff_t)(t) * (stride);                             \
@@ -116,9 +115,9 @@ SA_INLINE void q8_v_weights(const float *const *p, int HB, const float *vd,
  * while every slice of D and every head block walks over them, and each
  * tile's accumulators are loaded and stored once per block.  Decode's few
  * heads per call take V_TOKENS (its rows stream from memory, and the next
- * run's prefetch is spread over the blocks: 64-token blocks made q8 decode
- * 4-10% slower on a Zen 4, design.md); prefill's many heads take longer
- * blocks (x86_common.h, V_TOKENS_MANY). */
+ * run's prefetch is spread over the blocks; longer blocks made q8 decode
+ * slower, docs/design.md, x86's measured choices); prefill's many heads take longer blocks (x86_common.h,
+ * V_TOKENS_MANY). */
 #define V_TOKENS 16
 
 /* Sum of 8 lanes in a fixed order. */
