@@ -18,9 +18,10 @@
 #                              callers, each result checked bitwise)
 #   scripts/test-c.sh --avx512-emulated
 #                              x86-64 only: the native ASan + UBSan build, but
-#                              with csrc/x86/kernels_avx512_vnni.c (and its AMX
-#                              build, kernels_avx512_amx.c) compiled for AVX2
-#                              through SIMDe and a C model of the AMX tiles
+#                              with csrc/x86/avx512_vnni.h (the kernels of
+#                              kernels_avx512_vnni.c and kernels_avx512_amx.c)
+#                              compiled for AVX2 through SIMDe and a C model
+#                              of the AMX tiles
 #                              (tests/c/simde_avx512_shim.h), both tables
 #                              reported runnable (-DSA_TEST_EMULATED_AVX512),
 #                              so their kernels and the API on them are checked
@@ -147,36 +148,41 @@ if [[ $mode == avx512-emulated ]]; then
              "CI installs libsimde-dev)" >&2
         exit 1
     fi
-    # The AVX-512 file, rewritten for AVX2 + SIMDe.  Each rewrite must hit
-    # exactly one line, so a change to the file's preamble fails here loudly
-    # instead of silently testing something else.
+    # The AVX-512 vectors and kernels (avx512_vnni.h), rewritten for AVX2 +
+    # SIMDe, and the two files that build a table from them, rewritten to
+    # include that copy.  Each rewrite must hit exactly one line, so a change
+    # to a file's preamble fails here loudly instead of silently testing
+    # something else.
+    hdr="$repo/csrc/x86/avx512_vnni.h"
     src="$repo/csrc/x86/kernels_avx512_vnni.c"
     amx="$repo/csrc/x86/kernels_avx512_amx.c"
+    emu_hdr="$build/avx512_vnni_emulated.h"
     emu="$build/kernels_avx512_vnni_emulated.c"
     emu_amx="$build/kernels_avx512_amx_emulated.c"
     others=()   # every x86-64 kernel file but the two emulated
     while IFS= read -r f; do
         [[ $f == "$src" || $f == "$amx" ]] || others+=("$f")
     done < <(isa_sources x86_64)
-    if ! grep -q '^#include "kernels_avx512_vnni.c"$' "$amx"; then
-        echo "test-c.sh: $amx no longer includes kernels_avx512_vnni.c" >&2
-        exit 1
-    fi
     for pattern in '^#pragma GCC target(' '^#include <immintrin\.h>' '^#include "\.\./kernels\.h"'; do
-        hits=$(grep -c -- "$pattern" "$src" || true)
+        hits=$(grep -c -- "$pattern" "$hdr" || true)
         if [[ $hits != 1 ]]; then
-            echo "test-c.sh: expected one line matching '$pattern' in $src, found $hits" >&2
+            echo "test-c.sh: expected one line matching '$pattern' in $hdr, found $hits" >&2
+            exit 1
+        fi
+    done
+    for f in "$src" "$amx"; do
+        if [[ $(grep -c '^#include "avx512_vnni\.h"$' "$f" || true) != 1 ]]; then
+            echo "test-c.sh: expected one line '#include \"avx512_vnni.h\"' in $f" >&2
             exit 1
         fi
     done
     sed -e 's/^#pragma GCC target(.*/#pragma GCC target("avx2,fma")/' \
         -e 's/^#include <immintrin\.h>/#include "simde_avx512_shim.h"/' \
         -e 's|^#include "\.\./kernels\.h"|#include "kernels.h"|' \
-        "$src" >"$emu"
-    # The avx512-amx table is the same file with SA_AMX; its tile operations
-    # are modelled in C by the shim.
-    sed -e 's|^#include "kernels_avx512_vnni.c"$|#include "kernels_avx512_vnni_emulated.c"|' \
-        "$amx" >"$emu_amx"
+        "$hdr" >"$emu_hdr"
+    # The avx512-amx table's tile operations are modelled in C by the shim.
+    sed -e 's|^#include "avx512_vnni\.h"$|#include "avx512_vnni_emulated.h"|' "$src" >"$emu"
+    sed -e 's|^#include "avx512_vnni\.h"$|#include "avx512_vnni_emulated.h"|' "$amx" >"$emu_amx"
     exe="$build/test_kernels_avx512_emulated"
     log="$build/test_kernels_avx512_emulated.log"
     simde_flags=()

@@ -4,9 +4,10 @@
  * this one file use AVX2/FMA/F16C, and cpu_features.c only hands the table
  * out when the CPU and OS support it.
  *
- * The kernel bodies are x86_common.h's, written once for both x86 files
- * (its header states the batching rule they keep); this file supplies its
- * 256-bit vectors and the steps that differ from AVX-512.
+ * The kernel bodies are x86_common.h's, written once for the x86 files
+ * (its header lists what a file defines and states the batching rule they
+ * keep); this file supplies its 256-bit vectors, the steps that differ
+ * from AVX-512 and its q8 V accumulation, and includes it last.
  */
 #pragma GCC target("avx2,fma,f16c")
 /* GCC implements _mm256_mul_ps/_mm256_add_ps as plain vector operators, so
@@ -23,7 +24,7 @@
 #include "../kernels.h"
 /* q8 V's weights hold 32 tokens: the last three heads' pass
  * (accv_q8_last3) takes a whole 32-row call as one block, the others
- * blocks of SA_QV_BLOCK (x86_common.h's V_TOKENS), each in rows of as
+ * blocks of SA_QV_BLOCK (x86_helpers.h's V_TOKENS), each in rows of as
  * many tokens. */
 #define SA_QV_TOKENS 32
 #define SA_QV_BLOCK 16
@@ -45,6 +46,16 @@ typedef __m256i sa_vmask; /* a lane is on when its sign bit is set (vmaskmov) */
 #define vf_load_tail(p, m) _mm256_maskload_ps((p), (m))
 #define vf_store_tail(p, m, x) _mm256_maskstore_ps((p), (m), (x))
 #define vf_keep_tail(x, m) _mm256_and_ps((x), _mm256_castsi256_ps(m))
+
+/* The first n (1 .. 8) lanes of x: a plain store for all 8 (vmaskmov
+ * stores are slow on AMD). */
+SA_INLINE void vf_store_first(float *p, int n, __m256 x)
+{
+    if (n == 8)
+        _mm256_storeu_ps(p, x);
+    else
+        _mm256_maskstore_ps(p, tail8(n), x);
+}
 
 /* The max with -inf in the lanes outside m. */
 SA_INLINE __m256 vf_max_tail(__m256 mv, const float *p, __m256i m)
@@ -196,10 +207,9 @@ SA_INLINE void scales_8xng(const float *const *srow, int ng, __m256 *kd)
 #define SA_Q8_MAX_GROUPS 64
 
 /* A block's 8 tokens' scales, transposed once for all its head blocks
- * (x86_common.h).  Transposed again in each head block, as before, G = 7's
- * three blocks (two pairs and a three) read the scores 1.03-1.04x the time
- * (in cache, one thread, Zen 4). */
-#define SA_Q8_BLOCK_SCALES scales_8xng
+ * (x86_common.h) rather than again in each (docs/design.md, x86's measured choices). */
+#define SA_Q8_BLOCK_SCALES 1
+#define q8_block_scales scales_8xng
 
 /* HB heads x one block of 8 rows: per group, the 8 tokens' exact int32 sums
  * side by side, then the group term (qd * kd) * isum added in group order,
@@ -250,15 +260,12 @@ SA_INLINE int q8_takes(int gs, int D, ptrdiff_t scale_stride)
     return gs % 32 == 0 && D / gs <= SA_Q8_MAX_GROUPS;
 }
 
-/* Heads per score block: pairs, and three for an odd group (as the
- * AVX-512 file has), so a GQA group of 3 or 7 loads and takes |k| of its
- * rows once for the last three heads instead of for a pair and again for
- * one.  With the scores' copies for D = 64 and 128 the three read 1-5%
- * faster than a pair and one on a Zen 4 (bench/kernel_costs.c and
- * arm_model's timing, in cache, G = 3 and 7), where before those copies
- * they read 4-8% slower: 12 accumulators leave little room in 16
- * registers, and the run-time D took some of it. */
-#define SA_Q8_HEADS 3
+/* Heads per score block (SA_Q8_HEADS, x86_helpers.h): pairs, and three for
+ * an odd group, so a GQA group of 3 or 7 loads and takes |k| of its rows
+ * once for the last three heads instead of for a pair and again for one.
+ * 12 accumulators leave little room in 16 registers: the three pay only
+ * with the scores' copies for D = 64 and 128, where the run-time D takes
+ * none of it (docs/design.md, x86's measured choices). */
 
 SA_INLINE void scores_q8_tokens(const int8_t *qq, const float *qd, int HB, int D, int gs,
                                 const int8_t *const *rows, const float *const *srows,
@@ -299,7 +306,7 @@ SA_INLINE __m256 vf_exp_finish(__m256 poly, __m256 z, __m256 x)
 #define SA_V_WIDE_VECS 2
 
 /* -------------------------------------------------------------------------
- * accumulate_v_q8: one block of tokens for all the heads (SA_Q8_V_BLOCK)
+ * accumulate_v_q8: one block of tokens for all the heads at a time
  * ---------------------------------------------------------------------- */
 
 /* q8 V's weights (spec §4), token-major: for HB heads, tokens [t0, t1) (at
@@ -311,10 +318,9 @@ SA_INLINE __m256 vf_exp_finish(__m256 poly, __m256 z, __m256 x)
  * per head and group; the last (t1 - t0) % 8 tokens one product each.  The
  * same products as x86_helpers.h's q8_v_weights, which takes a product per
  * token, head and 8 groups: a tile then broadcasts one weight per token
- * from each head's row of TQ.  With D a run-time value these
- * loops were generic and V read 1.03-1.10x the time of the per-token
- * weights (in cache, one thread, Zen 4); with the copies for D = 64 and
- * 128 (x86_common.h, accv_q8_blocks), 0.86-0.95x (docs/design.md). */
+ * from each head's row of TQ.  It pays with the copies for D = 64 and 128
+ * (accv_q8_blocks), whose loops have constant trip counts; with D a
+ * run-time value it did not (docs/design.md, x86's measured choices). */
 SA_INLINE void q8_v_weights_t(const float *const *p, int HB, const float *vd,
                               ptrdiff_t scale_stride, int t0, int t1, int g0, int gn, float *w,
                               const int TQ)
@@ -350,10 +356,9 @@ SA_INLINE void q8_v_weights_t(const float *const *p, int HB, const float *vd,
  * weights are broadcast from memory.  A tile that walks
  * (STEP) takes a step of the prefetch walk per token with 12 accumulators
  * and per SA_QV_STEP_TOKENS tokens with at most 8: with the walk's state in
- * registers beside 8 accumulators GCC spilled the loop's pointer (V at
- * G = 2, D = 128 read 1.08x the time of the per-token weights' tiles);
- * stepping every 4 tokens through the caller's walk (the lines in twos or
- * threes instead of one a token), 0.89x (in cache, one thread, Zen 4). */
+ * registers beside 8 accumulators GCC spilled the loop's pointer; stepping
+ * every 4 tokens through the caller's walk (the lines in twos or threes
+ * instead of one a token) does not (docs/design.md, x86's measured choices). */
 #define SA_QV_STEP_TOKENS 4
 
 /* 12 accumulators: the heads' weights in registers, the values one vector
@@ -406,8 +411,7 @@ SA_INLINE void accv_q8_token8(__m256 (*a)[4], const float *wq, const int HS, con
 
 /* At most 8 accumulators: a walk step per SA_QV_STEP_TOKENS tokens.  (Its
  * loads and stores of the accumulators are tile12's, written out again:
- * as helpers shared by the two, GCC's code read V at G = 2 1.02-1.06x the
- * time.) */
+ * as helpers shared by the two, GCC's code was slower, docs/design.md, x86's measured choices.) */
 SA_INLINE void accv_q8_tile8(float *const *out, const float *wq, const int HS, const int HB,
                              const int NV, const int8_t *v, ptrdiff_t row_stride, int t0, int t1,
                              int d, sa_pf_walk *w, const int STEP)
@@ -502,14 +506,10 @@ SA_INLINE void accv_q8_heads_avx2(float *const *out, const float *const *p, cons
  * heads x four vectors instead (accv_q8_last3: 12 accumulators leave room
  * for the heads' weights and one vector of values at a time), for one and
  * two conversions per token instead of the pair-and-one blocks' two and
- * four.  The convert runs on the FMA ports (as the per-element scale did
- * before the weights took it): with that scale, these blocks took V to
- * 0.67-0.70x the time at G = 3 and 7, 0.93x at G = 2 (in cache, one
- * thread, Xeon Emerald Rapids; bench/arm_model_driver.c `time`, old and
- * new builds alternated).  The prefetch walk steps in the last block's
- * tiles that start a 32-column stretch (accv_q8_call_steps_avx2): a step
- * in every tile cost a block of 3 heads a third more time in cache (16
- * tiles per token at G = 7) for nothing streamed, where the arithmetic,
+ * four: the convert runs on the FMA ports (docs/design.md, x86's measured choices).  The prefetch walk
+ * steps in the last block's tiles that start a 32-column stretch
+ * (accv_q8_call_steps_avx2): a step in every tile (16 tiles per token at
+ * G = 7) costs time in cache for nothing streamed, where the arithmetic,
  * not the memory, is the bound. */
 SA_INLINE void accv_q8_block_avx2(float *const *out, const float *const *p, int G, int D,
                                   int gs, const int8_t *v, const float *vd,
@@ -534,17 +534,13 @@ SA_INLINE void accv_q8_block_avx2(float *const *out, const float *const *p, int 
 }
 
 /* The last three heads of a group of 3 or 7 over a call's tokens, after
- * the group's other heads (x86_common.h, SA_Q8_V_LAST3; each head's sums
- * are the same whichever pass adds them), with the call's prefetch walk:
- * a function of its own, with copies for D = 64 and 128 at the default
- * group.  Beside the other blocks in one function, GCC spilled inside
- * these 12-accumulator loops (V at G = 3 and 7 1.10-1.30x the time).
- * Blocks of SA_QV_TOKENS (32: a whole call, each accumulator loaded and
- * stored once) instead of V_TOKENS (16): V 0.96x the time at G = 3 in
- * cache, a SmolLM2 step streamed at 4096 tokens 0.94x on one thread and
- * 0.97x on two, Qwen2.5's 0.97-1.00x (Zen 4).  The other blocks keep 16:
- * in 32 a Qwen3-VL step (G = 2) read 1.07x the time streamed on two
- * threads (docs/design.md). */
+ * the group's other heads (accumulate_v_q8 below; each head's sums are the
+ * same whichever pass adds them), with the call's prefetch walk:
+ * a function of its own (beside the other blocks in one function, GCC
+ * spilled inside these 12-accumulator loops), with copies for D = 64 and
+ * 128 at the default group.  Blocks of SA_QV_TOKENS (32: a whole call,
+ * each accumulator loaded and stored once) instead of V_TOKENS (16); the
+ * other blocks keep 16, which streams better at G = 2 (docs/design.md, x86's measured choices). */
 SA_INLINE void accv_q8_last3_body(float *const *out, const float *const *p, int D, int gs,
                                   const int8_t *v, const float *vd, ptrdiff_t row_stride,
                                   ptrdiff_t scale_stride, int n, sa_pf_walk *w)
@@ -568,7 +564,6 @@ __attribute__((noinline)) static void accv_q8_last3(float *const *out, const flo
     else
         accv_q8_last3_body(out, p, D, gs, v, vd, row_stride, scale_stride, n, w);
 }
-#define SA_Q8_V_LAST3 accv_q8_last3
 /* G = 4m + 3: accv_q8_block_avx2's blocks of 4 take the first 4m heads. */
 #define SA_Q8_V_LAST3_TAKES(G) ((G) % 4 == 3)
 
@@ -585,8 +580,65 @@ SA_INLINE long accv_q8_call_steps_avx2(int G, int D, int gs, int n)
         return (long)n * tiles;
     return (long)((n + SA_QV_STEP_TOKENS - 1) / SA_QV_STEP_TOKENS) * tiles;
 }
-#define SA_Q8_V_STEPS accv_q8_call_steps_avx2
-#define SA_Q8_V_BLOCK accv_q8_block_avx2
+_Static_assert(SA_QV_BLOCK == V_TOKENS, "accv_q8_block_avx2's weights hold a block of tokens");
+_Static_assert(V_TOKENS % SA_QV_STEP_TOKENS == 0 && SA_QV_TOKENS % SA_QV_STEP_TOKENS == 0,
+               "accv_q8_call_steps_avx2 counts a walk step per SA_QV_STEP_TOKENS of a block");
+
+/* accumulate_v_q8 a block of V_TOKENS tokens at a time
+ * (accv_q8_block_avx2). */
+SA_INLINE void accv_q8_blocks_body(float *const *out, const float *const *p, int G, int D,
+                                   int gs, const int8_t *v, const float *vd,
+                                   ptrdiff_t row_stride, ptrdiff_t scale_stride, int n,
+                                   sa_pf_walk *w)
+{
+    for (int t0 = 0; t0 < n; t0 += V_TOKENS) {
+        const int t1 = n - t0 < V_TOKENS ? n : t0 + V_TOKENS;
+        accv_q8_block_avx2(out, p, G, D, gs, v, vd, row_stride, scale_stride, t0, t1, w);
+    }
+}
+
+/* Out of line: the caller takes the three-head case first, and the loop
+ * keeps the code it had alone (inlined beside that case, or with it as a
+ * branch inside, the pairs' loop was slower).  Copies for D = 64 and 128 at
+ * the default group, so the tiles and weights loops have constant trip
+ * counts (docs/design.md, x86's measured choices). */
+__attribute__((noinline)) static void accv_q8_blocks(float *const *out, const float *const *p,
+                                                     int G, int D, int gs, const int8_t *v,
+                                                     const float *vd, ptrdiff_t row_stride,
+                                                     ptrdiff_t scale_stride, int n,
+                                                     sa_pf_walk *w)
+{
+    if (gs == 32 && D == 64)
+        accv_q8_blocks_body(out, p, G, 64, 32, v, vd, row_stride, scale_stride, n, w);
+    else if (gs == 32 && D == 128)
+        accv_q8_blocks_body(out, p, G, 128, 32, v, vd, row_stride, scale_stride, n, w);
+    else
+        accv_q8_blocks_body(out, p, G, D, gs, v, vd, row_stride, scale_stride, n, w);
+}
+
+/* Group sizes that are not a multiple of 8 take the scalar loop (fmaf, one
+ * rounding: still bitwise accumulate_v_f32 of the weights, kernels.h).  A
+ * group of 3 or 7 takes its last three heads after the others (which do not
+ * walk): one prefetch walk, in the last pass. */
+static void SA_FN(accumulate_v_q8)(float *const *out, const float *const *p, int G, int D,
+                                   int gs, const int8_t *v, const float *vd,
+                                   ptrdiff_t row_stride, ptrdiff_t scale_stride, int n,
+                                   const sa_prefetch *pf)
+{
+    if (gs % 8 != 0) {
+        accumulate_v_q8_scalar(out, p, G, D, gs, v, vd, row_stride, scale_stride, n, pf);
+        return;
+    }
+    sa_pf_walk w;
+    sa_pf_walk_start(&w, pf, accv_q8_call_steps_avx2(G, D, gs, n));
+    if (SA_Q8_V_LAST3_TAKES(G)) {
+        if (G > 3)
+            accv_q8_blocks(out, p, G - 3, D, gs, v, vd, row_stride, scale_stride, n, NULL);
+        accv_q8_last3(out + G - 3, p + G - 3, D, gs, v, vd, row_stride, scale_stride, n, &w);
+        return;
+    }
+    accv_q8_blocks(out, p, G, D, gs, v, vd, row_stride, scale_stride, n, &w);
+}
 
 /* -------------------------------------------------------------------------
  * scores_q8_panels: GEMM form (kernels.h), panels of 8 keys
@@ -596,32 +648,19 @@ SA_INLINE long accv_q8_call_steps_avx2(int G, int D, int gs, int n)
  * chunk's keys, their magnitudes, the ones, a broadcast and a product 15
  * of the 16 registers. */
 #define SA_Q8P_ROWS 5
-enum { q8_panel_keys_avx2 = 8 };
+#define SA_Q8_PANEL_KEYS 8
 
-/* Defined after x86_common.h (it stores with store_keys); the table takes
- * its address. */
-static void scores_q8_panels_avx2(const int8_t *qq, const float *qd, int G, int D, int gs,
-                                  const int8_t *k8, const float *kd, int first, int n,
-                                  float *const *s);
-
-#include "x86_common.h"
-
-_Static_assert(SA_QV_BLOCK == V_TOKENS, "accv_q8_block_avx2's weights hold a block of tokens");
-_Static_assert(V_TOKENS % SA_QV_STEP_TOKENS == 0 && SA_QV_TOKENS % SA_QV_STEP_TOKENS == 0,
-               "accv_q8_call_steps_avx2 counts a walk step per SA_QV_STEP_TOKENS of a block");
-
-/* HB query vectors x one panel: per 4 channels the 8 keys' bytes (one
- * vector) and their magnitudes once, then per vector its 4 bytes broadcast,
- * given the keys' signs (maddubs takes |k| unsigned; pairs stay below
- * 2^15) and summed into 8 int32 lanes, one per key; per group the term
- * (qd * kd) * isum added in group order as scores_q8 adds it. */
-SA_INLINE void q8_panel_block(const int8_t *qq, const float *qd, int HB, int D, int gs,
-                              const int8_t *kp, const float *dp, float *const *s,
-                              ptrdiff_t at, int n)
+/* HB query vectors x one panel (x86_common.h stores them): per 4 channels
+ * the 8 keys' bytes (one vector) and their magnitudes once, then per vector
+ * its 4 bytes broadcast, given the keys' signs (maddubs takes |k| unsigned;
+ * pairs stay below 2^15) and summed into 8 int32 lanes, one per key; per
+ * group the term (qd * kd) * isum added in group order as scores_q8 adds
+ * it. */
+SA_INLINE void q8_panel_dot(const int8_t *qq, const float *qd, int HB, int D, int gs,
+                            const int8_t *kp, const float *dp, __m256 *res)
 {
     const int ng = D / gs, per = gs / 4;
     const __m256i ones = _mm256_set1_epi16(1);
-    __m256 res[SA_Q8P_ROWS];
     for (int h = 0; h < HB; h++)
         res[h] = _mm256_setzero_ps();
     for (int grp = 0; grp < ng; grp++) {
@@ -647,19 +686,9 @@ SA_INLINE void q8_panel_block(const int8_t *qq, const float *qd, int HB, int D, 
             res[h] = _mm256_add_ps(res[h], _mm256_mul_ps(w, _mm256_cvtepi32_ps(isum[h])));
         }
     }
-    for (int h = 0; h < HB; h++)
-        store_keys(s[h], at, n, res[h]);
 }
 
-/* Panel by panel. */
-static void scores_q8_panels_avx2(const int8_t *qq, const float *qd, int G, int D, int gs,
-                                  const int8_t *k8, const float *kd, int first, int n,
-                                  float *const *s)
-{
-    const int ng = D / gs;
-#define SA_BLOCK(g, HB, p, at)                                                              \
-    q8_panel_block(qq + (ptrdiff_t)(g) * D, qd + (ptrdiff_t)(g) * ng, (HB), D, gs,            \
-                   k8 + (ptrdiff_t)(p) * D * 8, kd + (ptrdiff_t)(p) * ng * 8, s + (g), (at), n)
-    SA_PANEL_WALK(8, SA_Q8P_ROWS, G, first, n, SA_BLOCK);
-#undef SA_BLOCK
-}
+/* No many-heads form: prefill's q8 tiles take the panels above. */
+#define SA_Q8_MANY_HEADS 0
+
+#include "x86_common.h"

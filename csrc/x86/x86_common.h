@@ -1,10 +1,14 @@
 /*
- * The x86 kernel bodies, written once for kernels_avx2.c and
- * kernels_avx512_vnni.c, as arm/neon_common.h is for the NEON files.  Each
- * file includes this last, after defining its vectors and its ISA-specific
- * steps:
+ * The x86 kernel template: the kernel bodies written once for every x86
+ * kernel file, as arm/neon_common.h is for the NEON files.  An ISA file
+ * (kernels_avx2.c, kernels_avx512_vnni.c, kernels_avx512_amx.c) includes
+ * ../kernels.h and x86_helpers.h, defines what is listed here, its own
+ * kernels, and includes this once, as its last line.  Nothing here is
+ * optional: a step an ISA does not have is a 0 (its names then unused).
  *
- *   SA_ISA_ID                 avx2 / avx512_vnni (names: <kernel>_<id>)
+ * The vectors:
+ *   SA_ISA_ID                 avx2 / avx512_vnni / avx512_amx (names:
+ *                             <kernel>_<id>, SA_FN)
  *   SA_VT                     floats per vector (8 / 16), which is also the
  *                             tokens per score block
  *   SA_MM(op)                 the intrinsic _mm256_<op> / _mm512_<op>
@@ -13,6 +17,7 @@
  *   vf_tail(r)                the mask of the first r (0 .. SA_VT) lanes
  *   vf_load_tail(p, m), vf_store_tail(p, m, x)  masked lanes are neither
  *                             read nor written (a load gives them 0)
+ *   vf_store_first(p, n, x)   x's first n (1 .. SA_VT) lanes to p
  *   vf_keep_tail(x, m)        x with the lanes outside m set to 0
  *   vf_max_tail(mv, p, m)     mv, and the max with p[i] in the lanes of m
  *   sa_vnan, vnan_none(), vnan_add(a, x), vnan_any(a)  whether any lane of
@@ -26,92 +31,71 @@
  *                             *s0 and *s1
  *   vf_exp_finish(poly, z, x)  exp_ps's last step: 2^n (1 + poly) with n
  *                             in z's low bits, 0 where x < SA_LN_FLT_MIN
- *   SA_S_HEADS                heads per score block, at most
- *   SA_P_ROWS                 query vectors per block of the GEMM-form
- *                             scores (scores_f32_panels)
  *   sum_quads(quad)           the SA_VT / 4 reduce4_ps results of a score
  *                             block -> its SA_VT scores, token order
- *   q8_takes(gs, D, scale_stride)                 1 if the SIMD q8 dot takes it
- *   scores_q8_tokens(qq, qd, HB, D, gs, rows, srows, kd_t, scale_stride, cnt, ks, res, w)
- *                             (w: the call's prefetch walk, kernels.h, a step
- *                             per SA_Q8_S_STEPS(D, gs)-th of the block; ks:
- *                             SA_Q8_BLOCK_SCALES' vectors, or NULL)
- *   SA_Q8_BLOCK_SCALES(srows, ng, ks)  optional: the block's key scales in
- *                             the file's layout (at most SA_Q8_MAX_GROUPS
- *                             vectors), made once per block of tokens for
- *                             all its head blocks
- *   SA_Q8_HEADS               the most heads scores_q8_tokens takes (2 / 3):
- *                             with 3, odd groups end on a block of three
- *   SA_V_HEADS                heads per V accumulation block (2 / 4; from 4,
- *                             q8 V also takes a block of three)
- *   SA_Q8_V_BLOCK(out, p, G, D, gs, v, vd, row_stride, scale_stride, t0, t1, w)
- *   SA_Q8_V_STEPS(G, D, gs, n)  optional, together: q8 V accumulation of
- *                             tokens [t0, t1) for all G heads (gs a multiple
- *                             of SA_VT), in the file's own head blocks and
- *                             tiles, instead of accv_q8_heads' SA_V_HEADS,
- *                             pairs and one; its prefetch walk's steps in a
- *                             call of n tokens
- *   SA_Q8_V_LAST3(out, p, D, gs, v, vd, row_stride, scale_stride, n, w)
- *   SA_Q8_V_LAST3_TAKES(G)    optional, together, with SA_Q8_V_BLOCK: for
- *                             the G that SA_Q8_V_LAST3_TAKES, the last three
- *                             heads over a call's n tokens, the first G - 3
- *                             taken by the blocks without the walk
- *   SA_Q8_MANY_HEADS, q8_many_takes(gs, D), scores_q8_many(...)  optional:
- *                             scores_q8 for G >= SA_Q8_MANY_HEADS heads when
- *                             q8_many_takes (the same bits, each K block
- *                             prepared once for all the heads)
- *   SA_V_WIDE, SA_V_WIDE_VECS  optional: V accumulation for many heads
- *                             (prefill) in register tiles of SA_V_WIDE heads x
+ *
+ * The tiles:
+ *   SA_S_HEADS                heads per f32 score block, at most
+ *   SA_P_ROWS                 query vectors per block of the GEMM-form
+ *                             scores (scores_f32_panels)
+ *   SA_V_HEADS                heads per f32 V accumulation block
+ *   SA_V_WIDE, SA_V_WIDE_VECS  V accumulation for many heads (prefill) in
+ *                             register tiles of SA_V_WIDE heads x
  *                             SA_V_WIDE_VECS vectors (accv_f32_wide)
  *
- * and it gets the score blocks (f32), the V tiles (f32 and q8), exp and the
+ * The q8 scores (scores_q8 and its GEMM form):
+ *   q8_takes(gs, D, scale_stride)  1 if the SIMD q8 dot takes the shape
+ *   scores_q8_tokens(qq, qd, HB, D, gs, rows, srows, kd_t, scale_stride, cnt, ks, res, w)
+ *                             HB (1 to SA_Q8_HEADS) heads against one block
+ *                             of SA_VT rows (w: the call's prefetch walk,
+ *                             kernels.h, a step per SA_Q8_S_STEPS(D, gs)-th
+ *                             of the block; ks: q8_block_scales' vectors, or
+ *                             NULL)
+ *   SA_Q8_S_STEPS(D, gs)      those walk steps per block of heads and tokens
+ *   SA_Q8_BLOCK_SCALES        1 if the file gives a block's key scales in its
+ *                             own layout once for all its head blocks:
+ *                             q8_block_scales(srows, ng, ks), at most
+ *                             SA_Q8_MAX_GROUPS vectors
+ *   SA_Q8_MANY_HEADS          from how many heads scores_q8 takes
+ *                             scores_q8_many(qq, qd, G, D, gs, k, kd,
+ *                             row_stride, scale_stride, n, s, pf) when
+ *                             q8_many_takes(gs, D) (the same bits, each K
+ *                             block prepared once for all the heads); 0: never
+ *   SA_Q8_PANEL_KEYS          keys per panel of the GEMM-form q8 scores
+ *                             (scores_q8_panels), whose block of at most
+ *                             SA_Q8P_ROWS query vectors is
+ *                             q8_panel_dot(qq, qd, HB, D, gs, kp, dp, res);
+ *                             0: none (the file names scores_q8_panels_<id>
+ *                             NULL, kernels.h)
+ *
+ * The file's own kernel: SA_FN(accumulate_v_q8) (q8 V's head blocks and
+ * tiles are where the two vector widths differ most).
+ *
+ * It gets the score blocks (f32 and q8), the f32 V tiles, exp and the
  * softmax, the loops over token blocks and head blocks, the prefetch hints
  * spread over them (kernels.h: decode's inner loops step a walk, a line
  * every few steps; prefill's many heads take a part per block), the
  * portable fallbacks for shapes the SIMD steps do not take, the Quest bound
- * (8-lane FMA tiles, the same code and results on both ISAs), the
- * streaming sum, and the table.
+ * (8-lane FMA tiles, the same code and results on both ISAs), the channel
+ * scores, the streaming sum, and the table.
  *
  * Batching rule (kernels.h): the steps may share loads between heads and
  * tokens, but the operations that produce one (head, token) result never
  * depend on the batch.  A short last block repeats its last row in the
- * unused slots (no read past row n-1) and stores only the valid results, so
- * there is no separate "tail token" path whose rounding could differ.
- * Callers never pass n beyond 2^24 (rows.c), so `t += SA_VT` cannot wrap.
- * Tails along D use masked loads and stores, so nothing outside [0, D) of a
- * row or [0, n) of the rows is read or written.
+ * unused slots (no read past row n-1, SA_BLOCK_ROWS) and stores only the
+ * valid results, so there is no separate "tail token" path whose rounding
+ * could differ.  Callers never pass n beyond 2^24 (rows.c), so
+ * `t += SA_VT` cannot wrap.  Tails along D use masked loads and stores, so
+ * nothing outside [0, D) of a row or [0, n) of the rows is read or written.
  */
 #ifndef SA_X86_COMMON_H
 #define SA_X86_COMMON_H
-
-#include <math.h>
 
 #include "x86_helpers.h"
 
 /* -------------------------------------------------------------------------
  * scores_f32 and scores_q8: blocks of SA_VT tokens
  * ---------------------------------------------------------------------- */
-
-/* Row pointers of a block of SA_VT tokens from t: slots past the last valid
- * row repeat it.  Each a stride past the one before (a multiply per row had
- * the AVX2 q8 scores at 1.04-1.06x the time and AVX-512's at up to 1.11x,
- * in cache, one thread, Zen 4). */
-#define SA_BLOCK_ROWS(rows, base, t, cnt, stride)                                   \
-    do {                                                                            \
-        (rows)[0] = (base) + (ptrdiff_t)(t) * (stride);                             \
-        for (int i_ = 1; i_ < SA_VT; i_++)                                          \
-            (rows)[i_] = (rows)[i_ - 1] + (i_ < (cnt) ? (stride) : 0);              \
-    } while (0)
-
-/* The first cnt of SA_VT scores (a masked store only for a short last
- * block: vmaskmov stores are slow on AMD). */
-SA_INLINE void store_scores(float *dst, int cnt, sa_vf x)
-{
-    if (cnt == SA_VT)
-        SA_MM(storeu_ps)(dst, x);
-    else
-        vf_store_tail(dst, vf_tail(cnt), x);
-}
 
 /* Four per-token vectors of partial sums -> in each 128-bit lane, lane i is
  * token i's (x0 + x2) + (x1 + x3) of that lane's four values.  Float: the
@@ -191,7 +175,7 @@ SA_INLINE void scores_f32_heads(const float *q, int HB, int g, int D, const floa
     sa_vf res[SA_S_HEADS];
     scores_f32_block(q + (ptrdiff_t)g * D, HB, D, rows, res, w, STEP);
     for (int h = 0; h < HB; h++)
-        store_scores(s[g + h] + t, cnt, res[h]);
+        vf_store_first(s[g + h] + t, cnt, res[h]);
 }
 
 /* scores_f32's blocks; the walk (STEP) steps per SA_VT channels of each
@@ -290,6 +274,39 @@ static void SA_FN(scores_f32_panels)(const float *q, int G, int D, const float *
 #undef SA_BLOCK
 }
 
+/* -------------------------------------------------------------------------
+ * scores_q8_panels: GEMM form (kernels.h), panels of SA_Q8_PANEL_KEYS keys,
+ * for a file that has them (the dot is its q8_panel_dot)
+ * ---------------------------------------------------------------------- */
+
+enum { SA_FN(q8_panel_keys) = SA_Q8_PANEL_KEYS };
+
+#if SA_Q8_PANEL_KEYS
+SA_INLINE void q8_panel_block(const int8_t *qq, const float *qd, int HB, int D, int gs,
+                              const int8_t *kp, const float *dp, float *const *s,
+                              ptrdiff_t at, int n)
+{
+    sa_vf res[SA_Q8P_ROWS];
+    q8_panel_dot(qq, qd, HB, D, gs, kp, dp, res);
+    for (int h = 0; h < HB; h++)
+        store_keys(s[h], at, n, res[h]);
+}
+
+/* Panel by panel. */
+static void SA_FN(scores_q8_panels)(const int8_t *qq, const float *qd, int G, int D, int gs,
+                                    const int8_t *k8, const float *kd, int first, int n,
+                                    float *const *s)
+{
+    const int ng = D / gs;
+#define SA_BLOCK(g, HB, p, at)                                                              \
+    q8_panel_block(qq + (ptrdiff_t)(g) * D, qd + (ptrdiff_t)(g) * ng, (HB), D, gs,            \
+                   k8 + (ptrdiff_t)(p) * D * SA_Q8_PANEL_KEYS,                                \
+                   kd + (ptrdiff_t)(p) * ng * SA_Q8_PANEL_KEYS, s + (g), (at), n)
+    SA_PANEL_WALK(SA_Q8_PANEL_KEYS, SA_Q8P_ROWS, G, first, n, SA_BLOCK);
+#undef SA_BLOCK
+}
+#endif
+
 /* scores_q8 for gs and D the SIMD blocks take, G below the many-heads
  * path's: blocks of SA_VT tokens, heads in pairs (and a block of three). */
 SA_INLINE void scores_q8_body(const int8_t *qq, const float *qd, int G, int D, int gs,
@@ -298,11 +315,7 @@ SA_INLINE void scores_q8_body(const int8_t *qq, const float *qd, int G, int D, i
                               const sa_prefetch *pf)
 {
     const int ng = D / gs, iters = (n + SA_VT - 1) / SA_VT;
-#if SA_Q8_HEADS >= 3
     const int three = G >= 3 && G % 2 == 1; /* the last three heads as one block */
-#else
-    const int three = 0;
-#endif
     const int head_blocks = (G - 3 * three) / 2 + three + (G - 3 * three) % 2;
     sa_pf_walk w;
     sa_pf_walk_start(&w, pf, (long)iters * head_blocks * SA_Q8_S_STEPS(D, gs));
@@ -313,9 +326,9 @@ SA_INLINE void scores_q8_body(const int8_t *qq, const float *qd, int G, int D, i
         SA_BLOCK_ROWS(rows, k, t, cnt, row_stride);
         SA_BLOCK_ROWS(srows, kd, t, cnt, scale_stride);
         const float *kd_t = kd + (ptrdiff_t)t * scale_stride;
-#ifdef SA_Q8_BLOCK_SCALES
+#if SA_Q8_BLOCK_SCALES
         sa_vf ks[SA_Q8_MAX_GROUPS];
-        SA_Q8_BLOCK_SCALES(srows, ng, ks);
+        q8_block_scales(srows, ng, ks);
 #else
         const sa_vf *const ks = NULL;
 #endif
@@ -324,24 +337,22 @@ SA_INLINE void scores_q8_body(const int8_t *qq, const float *qd, int G, int D, i
             sa_vf res[2];
             scores_q8_tokens(qq + (ptrdiff_t)h * D, qd + (ptrdiff_t)h * ng, 2, D, gs, rows, srows,
                              kd_t, scale_stride, cnt, ks, res, &w);
-            store_scores(s[h] + t, cnt, res[0]);
-            store_scores(s[h + 1] + t, cnt, res[1]);
+            vf_store_first(s[h] + t, cnt, res[0]);
+            vf_store_first(s[h + 1] + t, cnt, res[1]);
         }
-#if SA_Q8_HEADS >= 3
         if (three) {
             sa_vf res[3];
             scores_q8_tokens(qq + (ptrdiff_t)h * D, qd + (ptrdiff_t)h * ng, 3, D, gs, rows, srows,
                              kd_t, scale_stride, cnt, ks, res, &w);
             for (int j = 0; j < 3; j++)
-                store_scores(s[h + j] + t, cnt, res[j]);
+                vf_store_first(s[h + j] + t, cnt, res[j]);
             h += 3;
         }
-#endif
         if (h < G) {
             sa_vf res[1];
             scores_q8_tokens(qq + (ptrdiff_t)h * D, qd + (ptrdiff_t)h * ng, 1, D, gs, rows, srows,
                              kd_t, scale_stride, cnt, ks, res, &w);
-            store_scores(s[h] + t, cnt, res[0]);
+            vf_store_first(s[h] + t, cnt, res[0]);
         }
     }
 }
@@ -356,15 +367,14 @@ static void SA_FN(scores_q8)(const int8_t *qq, const float *qd, int G, int D, in
                                       pf);
         return;
     }
-#ifdef SA_Q8_MANY_HEADS
+#if SA_Q8_MANY_HEADS
     if (G >= SA_Q8_MANY_HEADS && q8_many_takes(gs, D)) {
         scores_q8_many(qq, qd, G, D, gs, k, kd, row_stride, scale_stride, n, s, pf);
         return;
     }
 #endif
     /* The default group at the common head sizes gets copies with D and gs
-     * constant (the group loop unrolled, the offsets immediates): in cache
-     * 0.87-0.93x the time on AVX2, 0.76-0.96x on AVX-512 (docs/design.md). */
+     * constant (the group loop unrolled, the offsets immediates; docs/design.md, x86's measured choices). */
     if (gs == 32 && D == 64)
         scores_q8_body(qq, qd, G, 64, 32, k, kd, row_stride, scale_stride, n, s, pf);
     else if (gs == 32 && D == 128)
@@ -430,9 +440,8 @@ SA_INLINE sa_vf exp_ps(sa_vf x)
  * exponentials are taken in two loops, the range reductions of its vectors
  * and then their polynomials (the same operations): one vector's whole
  * chain is ~45 cycles of latency, more than the out-of-order window keeps
- * in flight at the rate the pipes allow, and in halves the AVX2 softmax
- * took 0.87x the time (in cache, one thread, Zen 4; four vectors' whole
- * chains interleaved read 1.07x, their constants spilled). */
+ * in flight at the rate the pipes allow (four vectors' whole chains
+ * interleaved spill their constants; docs/design.md, x86's measured choices). */
 #define SUM_VECS 8
 static float SA_FN(softmax_exp)(float *s, int n, float scale, float *max_out)
 {
@@ -440,11 +449,10 @@ static float SA_FN(softmax_exp)(float *s, int n, float scale, float *max_out)
         return 0.0f;
     const int nv = n & ~(SA_VT - 1), rem = n & (SA_VT - 1);
     const sa_vmask tm = vf_tail(rem);
-    /* four running maxima: one would be a chain of maxps latencies (a
-     * fifth of the AVX2 softmax on a Xeon Emerald Rapids); the max of
-     * finite values is the same whatever the order.  maxps drops NaN, so when the
-     * caller asks for the maximum the NaNs are counted beside it; else a
-     * NaN score makes its exp, so the sum, NaN anyway. */
+    /* four running maxima: one would be a chain of maxps latencies; the
+     * max of finite values is the same whatever the order.  maxps drops
+     * NaN, so when the caller asks for the maximum the NaNs are counted
+     * beside it; else a NaN score makes its exp, so the sum, NaN anyway. */
     sa_vf mv = SA_MM(set1_ps)(-__builtin_inff()), m1 = mv, m2 = mv, m3 = mv;
     sa_vnan nan = vnan_none();
     const int n4 = n & ~(4 * SA_VT - 1);
@@ -513,18 +521,11 @@ static float SA_FN(softmax_exp)(float *s, int n, float scale, float *max_out)
  * accumulate_v_f32
  * ---------------------------------------------------------------------- */
 
-/* V accumulation works on blocks of this many tokens: their rows stay in L1
- * while every slice of D and every head block walks over them, and each
- * tile's accumulators are loaded and stored once per block.  Decode's few
- * heads per call take V_TOKENS (its rows stream from memory, and the next
- * run's prefetch is spread over the blocks: 64-token blocks made q8 decode
- * 4-10% slower on a Zen 4, design.md).  From V_MANY_HEADS heads on
- * (prefill's tiles) a block is V_TOKENS_MANY, a whole call of a run of keys
- * (rows.c's STRETCH): against 16, V for 64 heads went from ~71% to ~81% of
- * a Zen 4 core's FMA peak (bench/prefill_ceiling.c). */
-#define V_TOKENS 16
+/* V accumulation works on blocks of V_TOKENS tokens (x86_helpers.h); from
+ * V_MANY_HEADS heads on (prefill's tiles) a block is V_TOKENS_MANY, a whole
+ * call of a run of keys (rows.c's STRETCH), each tile's accumulators loaded
+ * and stored once for more FMAs (bench/prefill_ceiling.c; docs/design.md, x86's measured choices). */
 #define V_TOKENS_MANY 32
-_Static_assert(V_TOKENS <= SA_QV_TOKENS, "q8 V's weights are taken a block of tokens at a time");
 #define V_MANY_HEADS 16
 
 /* out[h][d .. d + SA_VT*NC) for HB heads over tokens [t0, t1): accumulators
@@ -605,7 +606,6 @@ SA_INLINE void accv_f32_heads(float *const *out, const float *const *p, int G, i
         accv_f32_cols(out + g, p + g, 1, d, D, v, row_stride, t0, t1, w, STEP);
 }
 
-#ifdef SA_V_WIDE
 /* SA_V_WIDE heads over tokens [t0, t1), columns in tiles of SA_V_WIDE_VECS
  * vectors; returns the columns it did (the rest go through accv_f32_heads).
  * Each token's values are loaded once (SA_KEEP) for all the heads, so the
@@ -640,7 +640,6 @@ SA_INLINE int accv_f32_wide(float *const *out, const float *const *p, int D, con
     }
     return d;
 }
-#endif
 
 /* Blocks of V_TOKENS (or V_TOKENS_MANY) tokens, all of D and all heads per
  * block (SA_V_WIDE heads at a time when the ISA has the wide tile, then
@@ -656,11 +655,7 @@ static void SA_FN(accumulate_v_f32)(float *const *out, const float *const *p, in
      * in (D below 4 vectors, or heads the wide tiles take all of): a part
      * per block */
     sa_pf_walk w, *walk = NULL;
-#ifdef SA_V_WIDE
     const int walks = G < V_MANY_HEADS && D >= 4 * SA_VT && G % SA_V_WIDE != 0;
-#else
-    const int walks = G < V_MANY_HEADS && D >= 4 * SA_VT;
-#endif
     if (pf && walks) {
         sa_pf_walk_start(&w, pf, (long)n * (D / (4 * SA_VT)));
         walk = &w;
@@ -670,245 +665,16 @@ static void SA_FN(accumulate_v_f32)(float *const *out, const float *const *p, in
         if (!walk)
             sa_prefetch_part(pf, it, iters);
         int g = 0;
-#ifdef SA_V_WIDE
         for (; g + SA_V_WIDE <= G; g += SA_V_WIDE) {
             const int d = accv_f32_wide(out + g, p + g, D, v, row_stride, t0, t1);
             if (d < D)
                 accv_f32_heads(out + g, p + g, SA_V_WIDE, d, D, v, row_stride, t0, t1, NULL, 0);
         }
-#endif
         if (walk)
             accv_f32_heads(out + g, p + g, G - g, 0, D, v, row_stride, t0, t1, walk, 1);
         else
             accv_f32_heads(out + g, p + g, G - g, 0, D, v, row_stride, t0, t1, NULL, 0);
     }
-}
-
-/* -------------------------------------------------------------------------
- * accumulate_v_q8
- * ---------------------------------------------------------------------- */
-
-/* out[h][d .. d + 4*SA_VT) for HB (1 to SA_V_HEADS) heads over tokens
- * [t0, t1), with the weights of q8_v_weights from group g0 on (wq's row for
- * token t0).  gs is a multiple of SA_VT, so each vector lies in one group
- * (its weight at the vector's group); each token's 4*SA_VT values are
- * converted once for the heads (exact), then added as accv_f32_tile adds a
- * float row with those weights.  Called with constant HB, so the
- * accumulators stay in registers; SHARE (a constant, 4, 2 or 1): how many
- * neighbouring vectors lie in one group, so a head's weight is broadcast
- * once per group met, not once per vector. */
-SA_INLINE void accv_q8_tile4(float *const *out, const float *wq, int HB, int gs, int g0,
-                             const int8_t *v, ptrdiff_t row_stride, int t0, int t1, int d,
-                             sa_pf_walk *walk, const int SHARE)
-{
-    const int j0 = d / gs - g0, j1 = (d + SA_VT) / gs - g0, j2 = (d + 2 * SA_VT) / gs - g0;
-    const int j3 = (d + 3 * SA_VT) / gs - g0;
-    sa_vf a0[SA_V_HEADS], a1[SA_V_HEADS], a2[SA_V_HEADS], a3[SA_V_HEADS];
-    for (int h = 0; h < HB; h++) {
-        const float *o = out[h] + d;
-        a0[h] = SA_MM(loadu_ps)(o), a1[h] = SA_MM(loadu_ps)(o + SA_VT);
-        a2[h] = SA_MM(loadu_ps)(o + 2 * SA_VT), a3[h] = SA_MM(loadu_ps)(o + 3 * SA_VT);
-    }
-    sa_pf_walk wl = *walk; /* in registers for the loop */
-    const int8_t *row = v + (ptrdiff_t)t0 * row_stride + d;
-    for (int t = t0; t < t1; t++, row += row_stride, wq += HB * SA_QV_GROUPS) {
-        sa_pf_walk_step(&wl);
-        const sa_vf v0 = vf_load_s8(row), v1 = vf_load_s8(row + SA_VT);
-        const sa_vf v2 = vf_load_s8(row + 2 * SA_VT), v3 = vf_load_s8(row + 3 * SA_VT);
-        for (int h = 0; h < HB; h++) {
-            const float *wh = wq + h * SA_QV_GROUPS;
-            const sa_vf w0 = SA_MM(set1_ps)(wh[j0]);
-            const sa_vf w1 = SHARE >= 2 ? w0 : SA_MM(set1_ps)(wh[j1]);
-            const sa_vf w2 = SHARE == 4 ? w0 : SA_MM(set1_ps)(wh[j2]);
-            const sa_vf w3 = SHARE == 4 ? w0 : SHARE == 2 ? w2 : SA_MM(set1_ps)(wh[j3]);
-            a0[h] = SA_MM(fmadd_ps)(w0, v0, a0[h]);
-            a1[h] = SA_MM(fmadd_ps)(w1, v1, a1[h]);
-            a2[h] = SA_MM(fmadd_ps)(w2, v2, a2[h]);
-            a3[h] = SA_MM(fmadd_ps)(w3, v3, a3[h]);
-        }
-    }
-    *walk = wl;
-    for (int h = 0; h < HB; h++) {
-        float *o = out[h] + d;
-        SA_MM(storeu_ps)(o, a0[h]), SA_MM(storeu_ps)(o + SA_VT, a1[h]);
-        SA_MM(storeu_ps)(o + 2 * SA_VT, a2[h]), SA_MM(storeu_ps)(o + 3 * SA_VT, a3[h]);
-    }
-}
-
-/* The same for one vector (D % (4*SA_VT) leftovers). */
-SA_INLINE void accv_q8_tile1(float *const *out, const float *wq, int HB, int gs, int g0,
-                             const int8_t *v, ptrdiff_t row_stride, int t0, int t1, int d)
-{
-    const int j0 = d / gs - g0;
-    for (int h = 0; h < HB; h++) {
-        sa_vf a = SA_MM(loadu_ps)(out[h] + d);
-        const float *wh = wq + h * SA_QV_GROUPS + j0;
-        for (int t = t0; t < t1; t++, wh += HB * SA_QV_GROUPS)
-            a = SA_MM(fmadd_ps)(SA_MM(set1_ps)(*wh),
-                                vf_load_s8(v + (ptrdiff_t)t * row_stride + d), a);
-        SA_MM(storeu_ps)(out[h] + d, a);
-    }
-}
-
-/* HB heads over all of D, SA_QV_GROUPS groups at a time: their weights
- * (q8_v_weights), then their columns in tiles of 4 vectors and single
- * vectors. */
-SA_INLINE void accv_q8_heads(float *const *out, const float *const *p, int HB, int D, int gs,
-                             const int8_t *v, const float *vd, ptrdiff_t row_stride,
-                             ptrdiff_t scale_stride, int t0, int t1, sa_pf_walk *w)
-{
-    float wq[SA_QV_TOKENS * SA_V_HEADS * SA_QV_GROUPS] __attribute__((aligned(64)));
-    const int ng = D / gs;
-    for (int g0 = 0; g0 < ng; g0 += SA_QV_GROUPS) {
-        const int gn = ng - g0 < SA_QV_GROUPS ? ng - g0 : SA_QV_GROUPS;
-        const int d1 = (g0 + gn) * gs;
-        int d = g0 * gs;
-        q8_v_weights(p, HB, vd, scale_stride, t0, t1, g0, gn, wq);
-        for (; d + 4 * SA_VT <= d1; d += 4 * SA_VT) {
-            if (d / gs == (d + 4 * SA_VT - 1) / gs)
-                accv_q8_tile4(out, wq, HB, gs, g0, v, row_stride, t0, t1, d, w, 4);
-            else if (gs % (2 * SA_VT) == 0)
-                accv_q8_tile4(out, wq, HB, gs, g0, v, row_stride, t0, t1, d, w, 2);
-            else
-                accv_q8_tile4(out, wq, HB, gs, g0, v, row_stride, t0, t1, d, w, 1);
-        }
-        for (; d < d1; d += SA_VT)
-            accv_q8_tile1(out, wq, HB, gs, g0, v, row_stride, t0, t1, d);
-    }
-}
-
-/* Group sizes the vector steps do not take (not a multiple of SA_VT): the
- * scalar loop with one fused multiply-add per element (fmaf is the FMA
- * instruction under this file's target), so the result is still bitwise
- * accumulate_v_f32 of the weights times the scales over the values
- * (kernels.h). */
-#define SA_MULADD(a, b, c) fmaf((a), (b), (c))
-#define SA_SCALAR_FN(kernel) kernel##_scalar
-#define SA_Q8_V_SCALED 0 /* q8 V: the scale in the weight (kernels.h) */
-#include "../scalar_kernels.h"
-
-/* Steps (tile passes over one token, each a step of the prefetch walk) of
- * accv_q8_heads' blocks in a call of n tokens: tiles of 4 vectors, per
- * block of heads and token. */
-#ifndef SA_Q8_V_STEPS
-static long accv_q8_steps(int G, int D, int gs, int n)
-{
-    (void)gs;
-    int blocks = G / SA_V_HEADS + G % SA_V_HEADS / 2 + G % 2;
-#if SA_V_HEADS >= 4
-    if (G % SA_V_HEADS == 3)
-        blocks = G / SA_V_HEADS + 1; /* accv_q8_split3 */
-#endif
-    return (long)n * blocks * (D / (4 * SA_VT));
-}
-#define SA_Q8_V_STEPS accv_q8_steps
-#endif
-
-/* accumulate_v_q8 with SA_V_HEADS heads at a time, then pairs, then one
- * (or the file's SA_Q8_V_BLOCK), a block of tokens at a time. */
-SA_INLINE void accv_q8_blocks_body(float *const *out, const float *const *p, int G, int D,
-                                   int gs, const int8_t *v, const float *vd,
-                                   ptrdiff_t row_stride, ptrdiff_t scale_stride, int n,
-                                   sa_pf_walk *w)
-{
-    for (int t0 = 0; t0 < n; t0 += V_TOKENS) {
-        const int t1 = n - t0 < V_TOKENS ? n : t0 + V_TOKENS;
-#ifdef SA_Q8_V_BLOCK
-        SA_Q8_V_BLOCK(out, p, G, D, gs, v, vd, row_stride, scale_stride, t0, t1, w);
-#else
-        int g = 0;
-        for (; g + SA_V_HEADS <= G; g += SA_V_HEADS)
-            accv_q8_heads(out + g, p + g, SA_V_HEADS, D, gs, v, vd, row_stride, scale_stride,
-                          t0, t1, w);
-        for (; g + 2 <= G; g += 2)
-            accv_q8_heads(out + g, p + g, 2, D, gs, v, vd, row_stride, scale_stride, t0, t1, w);
-        if (g < G)
-            accv_q8_heads(out + g, p + g, 1, D, gs, v, vd, row_stride, scale_stride, t0, t1, w);
-#endif
-    }
-}
-
-/* Out of line: a caller below takes the three-head case first, and the
- * loop keeps the code it had alone (inlined beside that case, or with it as
- * a branch inside, the pairs' loop read 2-7% slower on a Zen 4:
- * bench/kernel_costs.c, G = 2).  A file's own blocks get copies for D = 64
- * and 128 at the default group, so their tiles and weights loops have
- * constant trip counts (AVX2: with its token-major weights, V 0.87-0.91x
- * the time in cache, docs/design.md). */
-__attribute__((noinline)) static void accv_q8_blocks(float *const *out, const float *const *p,
-                                                     int G, int D, int gs, const int8_t *v,
-                                                     const float *vd, ptrdiff_t row_stride,
-                                                     ptrdiff_t scale_stride, int n,
-                                                     sa_pf_walk *w)
-{
-#ifdef SA_Q8_V_BLOCK
-    if (gs == 32 && D == 64)
-        accv_q8_blocks_body(out, p, G, 64, 32, v, vd, row_stride, scale_stride, n, w);
-    else if (gs == 32 && D == 128)
-        accv_q8_blocks_body(out, p, G, 128, 32, v, vd, row_stride, scale_stride, n, w);
-    else
-#endif
-        accv_q8_blocks_body(out, p, G, D, gs, v, vd, row_stride, scale_stride, n, w);
-}
-
-#if SA_V_HEADS >= 4
-/* G = 4m + 3 heads (a GQA group of 3, or 7: SmolLM2, Qwen2.5): the first 4m
- * as above, then the last three as one block, each token converted once
- * for the three instead of for a pair and again for one; the rows are back
- * in L1 or L2 for them.  Each head's sums are the same operations in the
- * same order whichever pass adds them.  (AVX2 has its own blocks and
- * last three, SA_Q8_V_BLOCK and SA_Q8_V_LAST3.)  One prefetch walk spans
- * both passes. */
-__attribute__((noinline)) static void accv_q8_split3(float *const *out, const float *const *p,
-                                                     int G, int D, int gs, const int8_t *v,
-                                                     const float *vd, ptrdiff_t row_stride,
-                                                     ptrdiff_t scale_stride, int n,
-                                                     sa_pf_walk *w)
-{
-    if (G > 3)
-        accv_q8_blocks(out, p, G - 3, D, gs, v, vd, row_stride, scale_stride, n, w);
-    for (int t0 = 0; t0 < n; t0 += V_TOKENS) {
-        const int t1 = n - t0 < V_TOKENS ? n : t0 + V_TOKENS;
-        accv_q8_heads(out + G - 3, p + G - 3, 3, D, gs, v, vd, row_stride, scale_stride, t0,
-                      t1, w);
-    }
-}
-#endif
-
-static void SA_FN(accumulate_v_q8)(float *const *out, const float *const *p, int G, int D,
-                                   int gs, const int8_t *v, const float *vd,
-                                   ptrdiff_t row_stride, ptrdiff_t scale_stride, int n,
-                                   const sa_prefetch *pf)
-{
-    if (gs % SA_VT != 0) {
-        accumulate_v_q8_scalar(out, p, G, D, gs, v, vd, row_stride, scale_stride, n, pf);
-        return;
-    }
-#ifndef SA_Q8_V_BLOCK
-    if (D < 4 * SA_VT) { /* no tile of 4 vectors to walk in: the lines now */
-        sa_prefetch_part(pf, 0, 1);
-        pf = NULL;
-    }
-#endif
-    sa_pf_walk w;
-    sa_pf_walk_start(&w, pf, SA_Q8_V_STEPS(G, D, gs, n));
-#if SA_V_HEADS >= 4
-    if (G % SA_V_HEADS == 3) {
-        accv_q8_split3(out, p, G, D, gs, v, vd, row_stride, scale_stride, n, &w);
-        return;
-    }
-#endif
-#ifdef SA_Q8_V_LAST3
-    /* the file's own last three heads (a group of 3 or 7), after the
-     * others (which do not walk); one walk, in the last pass */
-    if (SA_Q8_V_LAST3_TAKES(G)) {
-        if (G > 3)
-            accv_q8_blocks(out, p, G - 3, D, gs, v, vd, row_stride, scale_stride, n, NULL);
-        SA_Q8_V_LAST3(out + G - 3, p + G - 3, D, gs, v, vd, row_stride, scale_stride, n, &w);
-        return;
-    }
-#endif
-    accv_q8_blocks(out, p, G, D, gs, v, vd, row_stride, scale_stride, n, &w);
 }
 
 /* -------------------------------------------------------------------------
@@ -939,13 +705,9 @@ static void SA_FN(dequantize_rows)(const int8_t *q, const float *scales, int dim
  * scalar loop) around a 32-row block as 32 / SA_VT vectors per head,
  * SA_C_HEADS heads at a time, each scored channel's 32 bytes loaded and
  * widened once for those heads, and each (head, row) sum the fused
- * multiply-add chain of the scalar loop.  Forming the weights per tile,
- * and each channel's offset once per call, took the scalar work per
- * channel out of the block loop: 902 -> 612 instructions per (block, KV
- * head) at G = 2 (callgrind), select_blocks(policy="balanced") 0.78-0.95
- * -> 0.68-1.05 ms at 32K tokens, 8 KV heads, one thread, medians 0.84 ->
- * 0.75 (AMD EPYC Zen3, AVX2, eight pairs alternated in one session;
- * CHANGELOG.md).
+ * multiply-add chain of the scalar loop.  The weights are formed per tile,
+ * and each channel's offset once per call, which takes the scalar work per
+ * channel out of the block loop (docs/design.md, x86's measured choices).
  * ---------------------------------------------------------------------- */
 
 #define SA_C_VECS (32 / SA_VT)
@@ -993,9 +755,7 @@ SA_INLINE void channel_block_simd(int G, int r, const int8_t *db, ptrdiff_t cs,
 /* AVX-512 scores adjacent 32-row blocks in pairs (NB = 2): each channel's
  * 64 bytes (both blocks: a whole cache line when cs is 32) read together,
  * and twice the independent fused multiply-add chains to hide their
- * latency and the loads'.  61 -> 42 ns per (block, KV head) at G = 2 on a
- * Zen 4 (one core, 8 KV heads x 1024 blocks, old and new builds alternated
- * 4 times: CHANGELOG.md).  With AVX2's 16 registers the pair's 16
+ * latency and the loads' (docs/design.md, x86's measured choices).  With AVX2's 16 registers the pair's 16
  * accumulators spill, so AVX2 scores one block at a time. */
 #if SA_VT == 16
 #define SA_C_PAIR 1

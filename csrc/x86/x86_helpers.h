@@ -1,14 +1,28 @@
 /*
- * Small AVX2 helpers both x86 kernel files use (the AVX-512 file's target
- * includes AVX2).  Included after <immintrin.h> and the file's pragmas.
+ * What both x86 kernel files, and x86_common.h, use before any vector width
+ * is chosen: AVX2 helpers (the AVX-512 file's target includes AVX2), the
+ * scalar fallbacks (../scalar_kernels.h), the block shapes both keep.
+ * Included after <immintrin.h>, ../kernels.h and the file's pragmas.
  */
 #ifndef SA_X86_HELPERS_H
 #define SA_X86_HELPERS_H
 
+#include <math.h>
 #include <stddef.h>
 #include <stdint.h>
 
 #define SA_INLINE static inline __attribute__((always_inline))
+
+/* Group sizes the vector steps do not take (not a multiple of the vector width): the
+ * scalar loop with one fused multiply-add per element (fmaf is the FMA
+ * instruction under this file's target), so the result is still bitwise
+ * accumulate_v_f32 of the weights times the scales over the values
+ * (kernels.h). */
+#define SA_MULADD(a, b, c) fmaf((a), (b), (c))
+#define SA_SCALAR_FN(kernel) kernel##_scalar
+#define SA_Q8_V_SCALED 0 /* q8 V: the scale in the weight (kernels.h) */
+#include "../scalar_kernels.h"
+
 
 /* ln(FLT_MIN): below it exp_ps gives 0. */
 #define SA_LN_FLT_MIN (-0x1.5d589ep+6f)
@@ -38,8 +52,8 @@ SA_INLINE __m256i tail8(int r)
 
 /* The first n scales at sc (lanes past n 0 or unused): plain loads where
  * n allows, the masked load (m, the first n lanes) only for the other
- * counts.  A masked load cost a sparse AVX-512 decode step 2-4% (balanced,
- * 4096 tokens, Xeon Emerald Rapids, bench/decode_builds_ab.py). */
+ * counts: a masked load is slow enough to show in a sparse decode step
+ * (docs/design.md, x86's measured choices). */
 SA_INLINE __m256 load_groups(const float *sc, int n, __m256i m)
 {
     if (n >= 8)
@@ -57,9 +71,6 @@ SA_INLINE __m256 load_groups(const float *sc, int n, __m256i m)
  * = p[h][t] * vd[t * scale_stride + grp].  Per token a load of its scales
  * (load_groups: never past the group range) and a product per head and 8
  * groups. */
-#ifndef SA_QV_TOKENS /* a file may take longer blocks (kernels_avx2.c) */
-#define SA_QV_TOKENS 16
-#endif
 #define SA_QV_GROUPS 16
 SA_INLINE void q8_v_weights(const float *const *p, int HB, const float *vd,
                             ptrdiff_t scale_stride, int t0, int t1, int g0, int gn, float *w)
@@ -83,6 +94,31 @@ SA_INLINE void q8_v_weights(const float *const *p, int HB, const float *vd,
         }
     }
 }
+
+/* Row pointers of a block of SA_VT tokens from t: slots past the last valid
+ * row repeat it.  Each a stride past the one before: a multiply per row
+ * showed in the q8 scores (docs/design.md, x86's measured choices). */
+#define SA_BLOCK_ROWS(rows, base, t, cnt, stride)                                   \
+    do {                                                                            \
+        (rows)[0] = (base) + (ptrdiff_t)(t) * (stride);                             \
+        for (int i_ = 1; i_ < SA_VT; i_++)                                          \
+            (rows)[i_] = (rows)[i_ - 1] + (i_ < (cnt) ? (stride) : 0);              \
+    } while (0)
+
+/* The most heads of one q8 score block (scores_q8_tokens): pairs, and three
+ * for an odd group (SmolLM2's 3, Qwen2.5's 7), so each row is loaded and
+ * prepared once for the last three heads instead of for a pair and again for
+ * one. */
+#define SA_Q8_HEADS 3
+
+/* V accumulation works on blocks of this many tokens: their rows stay in L1
+ * while every slice of D and every head block walks over them, and each
+ * tile's accumulators are loaded and stored once per block.  Decode's few
+ * heads per call take V_TOKENS (its rows stream from memory, and the next
+ * run's prefetch is spread over the blocks; longer blocks made q8 decode
+ * slower, docs/design.md, x86's measured choices); prefill's many heads take longer blocks (x86_common.h,
+ * V_TOKENS_MANY). */
+#define V_TOKENS 16
 
 /* Sum of 8 lanes in a fixed order. */
 SA_INLINE float hsum8_ps(__m256 v)

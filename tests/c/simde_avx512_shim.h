@@ -1,8 +1,9 @@
 /*
  * TEST-ONLY.  Never part of the package build.
  *
- * Lets scripts/test-c.sh --avx512-emulated compile csrc/x86/kernels_avx512_vnni.c
- * for an AVX2 machine: the script copies that file into the build directory,
+ * Lets scripts/test-c.sh --avx512-emulated compile csrc/x86/avx512_vnni.h (the
+ * AVX-512 kernels) for an AVX2 machine: the script copies that file into the
+ * build directory,
  * swaps its `#pragma GCC target(...)` for "avx2,fma" and its
  * `#include <immintrin.h>` for this header, so every _mm512_* intrinsic
  * resolves to SIMDe's portable model (Debian: libsimde-dev, header-only) and
@@ -114,7 +115,7 @@ static inline simde__m512 emu_cvtph_ps(simde__m256i a) {
 #undef _mm512_cvtph_ps
 #define _mm512_cvtph_ps(a) emu_cvtph_ps(a)
 
-/* AMX (the avx512-amx table: kernels_avx512_vnni.c with SA_AMX).  The tile
+/* AMX (the avx512-amx table's scores, kernels_avx512_amx.c).  The tile
  * state is modelled per thread, as the hardware keeps it: eight tiles of up
  * to 16 rows x 64 bytes shaped by the last _tile_loadconfig.  Loads and
  * stores touch exactly rows x colsb bytes per tile (so AddressSanitizer sees
