@@ -479,49 +479,34 @@ static int item_fn(void *arg, int item, int wi)
 
 /* ----------------------------------------------------------------- scratch */
 
-typedef struct {
-    size_t off;
-    int overflow;
-} carve;
-
-static size_t take(carve *l, size_t a, size_t b, size_t elem)
-{
-    size_t n, bytes, at;
-    if (__builtin_mul_overflow(a, b, &n) || __builtin_mul_overflow(n, elem, &bytes) ||
-        __builtin_add_overflow(l->off, (size_t)63, &at)) {
-        l->overflow = 1;
-        return 0;
-    }
-    at &= ~(size_t)63;
-    if (__builtin_add_overflow(at, bytes, &l->off))
-        l->overflow = 1;
-    return at;
-}
-
 static int worker_new(const call *c, worker **out)
 {
     const size_t G = (size_t)c->G, D = (size_t)c->D, ng = (size_t)c->ng, qb = (size_t)c->qb;
     const size_t cells = CHUNK_CELLS, q8 = (size_t)c->q8;
-    carve l = {sizeof(worker), 0};
-    const size_t o_qf = take(&l, qb * G, D, sizeof(float));
-    const size_t o_qq = take(&l, qb * G, D * q8, 1);
-    const size_t o_qd = take(&l, qb * G, ng * q8, sizeof(float));
-    const size_t o_kf = take(&l, cells, D * !q8, sizeof(float));
-    const size_t o_vf = take(&l, cells, D * !q8, sizeof(float));
-    const size_t o_kq = take(&l, cells, D * q8, 1), o_vq = take(&l, cells, D * q8, 1);
-    const size_t o_kd = take(&l, cells, ng * q8, sizeof(float));
-    const size_t o_vd = take(&l, cells, ng * q8, sizeof(float));
-    const size_t o_slot = take(&l, cells, 1, sizeof(int32_t));
-    const size_t o_half = take(&l, cells > ng ? cells : ng, 1, sizeof(uint16_t));
-    const size_t o_bias = take(&l, cells, 1, sizeof(float));
-    const size_t o_run = take(&l, cells, 2, sizeof(int32_t));
-    const size_t o_lo = take(&l, qb, 1, sizeof(int32_t)), o_hi = take(&l, qb, 1, sizeof(int32_t));
-    const size_t o_sc = take(&l, G, SCORE_STRIDE, sizeof(float));
-    const size_t o_acc = take(&l, G, D, sizeof(float));
-    const size_t o_mx = take(&l, G, 1, sizeof(float)), o_z = take(&l, G, 1, sizeof(float));
-    const size_t o_st = take(&l, qb, (size_t)state_floats(c->G, c->D), sizeof(float));
-    const size_t o_sp = take(&l, G, 1, sizeof(float *)), o_op = take(&l, G, 1, sizeof(float *));
-    const size_t o_pp = take(&l, G, 1, sizeof(float *));
+    sa_carve l = {sizeof(worker), 0};
+    const size_t o_qf = sa_carve_take(&l, qb * G, D, sizeof(float));
+    const size_t o_qq = sa_carve_take(&l, qb * G, D * q8, 1);
+    const size_t o_qd = sa_carve_take(&l, qb * G, ng * q8, sizeof(float));
+    const size_t o_kf = sa_carve_take(&l, cells, D * !q8, sizeof(float));
+    const size_t o_vf = sa_carve_take(&l, cells, D * !q8, sizeof(float));
+    const size_t o_kq = sa_carve_take(&l, cells, D * q8, 1);
+    const size_t o_vq = sa_carve_take(&l, cells, D * q8, 1);
+    const size_t o_kd = sa_carve_take(&l, cells, ng * q8, sizeof(float));
+    const size_t o_vd = sa_carve_take(&l, cells, ng * q8, sizeof(float));
+    const size_t o_slot = sa_carve_take(&l, cells, 1, sizeof(int32_t));
+    const size_t o_half = sa_carve_take(&l, cells > ng ? cells : ng, 1, sizeof(uint16_t));
+    const size_t o_bias = sa_carve_take(&l, cells, 1, sizeof(float));
+    const size_t o_run = sa_carve_take(&l, cells, 2, sizeof(int32_t));
+    const size_t o_lo = sa_carve_take(&l, qb, 1, sizeof(int32_t));
+    const size_t o_hi = sa_carve_take(&l, qb, 1, sizeof(int32_t));
+    const size_t o_sc = sa_carve_take(&l, G, SCORE_STRIDE, sizeof(float));
+    const size_t o_acc = sa_carve_take(&l, G, D, sizeof(float));
+    const size_t o_mx = sa_carve_take(&l, G, 1, sizeof(float));
+    const size_t o_z = sa_carve_take(&l, G, 1, sizeof(float));
+    const size_t o_st = sa_carve_take(&l, qb, (size_t)state_floats(c->G, c->D), sizeof(float));
+    const size_t o_sp = sa_carve_take(&l, G, 1, sizeof(float *));
+    const size_t o_op = sa_carve_take(&l, G, 1, sizeof(float *));
+    const size_t o_pp = sa_carve_take(&l, G, 1, sizeof(float *));
     if (l.overflow)
         return SA_ERR_SIZE;
     char *mem = aligned_alloc(64, (l.off + 63) & ~(size_t)63);

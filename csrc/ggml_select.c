@@ -160,45 +160,28 @@ static int probe_item(void *arg, int item, int wi)
 
 /* ------------------------------------------------------------- the call */
 
-typedef struct {
-    size_t off;
-    int overflow;
-} carve;
-
-static size_t take(carve *l, size_t a, size_t b, size_t elem)
-{
-    size_t n, bytes, at;
-    if (__builtin_mul_overflow(a, b, &n) || __builtin_mul_overflow(n, elem, &bytes) ||
-        __builtin_add_overflow(l->off, (size_t)63, &at)) {
-        l->overflow = 1;
-        return 0;
-    }
-    at &= ~(size_t)63;
-    if (__builtin_add_overflow(at, bytes, &l->off))
-        l->overflow = 1;
-    return at;
-}
-
 static int probe_worker_new(const probe_call *c, probe_worker **out)
 {
     const size_t G = (size_t)c->ch->G, D = (size_t)c->D, ng = (size_t)c->ng;
     const size_t cells = SA_GGML_CHUNK_CELLS, q8 = (size_t)c->q8, nb = (size_t)c->ch->nb_max;
     const size_t n_sel = (size_t)sa_min(c->k_blocks, c->ch->nb_max);
-    carve l = {sizeof(probe_worker), 0};
-    const size_t o_qf = take(&l, G, D, sizeof(float)), o_qq = take(&l, G, D * q8, 1);
-    const size_t o_qd = take(&l, G, ng * q8, sizeof(float));
-    const size_t o_kf = take(&l, cells, D * !q8, sizeof(float));
-    const size_t o_kq = take(&l, cells, D * q8, 1);
-    const size_t o_kd = take(&l, cells, ng * q8, sizeof(float));
-    const size_t o_half = take(&l, ng + 1, 1, sizeof(uint16_t));
-    const size_t o_blk = take(&l, cells, 1, sizeof(int32_t));
-    const size_t o_dots = take(&l, G, SA_GGML_SCORE_STRIDE, sizeof(float));
-    const size_t o_sp = take(&l, G, 1, sizeof(float *));
-    const size_t o_score = take(&l, nb, 1, sizeof(double));
-    const size_t o_top = take(&l, nb, 1, sizeof(int32_t)), o_uni = take(&l, nb, 1, sizeof(int32_t));
-    const size_t o_sel = take(&l, n_sel, 1, sizeof(int32_t));
-    const size_t o_tmp = take(&l, G, n_sel, sizeof(int32_t));
-    const size_t o_used = take(&l, nb, 1, 1), o_chosen = take(&l, G, nb, 1);
+    sa_carve l = {sizeof(probe_worker), 0};
+    const size_t o_qf = sa_carve_take(&l, G, D, sizeof(float));
+    const size_t o_qq = sa_carve_take(&l, G, D * q8, 1);
+    const size_t o_qd = sa_carve_take(&l, G, ng * q8, sizeof(float));
+    const size_t o_kf = sa_carve_take(&l, cells, D * !q8, sizeof(float));
+    const size_t o_kq = sa_carve_take(&l, cells, D * q8, 1);
+    const size_t o_kd = sa_carve_take(&l, cells, ng * q8, sizeof(float));
+    const size_t o_half = sa_carve_take(&l, ng + 1, 1, sizeof(uint16_t));
+    const size_t o_blk = sa_carve_take(&l, cells, 1, sizeof(int32_t));
+    const size_t o_dots = sa_carve_take(&l, G, SA_GGML_SCORE_STRIDE, sizeof(float));
+    const size_t o_sp = sa_carve_take(&l, G, 1, sizeof(float *));
+    const size_t o_score = sa_carve_take(&l, nb, 1, sizeof(double));
+    const size_t o_top = sa_carve_take(&l, nb, 1, sizeof(int32_t));
+    const size_t o_uni = sa_carve_take(&l, nb, 1, sizeof(int32_t));
+    const size_t o_sel = sa_carve_take(&l, n_sel, 1, sizeof(int32_t));
+    const size_t o_tmp = sa_carve_take(&l, G, n_sel, sizeof(int32_t));
+    const size_t o_used = sa_carve_take(&l, nb, 1, 1), o_chosen = sa_carve_take(&l, G, nb, 1);
     if (l.overflow)
         return SA_ERR_SIZE;
     char *mem = aligned_alloc(64, (l.off + 63) & ~(size_t)63);

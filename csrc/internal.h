@@ -96,4 +96,27 @@ static inline const float *sa_kv_scale_row(const sa_kv *kv, int kh, int row)
     return kv->scales + ((ptrdiff_t)kh * kv->head_stride + row) * ng;
 }
 
+/* One allocation carved into 64-byte aligned pieces (the per-worker
+ * scratch arenas): each piece's size is the checked product a * b * elem,
+ * so absurd sizes set overflow instead of wrapping to a short buffer.
+ * Returns the piece's offset; the arena's size is off once all are taken. */
+typedef struct sa_carve {
+    size_t off;
+    int overflow;
+} sa_carve;
+
+static inline size_t sa_carve_take(sa_carve *l, size_t a, size_t b, size_t elem)
+{
+    size_t n, bytes, at;
+    if (__builtin_mul_overflow(a, b, &n) || __builtin_mul_overflow(n, elem, &bytes) ||
+        __builtin_add_overflow(l->off, (size_t)63, &at)) {
+        l->overflow = 1;
+        return 0;
+    }
+    at &= ~(size_t)63;
+    if (__builtin_add_overflow(at, bytes, &l->off))
+        l->overflow = 1;
+    return at;
+}
+
 #endif

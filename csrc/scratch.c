@@ -3,26 +3,14 @@
 
 #include "scratch.h"
 
-/* One allocation, carved into 64-byte aligned pieces; sizes are checked
- * products, so a call with absurd sizes fails with SA_ERR_SIZE instead of
- * wrapping around to a short buffer. */
-typedef struct {
-    size_t off;
-    int overflow;
-} layout;
+/* One allocation, carved into 64-byte aligned pieces (sa_carve_take);
+ * sizes are checked products, so a call with absurd sizes fails with
+ * SA_ERR_SIZE instead of wrapping around to a short buffer. */
+typedef sa_carve layout;
 
 static size_t take(layout *l, size_t count, size_t elem)
 {
-    size_t bytes, at;
-    if (__builtin_mul_overflow(count, elem, &bytes) ||
-        __builtin_add_overflow(l->off, (size_t)63, &at)) {
-        l->overflow = 1;
-        return 0;
-    }
-    at &= ~(size_t)63;
-    if (__builtin_add_overflow(at, bytes, &l->off))
-        l->overflow = 1;
-    return at;
+    return sa_carve_take(l, count, 1, elem);
 }
 
 static size_t times(layout *l, size_t a, size_t b)
