@@ -229,6 +229,19 @@ static void convert_row(const call *c, worker *w, const sa_ggml_tensor *t, int c
 /* The cells [0, n) of the chunk that a query row reads with the mask row
  * mr (NULL: all): their mask values into w->bias, their scratch rows as
  * runs into w->run; the number of cells, *n_runs the runs. */
+/* Slot j appended to the runs (start, length pairs) of consecutive slots:
+ * it extends the last run when it follows it.  Returns the runs' count. */
+static inline int add_to_runs(int32_t *run, int runs, int j)
+{
+    if (runs && run[2 * runs - 2] + run[2 * runs - 1] == j) {
+        run[2 * runs - 1]++;
+        return runs;
+    }
+    run[2 * runs] = j;
+    run[2 * runs + 1] = 1;
+    return runs + 1;
+}
+
 static int row_cells(const call *c, worker *w, const uint16_t *mr, int n, int *n_runs)
 {
     int cnt = 0, runs = 0;
@@ -237,13 +250,7 @@ static int row_cells(const call *c, worker *w, const uint16_t *mr, int n, int *n
             continue;
         const int j = w->slot[t];
         w->halves[cnt++] = mr ? mr[t] : 0; /* 0: the half +0 */
-        if (runs && w->run[2 * runs - 2] + w->run[2 * runs - 1] == j) {
-            w->run[2 * runs - 1]++;
-        } else {
-            w->run[2 * runs] = j;
-            w->run[2 * runs + 1] = 1;
-            runs++;
-        }
+        runs = add_to_runs(w->run, runs, j);
     }
     c->kern->halves_to_floats(w->halves, w->bias, cnt);
     *n_runs = runs;
@@ -333,13 +340,7 @@ static int sparse_row_cells(const call *c, worker *w, const uint16_t *mr, int c0
             continue;
         const int t = cells[upos[x]] - c0, j = w->slot[t];
         w->halves[cnt++] = mr ? mr[t] : 0;
-        if (runs && w->run[2 * runs - 2] + w->run[2 * runs - 1] == j) {
-            w->run[2 * runs - 1]++;
-        } else {
-            w->run[2 * runs] = j;
-            w->run[2 * runs + 1] = 1;
-            runs++;
-        }
+        runs = add_to_runs(w->run, runs, j);
     }
     c->kern->halves_to_floats(w->halves, w->bias, cnt);
     *n_runs = runs;
