@@ -15,7 +15,7 @@ import numpy as np
 from . import _checks as ck
 from . import _ffi
 from . import metadata as _metadata
-from ._operands import kv_operand, kv_pair, query, scale_value
+from ._operands import kv_pair, query, scale_value
 from .attention import batch_call, dense_call, metadata_structs, prefill, sparse_call
 from .errors import ArgumentError, ArgumentTypeError, UnsupportedError
 from .selection import selection
@@ -64,7 +64,7 @@ class KVState:
 
     def __init__(self):
         self._record = _ImportanceRecord()
-        self.k = self.v = None
+        self.k = self.v = self._ops = None     # _ops: bind's checked (K, V, S) operands
         self.start = 0
         # (arrays, struct) of the channel copy, for up to arrays[0].shape[2]
         # blocks, covering the rows struct.k_rows says; None until needed
@@ -138,12 +138,12 @@ class KVState:
             raise UnsupportedError(
                 f"k/v hold {past} rows before this call's, of which this state recorded "
                 f"{self._record.length}: another sequence, or one filled without it")
-        self.k = self.v = None      # until both are checked
-        kv_pair(k, v, None)
+        self.k = self.v = self._ops = None      # until both are checked
+        ops = kv_pair(k, v, None)
         if past == 0 or past < self._record.length:
             self._copy = None       # made from rows this sequence no longer holds
         self._record.prepare(past, S)
-        self.k, self.v, self.start = k, v, past
+        self.k, self.v, self.start, self._ops = k, v, past, ops
         return S
 
     def _bound(self):
@@ -179,7 +179,7 @@ class KVState:
         k, _ = self._bound()
         block_size = ck.check_int("block_size", block_size, minimum=1)
         S = k.shape[1]
-        self._channels_struct(kv_operand("k", k), block_size)
+        self._channels_struct(self._ops[0], block_size)
         arrays, nb = self._copy[0], -(-S // block_size)
         return _metadata.owned_channel_copy(arrays[0][:, :, :nb], arrays[1][:, :, :nb],
                                             block_size, S)
@@ -218,8 +218,8 @@ class KVState:
         (``k_blocks``, ``policy``, ...) and this state's importance and
         channel copy, or :func:`sparse_attn.dense_decode`'s with
         ``dense=True``.  Valid until the next :meth:`bind`."""
-        k, v = self._bound()
-        kop, vop, S = kv_pair(k, v, None)
+        k, _ = self._bound()
+        kop, vop, S = self._ops
         scale = scale_value(scale, kop.head_dim)
         threads = ck.check_threads(threads)
         if ck.check_bool("dense", dense):
